@@ -1,0 +1,3 @@
+"""Endpoint picker for LLM inference."""
+
+__version__ = "0.1.0"

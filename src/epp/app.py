@@ -1,0 +1,231 @@
+"""`epp serve`: the endpoint picker service.
+
+Wires the pieces together: config -> endpoint store (static discovery) -> metrics scraper
+-> prefix index + scheduler -> router -> ext_proc gRPC server; plus an HTTP server for
+Prometheus (/metrics) and probes (/healthz, /ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from epp.config import EppConfig, load_config, load_endpoints_file
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.store import EndpointStore
+from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
+from epp.observability.logs import configure_logging
+from epp.observability.metrics import EppMetrics
+from epp.prefix.index import PrefixIndex
+from epp.routing import Router
+from epp.scheduling.registry import ScorerRegistry
+from epp.scheduling.scheduler import Scheduler
+from epp.tokenize import ByteEstimateTokenizer
+
+log = structlog.get_logger("epp.app")
+
+HEALTH_REFRESH_S = 0.25
+
+
+@dataclass
+class EppService:
+    """A running EPP; `start()`/`stop()` for tests, `run_until_stopped()` for the CLI."""
+
+    config: EppConfig
+    registry: ScorerRegistry | None = None
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.metrics = EppMetrics()
+        self.store = EndpointStore(config.datalayer)
+        self.index = PrefixIndex(config.prefix.capacity_per_pod)
+        self.scheduler = Scheduler(config.scheduling, self.registry)
+        self.router = Router(
+            config,
+            self.store,
+            self.index,
+            self.scheduler,
+            ByteEstimateTokenizer(),
+            self.metrics,
+            debug=config.log_level == "debug",
+        )
+        self.metrics.watch(self.store.all, self.index.blocks)
+        self.scraper = MetricsScraper(self.store, config.datalayer)
+        self.health = HealthState()
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._web_runner: web.AppRunner | None = None
+
+    @property
+    def ready(self) -> bool:
+        return len(self.store) > 0 and self.scraper.first_round.is_set()
+
+    async def start(self) -> None:
+        self.store.sync(self.config.endpoints)
+        await self.health.set(live=True, ready=False)
+        processor = ExternalProcessor(self.router, self.config.server, self.metrics)
+        self._grpc, self.grpc_port = build_grpc_server(processor, self.health, self.config.server)
+        await self._grpc.start()
+        self._web_runner = web.AppRunner(self._web_app(), access_log=None)
+        await self._web_runner.setup()
+        site = web.TCPSite(
+            self._web_runner, self.config.server.metrics_host, self.config.server.metrics_port
+        )
+        await site.start()
+        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self.scraper.start()
+        self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
+        log.info(
+            "epp_started",
+            grpc=f"{self.config.server.grpc_host}:{self.grpc_port}",
+            metrics=f"{self.config.server.metrics_host}:{self.metrics_port}",
+            endpoints=len(self.store),
+            weights=self.scheduler.weights,
+        )
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        await self.health.set(live=False, ready=False)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.scraper.stop()
+        await self._grpc.stop(grace_s)
+        if self._web_runner is not None:
+            await self._web_runner.cleanup()
+        log.info("epp_stopped")
+
+    async def _maintain(self) -> None:
+        """Staleness grows with time alone; readiness follows the first scrape round."""
+        was_ready = False
+        while True:
+            self.store.refresh_health()
+            if self.ready != was_ready:
+                was_ready = self.ready
+                await self.health.set(live=True, ready=was_ready)
+                log.info("readiness_changed", ready=was_ready)
+            await asyncio.sleep(HEALTH_REFRESH_S)
+
+    def _web_app(self) -> web.Application:
+        app = web.Application()
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def ready(_: web.Request) -> web.Response:
+            return web.Response(
+                text="ready" if self.ready else "not ready", status=200 if self.ready else 503
+            )
+
+        async def endpoints(_: web.Request) -> web.Response:
+            return web.json_response(
+                [
+                    {
+                        "name": e.name,
+                        "address": e.address,
+                        "model": e.model,
+                        "health": round(e.health, 3),
+                        "queue_depth": e.queue_depth,
+                        "kv_usage": e.kv_usage,
+                        "in_flight": e.in_flight,
+                        "prefix_blocks": self.index.blocks(e.name),
+                        "scrape_failures": e.consecutive_failures,
+                        "last_error": e.last_error,
+                    }
+                    for e in self.store.all()
+                ]
+            )
+
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/ready", ready)
+        app.router.add_get("/debug/endpoints", endpoints)
+        return app
+
+    async def run_until_stopped(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epp serve",
+        description="Serve the endpoint picker: Envoy ext_proc over gRPC, Prometheus metrics over HTTP.",
+    )
+    parser.add_argument("--config", type=Path, help="YAML configuration (see README)")
+    parser.add_argument("--endpoints", type=Path, help="static discovery file: endpoints: [...]")
+    parser.add_argument("--grpc-host")
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--metrics-host")
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=os.environ.get("EPP_LOG_LEVEL"),
+        help="default: info, or EPP_LOG_LEVEL",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EppConfig:
+    server = {
+        key: value
+        for key, value in (
+            ("grpc_host", args.grpc_host),
+            ("grpc_port", args.grpc_port),
+            ("metrics_host", args.metrics_host),
+            ("metrics_port", args.metrics_port),
+        )
+        if value is not None
+    }
+    overrides: dict = {"server": server} if server else {}
+    if args.log_level:
+        overrides["log_level"] = args.log_level
+    config = load_config(args.config, overrides)
+    if args.endpoints is not None:
+        endpoints = [*config.endpoints, *load_endpoints_file(args.endpoints)]
+        config = EppConfig.model_validate({**config.model_dump(), "endpoints": endpoints})
+    return config
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (OSError, ValueError) as exc:
+        print(f"epp serve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is optional on some platforms
+        runner = asyncio.run
+    try:
+        runner(EppService(config).run_until_stopped())
+    except OSError as exc:
+        log.error("epp_failed", error=str(exc))
+        return 1
+    return 0

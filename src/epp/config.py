@@ -1,0 +1,153 @@
+"""The EPP's configuration: one validated tree from a YAML file, EPP_* env and flags.
+
+Every section forbids unknown keys, so a typo fails at start-up with the offending path
+instead of silently running on a default.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_WEIGHTS = {"cache": 0.60, "load": 0.20, "queue": 0.10, "health": 0.05, "adapter": 0.05}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulingConfig(Strict):
+    # Keys are scorer names in the registry (built-ins or registered custom scorers).
+    weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    max_queue: int = Field(20, ge=1, description="queue depth at which a pod is saturated")
+    health_threshold: float = Field(0.3, ge=0.0, le=1.0, description="pods below are excluded")
+    fallbacks: int = Field(3, ge=0, le=16, description="fallback endpoints after the primary")
+    tie_epsilon: float = Field(1e-9, ge=0.0, description="scores closer than this are equal")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_sum_to_one(cls, weights: dict[str, float]) -> dict[str, float]:
+        if not weights:
+            raise ValueError("at least one scorer weight is required")
+        for name, weight in weights.items():
+            if not (0.0 <= weight <= 1.0) or math.isnan(weight):
+                raise ValueError(f"weight of {name!r} must be in [0, 1], got {weight}")
+        total = math.fsum(weights.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(
+                f"scorer weights must sum to 1.0, got {total:.6f} "
+                f"({', '.join(f'{k}={v}' for k, v in weights.items())})"
+            )
+        return weights
+
+
+class PrefixConfig(Strict):
+    block_size: int = Field(16, ge=1, le=4096, description="tokens per hashed block")
+    capacity_per_pod: int = Field(31_250, ge=1, description="blocks remembered per pod (LRU)")
+    # When a pod reports its KV capacity (vllm:cache_config_info num_gpu_blocks), remember
+    # no more blocks for it than it can hold: beyond that the memory is certainly stale.
+    use_reported_capacity: bool = True
+
+
+class DataLayerConfig(Strict):
+    scrape_interval_s: float = Field(0.05, gt=0.0, le=60.0)
+    scrape_timeout_s: float = Field(1.0, gt=0.0, le=60.0)
+    # Metrics older than this make a pod unhealthy: a frozen pod must not look idle.
+    stale_after_s: float = Field(1.0, gt=0.0)
+    # Each consecutive failed scrape costs this much health (3 failures: below 0.3).
+    failure_health_step: float = Field(0.25, gt=0.0, le=1.0)
+    # Weight of each new response in the moving 5xx error rate seen on the response path.
+    error_rate_alpha: float = Field(0.2, gt=0.0, le=1.0)
+
+
+class ServerConfig(Strict):
+    grpc_host: str = "0.0.0.0"
+    grpc_port: int = Field(9002, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9090, ge=0, le=65535)
+    max_grpc_message_bytes: int = Field(64 * 1024 * 1024, ge=4 * 1024 * 1024)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    # Used only when Envoy does not announce its body mode (protocol_config, Envoy < 1.34).
+    assumed_body_mode: Literal["FULL_DUPLEX_STREAMED", "BUFFERED"] = "FULL_DUPLEX_STREAMED"
+    stream_chunk_bytes: int = Field(62 * 1024, ge=1024, le=62 * 1024)
+
+
+class EndpointConfig(Strict):
+    name: str = Field(min_length=1)
+    address: str = Field(description="ip:port Envoy connects to")
+    metrics_url: str | None = None
+    model: str | None = Field(None, description="base model served; learned from metrics if unset")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _ip_port(cls, address: str) -> str:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"address must be ip:port, got {address!r}")
+        return address
+
+    def resolved_metrics_url(self) -> str:
+        return self.metrics_url or f"http://{self.address}/metrics"
+
+
+class EppConfig(Strict):
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    prefix: PrefixConfig = Field(default_factory=PrefixConfig)
+    datalayer: DataLayerConfig = Field(default_factory=DataLayerConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
+    adapters: dict[str, str] = Field(default_factory=dict)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    endpoints_file: Path | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _unique_endpoints(self) -> EppConfig:
+        names = [e.name for e in self.endpoints]
+        addresses = [e.address for e in self.endpoints]
+        for what, values in (("name", names), ("address", addresses)):
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            if dupes:
+                raise ValueError(f"duplicate endpoint {what}: {', '.join(dupes)}")
+        return self
+
+
+def load_endpoints_file(path: Path) -> list[EndpointConfig]:
+    """Static discovery: a YAML file with `endpoints: [{name, address, metrics_url, labels}]`."""
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("endpoints", []), list):
+        raise ValueError(f"{path}: expected a mapping with an 'endpoints' list")
+    return [EndpointConfig.model_validate(item) for item in data.get("endpoints", [])]
+
+
+def load_config(path: Path | None = None, overrides: dict | None = None) -> EppConfig:
+    """Read the YAML file (if any), apply overrides (nested dict), resolve the endpoints file."""
+    data: dict = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the configuration must be a YAML mapping")
+        data = loaded
+    for section, values in (overrides or {}).items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    config = EppConfig.model_validate(data)
+    if config.endpoints_file is not None:
+        base = path.parent if path is not None else Path.cwd()
+        file = (
+            config.endpoints_file
+            if config.endpoints_file.is_absolute()
+            else base / config.endpoints_file
+        )
+        endpoints = [*config.endpoints, *load_endpoints_file(file)]
+        config = EppConfig.model_validate(
+            {**config.model_dump(), "endpoints": endpoints, "endpoints_file": None}
+        )
+    return config

@@ -1,0 +1,116 @@
+"""Keeps every endpoint's metrics fresh: one keep-alive HTTP scrape loop per pod.
+
+Fetching (aiohttp), parsing (metrics_parser, pure) and storing (EndpointStore) are
+separate; a failure of any kind in one pod's loop is recorded against that pod and never
+leaves the loop, so one bad pod never affects another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiohttp
+import structlog
+
+from epp.config import DataLayerConfig
+from epp.datalayer.endpoint import Endpoint
+from epp.datalayer.metrics_parser import MetricsFormatError, parse_vllm_metrics
+from epp.datalayer.store import EndpointStore
+
+log = structlog.get_logger("epp.scraper")
+
+# A vLLM page is 50-70 KB; anything far larger is not a metrics page.
+MAX_PAGE_BYTES = 8 * 1024 * 1024
+
+
+class MetricsScraper:
+    def __init__(self, store: EndpointStore, config: DataLayerConfig) -> None:
+        self._store = store
+        self._config = config
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self.first_round = asyncio.Event()
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self._config.scrape_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        self._store.on_change(self._on_change)
+        for endpoint in self._store.all():
+            self._start_loop(endpoint)
+        if not self._tasks:
+            self.first_round.set()
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    def _on_change(self, event: str, endpoint: Endpoint) -> None:
+        if event == "added" and self._session is not None:
+            self._start_loop(endpoint)
+        elif event == "removed":
+            task = self._tasks.pop(endpoint.name, None)
+            if task is not None:
+                task.cancel()
+
+    def _start_loop(self, endpoint: Endpoint) -> None:
+        if endpoint.name not in self._tasks:
+            self._tasks[endpoint.name] = asyncio.create_task(
+                self._loop(endpoint), name=f"scrape:{endpoint.name}"
+            )
+
+    async def scrape_once(self, endpoint: Endpoint) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(endpoint.metrics_url) as response:
+                if response.status != 200:
+                    raise MetricsFormatError(f"HTTP {response.status}")
+                raw = await response.content.read(MAX_PAGE_BYTES + 1)
+                if len(raw) > MAX_PAGE_BYTES:
+                    raise MetricsFormatError("metrics page larger than 8 MiB")
+            metrics = parse_vllm_metrics(raw.decode("utf-8", "replace"))
+        except (aiohttp.ClientError, TimeoutError, MetricsFormatError, OSError) as exc:
+            self._store.scrape_failed(endpoint, f"{type(exc).__name__}: {exc}")
+            if endpoint.consecutive_failures in (1, 10) or endpoint.consecutive_failures % 200 == 0:
+                log.warning(
+                    "scrape_failed",
+                    pod=endpoint.name,
+                    failures=endpoint.consecutive_failures,
+                    error=endpoint.last_error,
+                    health=round(endpoint.health, 3),
+                )
+        else:
+            if endpoint.metrics_at is None:
+                log.info("pod_scraped", pod=endpoint.name, model=metrics.model)
+            self._store.scraped(endpoint, metrics)
+
+    async def _loop(self, endpoint: Endpoint) -> None:
+        interval = self._config.scrape_interval_s
+        next_at = time.monotonic()
+        while True:
+            try:
+                await self.scrape_once(endpoint)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug must not end this pod's scraping for good
+                self._store.scrape_failed(endpoint, f"internal: {exc!r}")
+                log.exception("scrape_internal_error", pod=endpoint.name)
+            if not self.first_round.is_set() and all(
+                e.metrics_at is not None or e.consecutive_failures for e in self._store.all()
+            ):
+                self.first_round.set()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow pod): do not burst to catch up
+                next_at = time.monotonic()
+                delay = 0
+            await asyncio.sleep(delay)

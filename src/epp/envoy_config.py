@@ -1,0 +1,262 @@
+"""Envoy configurations for the local stack: one fronted by the EPP, baselines without it.
+
+Generated from code rather than templated text so that ports, body mode and the pod list
+are typed parameters, and so the committed examples in `deploy/envoy/` can be checked
+against this module by a test (they are its output for the default ports).
+
+`epp envoy-config --mode epp --epp-port 9002 --listen-port 8080` prints one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import yaml
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED"]
+Mode = Literal["epp", "round_robin", "least_request"]
+PodCluster = Literal["override_host", "original_dst"]
+
+# A buffered request body must fit in the listener's buffer, or Envoy answers 413.
+BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: bool) -> dict:
+    endpoints = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        endpoints.append({"endpoint": {"address": _socket(host, int(port))}})
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": lb_policy,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
+    }
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return cluster
+
+
+def _override_host_cluster(pods: Sequence[str]) -> dict[str, Any]:
+    """Known pods, routed to the address the EPP names; the rest of its list on retry.
+
+    Envoy's override_host policy reads the EPP's comma list (primary, then fallbacks) from
+    the envoy.lb metadata (a client cannot forge it), then from the header. An address
+    that is not a member of the cluster is never dialled: a stray value cannot send traffic
+    outside the pool. Measured on Envoy 1.40: ORIGINAL_DST answers 503 to a comma list.
+    """
+    cluster = _static_cluster("pods", pods, "ROUND_ROBIN", False)
+    del cluster["lb_policy"]
+    source_path = [{"key": DESTINATION_HEADER}]
+    cluster["load_balancing_policy"] = {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                        "override_host_sources": [
+                            {"metadata": {"key": "envoy.lb", "path": source_path}},
+                            {"header": DESTINATION_HEADER},
+                        ],
+                        # Used only when no override is present (EPP bypassed, fail-open).
+                        "fallback_policy": {
+                            "policies": [
+                                {
+                                    "typed_extension_config": {
+                                        "name": "envoy.load_balancing_policies.round_robin",
+                                        "typed_config": {
+                                            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+                                        },
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                }
+            }
+        ]
+    }
+    return cluster
+
+
+def _original_dst_cluster() -> dict[str, Any]:
+    """Any address the EPP names (pods not known to Envoy); one address, no fallbacks."""
+    return {
+        "name": "pods",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "1s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+
+
+def _ext_proc_filter(body_mode: BodyMode, message_timeout_s: float, fail_open: bool) -> dict:
+    duplex = body_mode == "FULL_DUPLEX_STREAMED"
+    processing_mode = {
+        "request_header_mode": "SEND",
+        "request_body_mode": body_mode,
+        # Duplex streaming requires trailers to be sent; buffered mode does not want them.
+        "request_trailer_mode": "SEND" if duplex else "SKIP",
+        "response_header_mode": "SEND",
+        # The response body is watched (not changed) to see each request complete.
+        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "STREAMED",
+        "response_trailer_mode": "SEND" if duplex else "SKIP",
+    }
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "30s"},
+            "failure_mode_allow": fail_open,
+            "message_timeout": f"{message_timeout_s}s",
+            "processing_mode": processing_mode,
+            "allow_mode_override": False,
+            # Without this Envoy drops the envoy.lb metadata silently and routing fails.
+            "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
+        },
+    }
+
+
+def render(
+    *,
+    mode: Mode,
+    listen_port: int,
+    admin_port: int,
+    epp_port: int | None = None,
+    pods: Sequence[str] = (),
+    body_mode: BodyMode = "FULL_DUPLEX_STREAMED",
+    host: str = "127.0.0.1",
+    epp_host: str = "127.0.0.1",
+    message_timeout_s: float = 5.0,
+    fail_open: bool = False,
+    request_timeout_s: float = 600.0,
+    pod_cluster: PodCluster = "override_host",
+) -> str:
+    """The Envoy bootstrap YAML for one listener in front of the pods."""
+    http_filters: list[dict[str, Any]] = []
+    clusters: list[dict[str, Any]] = []
+    route: dict[str, Any] = {"cluster": "pods", "timeout": f"{request_timeout_s}s"}
+    if mode == "epp":
+        if epp_port is None:
+            raise ValueError("mode 'epp' needs epp_port")
+        http_filters.append(_ext_proc_filter(body_mode, message_timeout_s, fail_open))
+        if pod_cluster == "override_host":
+            if not pods:
+                raise ValueError("pod_cluster 'override_host' needs the pod addresses")
+            clusters.append(_override_host_cluster(pods))
+            # A refused connection moves on to the next address of the EPP's list.
+            route["retry_policy"] = {
+                "retry_on": "connect-failure,refused-stream,reset-before-request",
+                "num_retries": 3,
+            }
+        else:
+            clusters.append(_original_dst_cluster())
+        clusters.append(_static_cluster("epp", [f"{epp_host}:{epp_port}"], "ROUND_ROBIN", True))
+    else:
+        if not pods:
+            raise ValueError(f"mode {mode!r} needs the pod addresses")
+        lb = "ROUND_ROBIN" if mode == "round_robin" else "LEAST_REQUEST"
+        clusters.append(_static_cluster("pods", pods, lb, False))
+    http_filters.append(
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+            },
+        }
+    )
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "llm",
+        "stream_idle_timeout": f"{request_timeout_s}s",
+        "route_config": {
+            "name": "llm",
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [
+                        {"match": {"prefix": "/"}, "route": route},
+                    ],
+                }
+            ],
+        },
+        "http_filters": http_filters,
+    }
+    bootstrap = {
+        "admin": {"address": _socket(host, admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "llm",
+                    "address": _socket(host, listen_port),
+                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+    return yaml.safe_dump(bootstrap, sort_keys=False)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="epp envoy-config", description=__doc__)
+    parser.add_argument("--mode", choices=["epp", "round_robin", "least_request"], default="epp")
+    parser.add_argument("--listen-port", type=int, default=8080)
+    parser.add_argument("--admin-port", type=int, default=9901)
+    parser.add_argument("--epp-port", type=int, default=9002)
+    parser.add_argument("--epp-host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address Envoy listens on")
+    parser.add_argument("--pod", action="append", default=[], help="ip:port (baselines)")
+    parser.add_argument(
+        "--body-mode", choices=["FULL_DUPLEX_STREAMED", "BUFFERED"], default="FULL_DUPLEX_STREAMED"
+    )
+    parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument(
+        "--pod-cluster",
+        choices=["override_host", "original_dst"],
+        default="override_host",
+        help="override_host: the pods are listed (--pod), fallbacks work; "
+        "original_dst: any ip:port the EPP names, primary only",
+    )
+    args = parser.parse_args(argv)
+    print(
+        render(
+            mode=args.mode,
+            listen_port=args.listen_port,
+            admin_port=args.admin_port,
+            epp_port=args.epp_port if args.mode == "epp" else None,
+            pods=args.pod,
+            body_mode=args.body_mode,
+            host=args.host,
+            epp_host=args.epp_host,
+            fail_open=args.fail_open,
+            pod_cluster=args.pod_cluster,
+        ),
+        end="",
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Envoy ext_proc: the per-stream state machine (sans I/O) and the grpc.aio server."""

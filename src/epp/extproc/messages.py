@@ -1,0 +1,151 @@
+"""Builders for the ext_proc protobuf replies, and readers for what Envoy sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+REJECT_REASON_HEADER = "x-request-dropped-reason"
+REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"
+
+_OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_values(headers: pb.HttpHeaders) -> dict[str, str]:
+    """Envoy's header map as a dict (lower-case names; Envoy 1.40 fills raw_value)."""
+    out: dict[str, str] = {}
+    for h in headers.headers.headers:
+        out[h.key.lower()] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out
+
+
+def _set(name: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(
+        header=HeaderValue(key=name, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def subset_hint(request: pb.ProcessingRequest) -> frozenset[str] | None:
+    """The proxy's allowed endpoints, if it sent any: a list of ip:port, or a comma string."""
+    if not request.HasField("metadata_context"):
+        return None
+    hint = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET_KEY not in hint.fields:
+        return None
+    value = hint.fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items: Iterable[str] = (v.string_value for v in value.list_value.values)
+    elif kind == "string_value":
+        items = value.string_value.split(",")
+    else:
+        return frozenset()
+    return frozenset(item.strip() for item in items if item.strip())
+
+
+def served_endpoint(request: pb.ProcessingRequest) -> str | None:
+    if not request.HasField("metadata_context"):
+        return None
+    lb = request.metadata_context.filter_metadata.get(DESTINATION_NAMESPACE)
+    if lb is None or SERVED_KEY not in lb.fields:
+        return None
+    return lb.fields[SERVED_KEY].string_value or None
+
+
+def destination_metadata(destination: str) -> Struct:
+    metadata = Struct()
+    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}})
+    return metadata
+
+
+def _routing_common(destination: str) -> pb.CommonResponse:
+    return pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=[_set(DESTINATION_HEADER, destination)]),
+        clear_route_cache=True,
+    )
+
+
+def route_on_headers(destination: str) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=_routing_common(destination)),
+        dynamic_metadata=destination_metadata(destination),
+    )
+
+
+def route_on_body(destination: str) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=_routing_common(destination)),
+        dynamic_metadata=destination_metadata(destination),
+    )
+
+
+def continue_request_headers() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+
+def continue_request_body() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=pb.BodyResponse())
+
+
+def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    mutation = pb.BodyMutation(
+        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+    )
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+    )
+
+
+def request_trailers() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def response_headers(request_id: str | None) -> pb.ProcessingResponse:
+    if not request_id:
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    mutation = pb.HeaderMutation(set_headers=[_set(REQUEST_ID_RESPONSE_HEADER, request_id)])
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
+    )
+
+
+def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    mutation = pb.BodyMutation(
+        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+    )
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+    )
+
+
+def continue_response_body() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+
+
+def response_trailers() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate(
+    status: int, body: bytes, reason: str, request_id: str | None
+) -> pb.ProcessingResponse:
+    headers = [_set("content-type", "application/json"), _set(REJECT_REASON_HEADER, reason)]
+    if request_id:
+        headers.append(_set(REQUEST_ID_RESPONSE_HEADER, request_id))
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=HttpStatus(code=status),
+            headers=pb.HeaderMutation(set_headers=headers),
+            body=body,
+            details=reason,
+        )
+    )

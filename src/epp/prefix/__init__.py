@@ -1,0 +1,1 @@
+"""Block hashing and the prefix index of what each pod holds in its KV cache."""

@@ -1,0 +1,43 @@
+"""Chained xxHash64 fingerprints of full token blocks.
+
+Block i's hash is xxh64(bytes of its token ids, seed = hash of block i-1); block 0 is
+seeded with a hash of (model, LoRA adapter, cache_salt). The chain makes one hash stand for
+the whole prefix up to and including its block, so a flat hash -> pods map answers the same
+question as a prefix tree: "which pods hold this exact prefix" (see index.py). Seeding with
+model, adapter and salt keeps tenants and adapters from ever matching each other's blocks,
+which is what vLLM does with its own extra keys. Partial trailing blocks are not hashed,
+as vLLM does not cache them either.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import NewType
+
+import xxhash
+
+BlockHash = NewType("BlockHash", int)
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def chain_seed(model: str, adapter: str | None = None, cache_salt: str | None = None) -> int:
+    key = f"{model}\x00{adapter or ''}\x00{cache_salt or ''}".encode()
+    return xxhash.xxh64_intdigest(key)
+
+
+def block_hashes(tokens: array, block_size: int, seed: int) -> list[BlockHash]:
+    """Hashes of every full block of `tokens` (uint32 array), each chained to the one before."""
+    if tokens.typecode != "I":
+        raise TypeError("tokens must be an array('I') of token ids")
+    raw = memoryview(tokens).cast("B")
+    step = block_size * tokens.itemsize
+    full = len(tokens) // block_size
+    digest = xxhash.xxh64_intdigest
+    out: list[BlockHash] = []
+    append = out.append
+    prev = seed
+    for start in range(0, full * step, step):
+        prev = digest(raw[start : start + step], prev)
+        append(prev)
+    return out

@@ -1,0 +1,68 @@
+"""Filters: which pods may serve a request at all. Order matters: the first filter that
+leaves nobody decides the answer (503 no endpoint, 429 saturated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.datalayer.endpoint import Endpoint
+from epp.scheduling.types import SchedulingRequest
+
+
+@dataclass(slots=True)
+class SubsetFilter:
+    """Only the pods the proxy names in its subset hint (envoy.lb.subset_hint)."""
+
+    name: str = "subset"
+    reject_status: int = 503
+    reject_reason: str = "rejected-subset-no-match"
+
+    def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        if request.subset is None:
+            return candidates
+        return [e for e in candidates if e.address in request.subset]
+
+
+@dataclass(slots=True)
+class ModelFilter:
+    """Pods serving the request's base model (an adapter runs on its base model's pods).
+    A pod whose model is not known yet is kept: better a 404 from it than no answer."""
+
+    name: str = "model"
+    reject_status: int = 503
+    reject_reason: str = "rejected-no-endpoint-for-model"
+
+    def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        wanted = request.base_model
+        if wanted is None:
+            return candidates
+        return [e for e in candidates if e.model is None or e.model == wanted]
+
+
+@dataclass(slots=True)
+class HealthFilter:
+    """Pods with health below the threshold (spec: 0.3) receive no new traffic."""
+
+    threshold: float = 0.3
+    name: str = "health"
+    reject_status: int = 503
+    reject_reason: str = "rejected-no-healthy-endpoints"
+
+    def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        threshold = self.threshold
+        return [e for e in candidates if e.health >= threshold]
+
+
+@dataclass(slots=True)
+class SaturationFilter:
+    """Pods whose queue reached maxQueue leave the pool: the queue score alone (0.10) could
+    never outweigh a cache match (0.60), so a hot pod would keep drawing traffic."""
+
+    max_queue: int = 20
+    name: str = "saturation"
+    reject_status: int = 429
+    reject_reason: str = "rejected-saturated"
+
+    def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        max_queue = self.max_queue
+        return [e for e in candidates if e.queue_depth < max_queue]

@@ -1,0 +1,60 @@
+"""Scorer names -> factories, and the weighted profile built from the configured weights.
+
+Registration is explicit (no import side effects): built-ins are listed here, and an
+operator's own scorer is added with `registry.register("name", factory)` before the
+profile is built, then given a weight in `scheduling.weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from epp.config import SchedulingConfig
+from epp.scheduling.scorers.adapter import AdapterScorer
+from epp.scheduling.scorers.cache import CacheScorer
+from epp.scheduling.scorers.cost import CostScorer
+from epp.scheduling.scorers.health import HealthScorer
+from epp.scheduling.scorers.load import LoadScorer
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.types import Scorer
+
+ScorerFactory = Callable[[SchedulingConfig], Scorer]
+
+BUILTIN_SCORERS: dict[str, ScorerFactory] = {
+    "cache": lambda config: CacheScorer(),
+    "load": lambda config: LoadScorer(),
+    "queue": lambda config: QueueScorer(max_queue=config.max_queue),
+    "health": lambda config: HealthScorer(),
+    "adapter": lambda config: AdapterScorer(),
+    "cost": lambda config: CostScorer(),
+}
+
+
+class ScorerRegistry:
+    def __init__(self) -> None:
+        self._factories: dict[str, ScorerFactory] = dict(BUILTIN_SCORERS)
+
+    def register(self, name: str, factory: ScorerFactory) -> None:
+        if name in self._factories:
+            raise ValueError(f"a scorer named {name!r} is already registered")
+        self._factories[name] = factory
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def build(self, config: SchedulingConfig) -> list[tuple[Scorer, float]]:
+        """(scorer, weight) pairs for every weight in the config; weight-0 scorers skipped."""
+        unknown = sorted(set(config.weights) - set(self._factories))
+        if unknown:
+            raise ValueError(
+                f"unknown scorer(s) in scheduling.weights: {', '.join(unknown)}; "
+                f"registered: {', '.join(self.names)}"
+            )
+        pairs = []
+        for name, weight in config.weights.items():
+            if weight > 0:
+                scorer = self._factories[name](config)
+                scorer.name = name
+                pairs.append((scorer, weight))
+        return pairs

@@ -1,0 +1,73 @@
+"""Filters -> weighted scorers -> picker, over the endpoints the data layer keeps."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from epp.config import SchedulingConfig
+from epp.datalayer.endpoint import Endpoint
+from epp.scheduling.filters import HealthFilter, ModelFilter, SaturationFilter, SubsetFilter
+from epp.scheduling.picker import MaxScorePicker
+from epp.scheduling.registry import ScorerRegistry
+from epp.scheduling.types import Decision, Filter, Picker, SchedulingError, SchedulingRequest
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulingConfig,
+        registry: ScorerRegistry | None = None,
+        picker: Picker | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.filters: list[Filter] = [
+            SubsetFilter(),
+            ModelFilter(),
+            HealthFilter(threshold=config.health_threshold),
+            SaturationFilter(max_queue=config.max_queue),
+        ]
+        self.profile = (registry or ScorerRegistry()).build(config)
+        self.weights = {scorer.name: weight for scorer, weight in self.profile}
+        self.picker = picker or MaxScorePicker(rng, config.tie_epsilon)
+
+    def schedule(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> Decision:
+        if not endpoints:
+            raise SchedulingError(503, "rejected-no-endpoints", "no inference endpoints are known")
+        candidates = list(endpoints)
+        removed: dict[str, int] = {}
+        for f in self.filters:
+            kept = f.filter(request, candidates)
+            if len(kept) != len(candidates):
+                removed[f.name] = len(candidates) - len(kept)
+            if not kept:
+                raise SchedulingError(f.reject_status, f.reject_reason, _explain(f.name, request))
+            candidates = kept
+        factors: dict[str, list[float]] = {}
+        totals = [0.0] * len(candidates)
+        for scorer, weight in self.profile:
+            scores = scorer.score(request, candidates)
+            clamped = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
+            factors[scorer.name] = clamped
+            totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
+        chosen = self.picker.pick(totals, 1 + self.config.fallbacks)
+        return Decision(
+            request_id=request.request_id,
+            endpoints=[candidates[i] for i in chosen],
+            candidates=candidates,
+            totals=totals,
+            factors=factors,
+            weights=self.weights,
+            chosen_index=chosen[0],
+            filtered_out=removed,
+        )
+
+
+def _explain(filter_name: str, request: SchedulingRequest) -> str:
+    return {
+        "subset": "no endpoint of the pool is in the proxy's subset for this request",
+        "model": f"no endpoint serves model {request.base_model!r}",
+        "health": "no healthy endpoint is available",
+        "saturation": "every endpoint's queue is full; retry later",
+    }.get(filter_name, f"filter {filter_name!r} removed every endpoint")

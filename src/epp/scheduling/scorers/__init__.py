@@ -1,0 +1,1 @@
+"""One module per scorer; each docstring gives its formula and inputs."""

@@ -1,0 +1,23 @@
+"""queue = 1 - min(queueDepth / maxQueue, 1) (weight 0.10; each waiting request costs
+1/maxQueue, 0.05 at the default 20).
+
+queueDepth is the pod's last scraped `vllm:num_requests_waiting` plus the requests this
+EPP sent it since that scrape: a burst inside one 50 ms scrape interval sees itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.datalayer.endpoint import Endpoint
+from epp.scheduling.types import SchedulingRequest
+
+
+@dataclass(slots=True)
+class QueueScorer:
+    max_queue: int = 20
+    name: str = "queue"
+
+    def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
+        max_queue = float(self.max_queue)
+        return [1.0 - min(e.queue_depth / max_queue, 1.0) for e in candidates]
