@@ -1,0 +1,56 @@
+"""Shared builders for unit tests: endpoints with given signals, a router on a store."""
+
+from __future__ import annotations
+
+from epp.config import EppConfig
+from epp.datalayer.endpoint import Endpoint
+from epp.datalayer.metrics_parser import PodMetrics
+
+
+def endpoint(
+    name: str,
+    *,
+    kv: float = 0.0,
+    waiting: float = 0.0,
+    health: float = 1.0,
+    adapters: frozenset[str] = frozenset(),
+    model: str | None = "m",
+    port: int | None = None,
+    labels: dict[str, str] | None = None,
+) -> Endpoint:
+    port = port if port is not None else 8000 + abs(hash(name)) % 1000
+    e = Endpoint(
+        name=name,
+        address=f"10.0.0.1:{port}",
+        metrics_url=f"http://10.0.0.1:{port}/metrics",
+        labels=labels or {},
+    )
+    e.metrics = PodMetrics(waiting=waiting, kv_usage=kv, model=model, running_adapters=adapters)
+    e.metrics_at = 0.0
+    e.health = health
+    return e
+
+
+def config(**sections: dict) -> EppConfig:
+    return EppConfig.model_validate(sections)
+
+
+def router_with(endpoint_configs: list[dict], **sections: dict):
+    """A real Router over a store holding these endpoints as freshly scraped, idle pods."""
+    from epp.config import EndpointConfig
+    from epp.datalayer.store import EndpointStore
+    from epp.observability.metrics import EppMetrics
+    from epp.prefix.index import PrefixIndex
+    from epp.routing import Router
+    from epp.scheduling.scheduler import Scheduler
+    from epp.tokenize import ByteEstimateTokenizer
+
+    cfg = config(**sections)
+    store = EndpointStore(cfg.datalayer)
+    store.sync([EndpointConfig.model_validate(c) for c in endpoint_configs])
+    for e in store.all():
+        store.scraped(e, PodMetrics(model="m"))
+    index = PrefixIndex(cfg.prefix.capacity_per_pod)
+    metrics = EppMetrics()
+    router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
+    return router, store, index, metrics
