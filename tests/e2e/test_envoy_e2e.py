@@ -93,7 +93,7 @@ def test_routing_follows_the_epp_and_conversations_stick(stack):
 
 
 def test_streaming_response_passes_through(stack):
-    status, headers, body = chat(
+    status, _headers, body = chat(
         stack,
         [system_prompt("streams"), {"role": "user", "content": "hi"}],
         stream=True,

@@ -202,7 +202,7 @@ def test_empty_subset_is_503():
 
 
 def test_response_path_echoes_stream_and_releases_in_flight_once():
-    router, store, *_ = router_with(PODS)
+    router, _store, *_ = router_with(PODS)
     s = stream(router)
     s.feed(headers_msg(mode=DUPLEX))
     s.feed(body_msg(body_of(), True))

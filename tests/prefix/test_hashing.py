@@ -26,7 +26,7 @@ def test_hashes_are_chained_prefix_stable_and_position_dependent():
     b = block_hashes(array("I", [2] * 16), 16, seed)
     assert a[1] != b[0]
     # A change in block 0 changes every later hash.
-    changed = block_hashes(array("I", [9] + list(range(1, 64))), 16, seed)
+    changed = block_hashes(array("I", [9, *range(1, 64)]), 16, seed)
     assert all(x != y for x, y in zip(changed, long, strict=True))
 
 
