@@ -1,4 +1,4 @@
-"""The EPP's configuration: one validated tree from a YAML file, EPP_* env and flags.
+"""The EPP's configuration: one validated tree from a YAML file and command-line flags.
 
 Every section forbids unknown keys, so a typo fails at start-up with the offending path
 instead of silently running on a default.

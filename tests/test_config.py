@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from epp.config import EppConfig, load_config
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def test_example_config_loads_and_documents_the_defaults():
+    example = load_config(DEPLOY / "epp.example.yaml")
+    assert [e.name for e in example.endpoints] == ["pod-0", "pod-1", "pod-2"]
+    assert example.endpoints[0].resolved_metrics_url() == "http://127.0.0.1:8001/metrics"
+    defaults = EppConfig()
+    for section in ("scheduling", "prefix", "datalayer", "server"):
+        assert getattr(example, section) == getattr(defaults, section), section
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"scheduling": {"max_queu": 20}},
+        {"typo": 1},
+        {"scheduling": {"max_queue": 0}},
+        {"scheduling": {"health_threshold": 1.5}},
+        {"endpoints": [{"name": "a", "address": "nohost"}]},
+        {"endpoints": [{"name": "a", "address": "1.2.3.4:99999"}]},
+        {
+            "endpoints": [
+                {"name": "a", "address": "1.2.3.4:1"},
+                {"name": "a", "address": "1.2.3.4:2"},
+            ]
+        },
+        {
+            "endpoints": [
+                {"name": "a", "address": "1.2.3.4:1"},
+                {"name": "b", "address": "1.2.3.4:1"},
+            ]
+        },
+        {"server": {"stream_chunk_bytes": 100_000}},
+    ],
+)
+def test_invalid_configs_fail_with_the_path(data):
+    with pytest.raises(ValidationError):
+        EppConfig.model_validate(data)
+
+
+def test_overrides_and_endpoints_file(tmp_path):
+    (tmp_path / "pods.yaml").write_text("endpoints:\n  - {name: x, address: '127.0.0.1:9'}\n")
+    (tmp_path / "epp.yaml").write_text("endpoints_file: pods.yaml\nserver: {grpc_port: 1234}\n")
+    config = load_config(tmp_path / "epp.yaml", {"server": {"metrics_port": 9999}})
+    assert config.server.grpc_port == 1234 and config.server.metrics_port == 9999
+    assert [e.name for e in config.endpoints] == ["x"]
+
+
+def test_non_mapping_files_are_rejected(tmp_path):
+    (tmp_path / "bad.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_config(tmp_path / "bad.yaml")
