@@ -29,7 +29,7 @@ from epp.prefix.index import PrefixIndex
 from epp.routing import Router
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 
 log = structlog.get_logger("epp.app")
 
@@ -41,7 +41,8 @@ class EppService:
     """A running EPP; `start()`/`stop()` for tests, `run_until_stopped()` for the CLI."""
 
     config: EppConfig
-    registry: ScorerRegistry | None = None
+    registry: ScorerRegistry | None = None  # add custom scorers here before start
+    tokenizer: Tokenizer | None = None  # default: the byte-level estimate
 
     def __post_init__(self) -> None:
         config = self.config
@@ -54,7 +55,7 @@ class EppService:
             self.store,
             self.index,
             self.scheduler,
-            ByteEstimateTokenizer(),
+            self.tokenizer or ByteEstimateTokenizer(),
             self.metrics,
             debug=config.log_level == "debug",
         )
