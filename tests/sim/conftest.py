@@ -1,0 +1,58 @@
+"""Real simulated pods on loopback, and a real HTTP client to talk to them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from epp.sim.engine import EngineConfig
+from epp.sim.server import RunningPod, SimPodConfig, start_pod
+
+StartPod = Callable[..., Awaitable[RunningPod]]
+
+# Fast enough for tests, slow enough that latency still shows in the numbers.
+FAST_ENGINE = {
+    "prefill_overhead_s": 0.001,
+    "prefill_per_token_s": 0.00001,
+    "decode_per_token_s": 0.001,
+    "lora_load_s": 0.01,
+}
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[StartPod]:
+    """`await start(model=..., lora_adapters=..., **engine_overrides)` -> a serving pod."""
+    pods: list[RunningPod] = []
+
+    async def _start(
+        *,
+        pod_name: str = "pod-test",
+        model: str = "sim-llama-8b",
+        lora_adapters: tuple[str, ...] = (),
+        time_scale: float = 1.0,
+        client_max_size: int = 1024 * 1024,
+        **engine: float,
+    ) -> RunningPod:
+        config = SimPodConfig(
+            pod_name=pod_name,
+            model=model,
+            lora_adapters=lora_adapters,
+            engine=EngineConfig(**(FAST_ENGINE | engine)),  # type: ignore[arg-type]
+            time_scale=time_scale,
+            client_max_size=client_max_size,
+        )
+        pod = await start_pod(config, "127.0.0.1", 0)
+        pods.append(pod)
+        return pod
+
+    yield _start
+    for pod in pods:
+        await pod.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session

@@ -1,0 +1,354 @@
+"""The engine model, driven by hand with an explicit clock."""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+
+import pytest
+
+from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
+from epp.sim.engine import Admission, EngineConfig, FinishReason, SimEngine, StartedRequest
+from epp.tokenize import ByteEstimateTokenizer, ChatMessage
+
+MODEL = "sim-llama-8b"
+
+
+def tokens(n: int, start: int = 0) -> array[int]:
+    return array("I", range(start, start + n))
+
+
+def hashes_of(toks: array[int], block_size: int = 16, salt: str | None = None) -> list[BlockHash]:
+    return block_hashes(toks, block_size, chain_seed(MODEL, None, salt))
+
+
+def common_prefix_length(a: list[BlockHash], b: list[BlockHash]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+class Driver:
+    """Submits and starts requests with fresh ids, as a server would."""
+
+    def __init__(self, **config: object) -> None:
+        self.engine = SimEngine(EngineConfig(**config))  # type: ignore[arg-type]
+        self._ids = itertools.count()
+
+    def submit(
+        self,
+        toks: array[int],
+        max_tokens: int = 1,
+        adapter: str | None = None,
+        salt: str | None = None,
+    ) -> tuple[str, Admission]:
+        req_id = f"r{next(self._ids)}"
+        hashes = hashes_of(toks, self.engine.config.block_size, salt)
+        return req_id, self.engine.submit(req_id, hashes, len(toks), max_tokens, adapter)
+
+    def run(
+        self, toks: array[int], max_tokens: int = 1, adapter: str | None = None, now: float = 0.0
+    ) -> StartedRequest:
+        """Submit and start one request on an otherwise idle engine; leaves it running."""
+        req_id, admission = self.submit(toks, max_tokens, adapter)
+        assert admission is Admission.QUEUED
+        [started] = self.engine.start_ready(now)
+        assert started.req_id == req_id
+        return started
+
+    def serve(self, toks: array[int], max_tokens: int = 1) -> StartedRequest:
+        """Run one request to completion."""
+        started = self.run(toks, max_tokens)
+        self.engine.finish(started.req_id, max_tokens)
+        return started
+
+
+# -- prefix reuse ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt_lengths", "expected_cached"),
+    [
+        # A conversation growing by whole turns reuses every full block of the last turn.
+        ((100, 200, 320), (0, 96, 192)),
+        # The same prompt again: all 20 blocks are cached, but the last one is recomputed.
+        ((320, 320), (0, 304)),
+        # A shorter prompt sharing the start reuses its full blocks, minus the last token.
+        ((320, 33, 32), (0, 32, 16)),
+    ],
+)
+def test_prefix_reuse_of_token_prompts(
+    prompt_lengths: tuple[int, ...], expected_cached: tuple[int, ...]
+) -> None:
+    driver = Driver()
+    cached = tuple(driver.serve(tokens(n)).cached_tokens for n in prompt_lengths)
+    assert cached == expected_cached
+    counters = driver.engine.counters
+    assert counters.prefix_cache_queries == sum(prompt_lengths)
+    assert counters.prefix_cache_hits == sum(expected_cached)
+    assert counters.prompt_tokens == sum(prompt_lengths)
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "expected_cached"),
+    [(15, 0), (16, 0), (17, 16), (32, 16), (33, 32), (48, 32), (49, 48)],
+)
+def test_cached_tokens_stay_below_the_prompt_length(
+    prompt_tokens: int, expected_cached: int
+) -> None:
+    driver = Driver()
+    driver.serve(tokens(prompt_tokens))
+    assert driver.serve(tokens(prompt_tokens)).cached_tokens == expected_cached
+
+
+def test_growing_chat_conversation_reuses_earlier_turns() -> None:
+    tokenizer = ByteEstimateTokenizer()
+    driver = Driver()
+    conversation = [ChatMessage("system", "You are a terse assistant for a hardware store. " * 4)]
+    previous: list[BlockHash] = []
+    for turn in range(4):
+        conversation.append(ChatMessage("user", f"Question {turn}: where are the hinges? " * 3))
+        toks = tokenizer.encode_chat(conversation)
+        hashes = hashes_of(toks)
+        started = driver.serve(toks)
+        common = common_prefix_length(previous, hashes)
+        assert started.cached_tokens == 16 * min(common, (len(toks) - 1) // 16)
+        if turn:
+            # Everything up to the previous turn's generation prompt is shared.
+            assert started.cached_tokens >= 16 * (len(previous) - 1) > 0
+        conversation.append(ChatMessage("assistant", "Aisle seven, next to the screws."))
+        previous = hashes
+
+
+def test_cache_salt_keeps_blocks_apart() -> None:
+    driver = Driver()
+    driver.serve(tokens(64))
+    driver.submit(tokens(64), salt="tenant-b")
+    [started] = driver.engine.start_ready(0.0)
+    assert started.cached_tokens == 0
+
+
+# -- KV capacity and eviction ------------------------------------------------------------
+
+
+def test_prompt_blocks_stay_cached_after_finish_and_are_evicted_lru_when_space_is_needed() -> None:
+    # 8 blocks of 4 tokens. Every request below holds its 3 full prompt blocks plus 1
+    # private block (partial prompt block + output).
+    driver = Driver(block_size=4, num_gpu_blocks=8)
+    engine = driver.engine
+    a, b = tokens(15, start=1000), tokens(15, start=2000)
+    driver.serve(a)
+    driver.serve(b)  # cache now holds A's 3 blocks (older) and B's 3 blocks
+    assert engine.cached_blocks == 6
+    assert engine.kv_cache_usage == 0.0  # cached but idle blocks count as free, as in vLLM
+    driver.serve(tokens(15, start=3000))  # 2 free blocks, needs 4: evicts A's tail two
+    assert driver.serve(b).cached_tokens == 12  # B untouched (and its last block recomputed)
+    assert driver.serve(a).cached_tokens == 4  # only A's first block survived
+
+
+def test_blocks_of_running_requests_are_never_evicted() -> None:
+    driver = Driver(block_size=4, num_gpu_blocks=8)
+    engine = driver.engine
+    running = driver.run(tokens(15, start=1000))  # pins 4 blocks
+    driver.serve(tokens(15, start=2000))  # leaves 3 evictable blocks
+    # Needs 5 new blocks: 4 free or evictable, so it has to wait.
+    waiting_id, admission = driver.submit(tokens(19, start=3000))
+    assert admission is Admission.QUEUED
+    assert engine.start_ready(0.0) == []
+    assert engine.is_waiting(waiting_id)
+    engine.finish(running.req_id, 1)
+    [started] = engine.start_ready(0.0)
+    assert started.req_id == waiting_id
+    # The running request's blocks survived the pressure: its prompt is still cached.
+    engine.finish(waiting_id, 1)
+    assert driver.serve(tokens(15, start=1000)).cached_tokens == 12
+
+
+def test_kv_cache_usage_counts_pinned_blocks_once_per_block() -> None:
+    driver = Driver(block_size=4, num_gpu_blocks=10)
+    engine = driver.engine
+    toks = tokens(10)  # 2 full blocks; with 2 output tokens, 3 blocks in all
+    first = driver.run(toks, max_tokens=2)
+    assert engine.kv_cache_usage == pytest.approx(0.3)
+    req_id, _ = driver.submit(toks, max_tokens=2)
+    engine.start_ready(0.0)
+    assert engine.kv_cache_usage == pytest.approx(0.4)  # shares the 2 prompt blocks
+    engine.finish(first.req_id, 2)
+    engine.finish(req_id, 2)
+    assert engine.kv_cache_usage == 0.0
+    assert engine.cached_blocks == 2
+
+
+def test_a_request_that_can_never_fit_is_refused() -> None:
+    driver = Driver(block_size=4, num_gpu_blocks=8)
+    assert driver.submit(tokens(30), max_tokens=2)[1] is Admission.QUEUED  # 32 tokens: fits
+    assert driver.submit(tokens(30), max_tokens=3)[1] is Admission.TOO_LONG
+    assert driver.engine.config.max_context_tokens == 32
+
+
+def test_a_request_waiting_for_blocks_holds_the_queue_behind_it() -> None:
+    driver = Driver(block_size=4, num_gpu_blocks=8)
+    engine = driver.engine
+    first = driver.run(tokens(15, start=1000))  # 4 of 8 blocks
+    big_id, _ = driver.submit(tokens(19, start=2000))  # needs 5
+    small_id, _ = driver.submit(tokens(3, start=3000))  # needs 1, but must wait its turn
+    assert engine.start_ready(0.0) == []
+    engine.finish(first.req_id, 1)
+    assert [s.req_id for s in engine.start_ready(0.0)] == [big_id, small_id]
+
+
+# -- queue and slots ---------------------------------------------------------------------
+
+
+def test_fifo_queue_and_rejection_when_full() -> None:
+    driver = Driver(max_num_seqs=2, max_waiting=2)
+    engine = driver.engine
+    submitted = [driver.submit(tokens(8, start=100 * i)) for i in range(5)]
+    assert [admission for _, admission in submitted] == [Admission.QUEUED] * 4 + [
+        Admission.QUEUE_FULL
+    ]
+    ids = [req_id for req_id, _ in submitted]
+    assert [s.req_id for s in engine.start_ready(0.0)] == ids[:2]
+    assert (engine.num_running, engine.num_waiting) == (2, 2)
+    assert driver.submit(tokens(8))[1] is Admission.QUEUE_FULL
+    engine.finish(ids[1], 1)
+    assert [s.req_id for s in engine.start_ready(0.0)] == [ids[2]]
+    assert driver.submit(tokens(8))[1] is Admission.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "max_waiting", "admitted"),
+    [(1, 0, 1), (2, 0, 2), (1, 1, 2), (3, 2, 5)],
+)
+def test_free_slots_and_max_waiting_bound_admission(
+    max_num_seqs: int, max_waiting: int, admitted: int
+) -> None:
+    driver = Driver(max_num_seqs=max_num_seqs, max_waiting=max_waiting)
+    results = [driver.submit(tokens(8, start=100 * i))[1] for i in range(admitted + 1)]
+    assert results.count(Admission.QUEUED) == admitted
+    assert results[-1] is Admission.QUEUE_FULL
+
+
+def test_finishing_a_waiting_request_removes_it_as_aborted() -> None:
+    driver = Driver(max_num_seqs=1)
+    engine = driver.engine
+    running = driver.run(tokens(8))
+    waiting_id, _ = driver.submit(tokens(8, start=50))
+    engine.finish(waiting_id, 0, FinishReason.ABORT)
+    engine.finish(running.req_id, 1)
+    assert engine.start_ready(0.0) == []
+    assert (engine.num_running, engine.num_waiting) == (0, 0)
+    finished = engine.counters.finished
+    assert (finished[FinishReason.ABORT], finished[FinishReason.LENGTH]) == (1, 1)
+    assert engine.counters.prompt_tokens == 8  # the aborted one never reached prefill
+    with pytest.raises(KeyError):
+        engine.finish(waiting_id, 0)
+
+
+# -- latency -----------------------------------------------------------------------------
+
+
+def test_prefill_time_counts_only_uncached_tokens() -> None:
+    driver = Driver(prefill_overhead_s=0.01, prefill_per_token_s=0.001)
+    assert driver.serve(tokens(100)).prefill_seconds == pytest.approx(0.01 + 100 * 0.001)
+    assert driver.serve(tokens(100)).prefill_seconds == pytest.approx(0.01 + 4 * 0.001)
+
+
+@pytest.mark.parametrize(
+    ("running", "expected"), [(0, 0.01), (1, 0.01), (3, 0.0125), (4, 0.01375), (6, 0.01375)]
+)
+def test_decode_slows_as_the_batch_fills(running: int, expected: float) -> None:
+    driver = Driver(max_num_seqs=4, decode_per_token_s=0.01, batch_slowdown=0.5)
+    for i in range(running):
+        driver.submit(tokens(8, start=100 * i))
+    driver.engine.start_ready(0.0)
+    assert driver.engine.decode_step_seconds() == pytest.approx(expected)
+
+
+# -- LoRA --------------------------------------------------------------------------------
+
+
+def test_adapter_load_time_is_paid_once_per_load() -> None:
+    driver = Driver(lora_load_s=0.2, prefill_overhead_s=0.0, prefill_per_token_s=0.0)
+    engine = driver.engine
+    first = driver.run(tokens(8), adapter="sql", now=1.0)
+    assert first.adapter_wait_seconds == pytest.approx(0.2)
+    assert first.prefill_seconds == pytest.approx(0.2)
+    # Started while the adapter is still loading: waits for the same load to finish.
+    second = driver.run(tokens(8, start=50), adapter="sql", now=1.05)
+    assert second.adapter_wait_seconds == pytest.approx(0.15)
+    engine.finish(first.req_id, 1)
+    engine.finish(second.req_id, 1)
+    # Resident after its requests finished: free from then on.
+    assert driver.run(tokens(8, start=90), adapter="sql", now=5.0).adapter_wait_seconds == 0.0
+    assert engine.loaded_adapters == ("sql",)
+
+
+def test_adapter_without_a_slot_waits_without_blocking_others() -> None:
+    driver = Driver(max_loras=2)
+    engine = driver.engine
+    a = driver.run(tokens(8, start=1), adapter="a")
+    b = driver.run(tokens(8, start=2), adapter="b")
+    c_id, _ = driver.submit(tokens(8, start=3), adapter="c")
+    base_id, _ = driver.submit(tokens(8, start=4))
+    assert [s.req_id for s in engine.start_ready(0.0)] == [base_id]
+    assert engine.running_adapters == ("a", "b")
+    assert engine.waiting_adapters == ("c",)
+    engine.finish(a.req_id, 1)
+    [started] = engine.start_ready(1.0)
+    assert started.req_id == c_id
+    assert started.adapter_wait_seconds > 0
+    assert set(engine.loaded_adapters) == {"b", "c"}  # a was idle, so it was unloaded
+    assert engine.running_adapters == ("b", "c")
+    engine.finish(b.req_id, 1)
+    assert list(engine.running_adapters) == ["c"]
+
+
+# -- reset -------------------------------------------------------------------------------
+
+
+def test_reset_prefix_cache_forgets_idle_blocks_but_not_pinned_ones() -> None:
+    driver = Driver()
+    engine = driver.engine
+    driver.serve(tokens(64, start=0))
+    running = driver.run(tokens(64, start=1000))
+    assert engine.reset_prefix_cache() == 4
+    assert engine.cached_blocks == 4  # the running request's blocks
+    engine.finish(running.req_id, 1)
+    assert driver.serve(tokens(64, start=0)).cached_tokens == 0
+    assert driver.serve(tokens(64, start=1000)).cached_tokens == 48
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+def test_submit_rejects_inconsistent_input() -> None:
+    engine = SimEngine()
+    with pytest.raises(ValueError, match="one hash per full block"):
+        engine.submit("x", [], 32, 1)
+    with pytest.raises(ValueError, match="at least 1"):
+        engine.submit("x", [], 0, 1)
+    engine.submit("x", hashes_of(tokens(16)), 16, 1)
+    with pytest.raises(ValueError, match="already"):
+        engine.submit("x", hashes_of(tokens(16)), 16, 1)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"block_size": 0},
+        {"num_gpu_blocks": 0},
+        {"max_num_seqs": 0},
+        {"max_waiting": -1},
+        {"max_loras": 0},
+        {"decode_per_token_s": -0.1},
+        {"prefill_per_token_s": float("nan")},
+        {"lora_load_s": float("inf")},
+    ],
+)
+def test_engine_config_refuses_nonsense(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        EngineConfig(**bad)  # type: ignore[arg-type]
