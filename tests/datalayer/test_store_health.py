@@ -108,3 +108,13 @@ def test_counter_going_backwards_signals_engine_reset():
     store.scraped(a, PodMetrics(prefix_queries=1000))
     store.scraped(a, PodMetrics(prefix_queries=10))
     assert ("reset", "a") in events
+
+
+def test_requests_sent_during_a_scrape_stay_counted():
+    store, _, _ = make_store()
+    a = store.get("a")
+    store.dispatched(a)
+    mark = a.dispatched_total  # the scrape starts here
+    store.dispatched(a)  # sent while the page was in flight: not on it yet
+    store.scraped(a, PodMetrics(waiting=1), dispatched_at_start=mark)
+    assert a.dispatched_since_scrape == 1 and a.queue_depth == 2

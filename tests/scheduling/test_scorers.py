@@ -219,3 +219,14 @@ def test_builtin_cost_scorer():
     ]
     scores = CostScorer().score(request(), pods)
     assert scores[0] == 0.0 and scores[1] == pytest.approx(1 - 0.38 / 3.67) and scores[2] == 0.0
+
+
+def test_equal_scores_go_to_the_pod_with_fewer_requests_in_flight():
+    """Metrics lag: two idle-looking pods, one just given a request by this EPP."""
+    busy, idle = endpoint("busy"), endpoint("idle")
+    busy.in_flight = 1
+    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(1))
+    for _ in range(20):
+        decision = scheduler.schedule(request(), [busy, idle])
+        assert decision.primary is idle
+        assert [e.name for e in decision.endpoints] == ["idle", "busy"]

@@ -29,6 +29,7 @@ class Endpoint:
     # Counted by the EPP itself: metrics lag by up to a scrape interval, and a burst of
     # decisions inside that interval must see its own effect.
     in_flight: int = 0
+    dispatched_total: int = 0
     dispatched_since_scrape: int = 0
 
     # Response path: moving average of 5xx answers.

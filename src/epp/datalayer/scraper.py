@@ -70,6 +70,7 @@ class MetricsScraper:
 
     async def scrape_once(self, endpoint: Endpoint) -> None:
         assert self._session is not None
+        dispatched_at_start = endpoint.dispatched_total
         try:
             async with self._session.get(endpoint.metrics_url) as response:
                 if response.status != 200:
@@ -91,7 +92,7 @@ class MetricsScraper:
         else:
             if endpoint.metrics_at is None:
                 log.info("pod_scraped", pod=endpoint.name, model=metrics.model)
-            self._store.scraped(endpoint, metrics)
+            self._store.scraped(endpoint, metrics, dispatched_at_start)
 
     async def _loop(self, endpoint: Endpoint) -> None:
         interval = self._config.scrape_interval_s

@@ -70,14 +70,20 @@ class EndpointStore:
         return len(self._by_name)
 
     # -- data-layer updates --------------------------------------------------------
-    def scraped(self, endpoint: Endpoint, metrics: PodMetrics) -> None:
+    def scraped(
+        self, endpoint: Endpoint, metrics: PodMetrics, dispatched_at_start: int | None = None
+    ) -> None:
+        """A page fetched; `dispatched_at_start` is `dispatched_total` when the fetch began:
+        requests sent during the fetch may not be on the page yet, so they stay counted."""
         previous = endpoint.metrics
         now = self._clock()
         endpoint.metrics = metrics
         endpoint.metrics_at = now
         endpoint.consecutive_failures = 0
         endpoint.last_error = None
-        endpoint.dispatched_since_scrape = 0
+        if dispatched_at_start is None:
+            dispatched_at_start = endpoint.dispatched_total
+        endpoint.dispatched_since_scrape = max(0, endpoint.dispatched_total - dispatched_at_start)
         endpoint.health = compute_health(endpoint, now, self._config)
         # Counters going backwards mean the engine restarted: its cache is gone.
         if previous is not None and metrics.prefix_queries < previous.prefix_queries:
@@ -99,6 +105,7 @@ class EndpointStore:
     # -- request lifecycle ---------------------------------------------------------
     def dispatched(self, endpoint: Endpoint) -> None:
         endpoint.in_flight += 1
+        endpoint.dispatched_total += 1
         endpoint.dispatched_since_scrape += 1
 
     def completed(self, endpoint: Endpoint, status: int | None) -> None:

@@ -1,5 +1,12 @@
-"""Max-score picker: the best composite score wins; exact ties are broken at random, so
-equal pods share traffic instead of the first in list order taking all of it."""
+"""Max-score picker: the best composite score wins.
+
+Among pods whose scores are equal, the one with the fewest requests in flight from this
+EPP wins, and only then chance. Scraped metrics lag by up to one interval, so two idle
+pods can look identical while one of them has just been given a cold prefill; the EPP's
+own in-flight count sees that at once. Without this a cold-start burst can stack two
+prefix groups on one pod and leave another idle (seen in the demo). Pure ties are broken
+at random, so equal pods share traffic instead of the first in list order taking it all.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +19,26 @@ class MaxScorePicker:
         self._rng = rng or random.Random()
         self._eps = tie_epsilon
 
-    def pick(self, totals: Sequence[float], count: int) -> list[int]:
+    def pick(
+        self, totals: Sequence[float], count: int, tiebreak: Sequence[float] | None = None
+    ) -> list[int]:
+        """Indexes of the primary and up to count-1 fallbacks, best first; `tiebreak`
+        (lower wins) orders candidates whose scores are equal."""
         if not totals:
             return []
         best = max(totals)
         tied = [i for i, t in enumerate(totals) if best - t <= self._eps]
+        if tiebreak is not None and len(tied) > 1:
+            least = min(tiebreak[i] for i in tied)
+            tied = [i for i in tied if tiebreak[i] == least]
         primary = tied[0] if len(tied) == 1 else self._rng.choice(tied)
         if count <= 1:
             return [primary]
-        # Fallbacks: the next best, with a random order inside each group of equals.
-        keys = [(-t, self._rng.random()) for t in totals]
+        rng = self._rng.random
+        second = tiebreak or [0.0] * len(totals)
+        keys = [
+            (-round(t / self._eps) if self._eps else -t, second[i], rng())
+            for i, t in enumerate(totals)
+        ]
         rest = sorted((i for i in range(len(totals)) if i != primary), key=keys.__getitem__)
         return [primary, *rest[: count - 1]]

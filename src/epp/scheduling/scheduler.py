@@ -51,7 +51,8 @@ class Scheduler:
             clamped = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
             factors[scorer.name] = clamped
             totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
-        chosen = self.picker.pick(totals, 1 + self.config.fallbacks)
+        in_flight = [e.in_flight for e in candidates]
+        chosen = self.picker.pick(totals, 1 + self.config.fallbacks, in_flight)
         return Decision(
             request_id=request.request_id,
             endpoints=[candidates[i] for i in chosen],

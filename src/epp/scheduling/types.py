@@ -47,7 +47,9 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
-    def pick(self, totals: Sequence[float], count: int) -> list[int]:
+    def pick(
+        self, totals: Sequence[float], count: int, tiebreak: Sequence[float] | None = None
+    ) -> list[int]:
         """Indexes of the chosen candidate and its fallbacks, best first."""
         ...
 
