@@ -53,18 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
         prog="epp demo",
         description="Run a multi-turn shared-prefix chat workload through the EPP and "
         "through Envoy round robin (fresh pods each), and compare.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--conversations", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--system-prompts", type=int, default=4)
-    parser.add_argument("--system-prompt-tokens", type=int, default=1500)
-    parser.add_argument("--user-message-tokens", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pods", type=int, default=4, help="simulated vLLM pods")
+    parser.add_argument("--conversations", type=int, default=32, help="chat conversations")
+    parser.add_argument("--turns", type=int, default=4, help="user turns per conversation")
     parser.add_argument(
-        "--body-mode", choices=["FULL_DUPLEX_STREAMED", "BUFFERED"], default="FULL_DUPLEX_STREAMED"
+        "--system-prompts", type=int, default=4, help="distinct shared system prompts"
+    )
+    parser.add_argument(
+        "--system-prompt-tokens", type=int, default=1500, help="tokens per system prompt"
+    )
+    parser.add_argument(
+        "--user-message-tokens", type=int, default=64, help="tokens per user message"
+    )
+    parser.add_argument("--max-tokens", type=int, default=24, help="output tokens per answer")
+    parser.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="workload seed (same seed, same prompts)"
+    )
+    parser.add_argument(
+        "--body-mode",
+        choices=["FULL_DUPLEX_STREAMED", "BUFFERED"],
+        default="FULL_DUPLEX_STREAMED",
+        help="how Envoy sends request bodies to the EPP",
     )
     parser.add_argument(
         "--baseline",
@@ -75,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sim-args",
         default=shlex.join(DEMO_SIM_ARGS),
-        help="arguments for every simulated pod (default: %(default)s)",
+        help="arguments for every simulated pod",
     )
     parser.add_argument("--epp-config", type=Path, help="EPP config YAML file")
     parser.add_argument("--json", type=Path, help="write the summaries to this JSON file")

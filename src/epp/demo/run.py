@@ -18,9 +18,11 @@ _WATCH_INTERVAL_S = 1.0
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="epp run", description="Serve the local stack until interrupted."
+        prog="epp run",
+        description="Serve the local stack until interrupted.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--pods", type=int, default=4, help="simulated vLLM pods")
     parser.add_argument("--port", type=int, default=8080, help="Envoy's listener port")
     parser.add_argument(
         "--body-mode", choices=["FULL_DUPLEX_STREAMED", "BUFFERED"], default="FULL_DUPLEX_STREAMED"
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sim-args",
         default=shlex.join(DEMO_SIM_ARGS),
-        help="arguments for every simulated pod (default: %(default)s)",
+        help="arguments for every simulated pod",
     )
     parser.add_argument("--epp-config", type=Path, help="EPP config YAML file")
     parser.add_argument("--work-dir", type=Path, help="keep configs and logs here")
