@@ -6,7 +6,7 @@ import pytest
 
 from epp.datalayer.metrics_parser import MetricsFormatError, parse_vllm_metrics
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def fixture(name: str) -> str:

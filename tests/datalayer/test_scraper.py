@@ -13,9 +13,7 @@ from epp.config import DataLayerConfig, EndpointConfig
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 
-PAGE = (
-    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.33-metrics.txt"
-).read_text()
+PAGE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.33-metrics.txt").read_text()
 
 
 def closed_port() -> int:

@@ -16,7 +16,7 @@ from epp.demo.report import (
     summarize,
 )
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.33-metrics.txt")
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.33-metrics.txt"
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from epp.sim.metrics_page import (
     render_metrics_page,
 )
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LORA_FIXTURE = FIXTURES / "vllm-0.33-metrics-lora.txt"
 CREATED = 1795939121.8106837
 

@@ -1,7 +1,7 @@
 """The simulator's /metrics page, shaped like vLLM 0.33's.
 
 Only the series a router reads are published, in the order and layout vLLM prints them
-(see `shared/fixtures/vllm-0.33-metrics*.txt`): gauges and prefix-cache counters first,
+(see `tests/fixtures/vllm-0.33-metrics*.txt`, copied from vLLM 0.33 pages): gauges and prefix-cache counters first,
 histograms next, `lora_requests_info` and `cache_config_info` last. Labels are sorted by
 name, counters come as `_total` plus a `_created` gauge, values print like
 prometheus_client prints them (`7.0`, `1.7959391218106837e+09`, `+Inf`), so a scraper
