@@ -96,13 +96,15 @@ def continue_request_body() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_body=pb.BodyResponse())
 
 
-def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
     mutation = pb.BodyMutation(
         streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
     )
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
-    )
+    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+
+
+def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=_streamed(chunk, end_of_stream))
 
 
 def request_trailers() -> pb.ProcessingResponse:
@@ -119,12 +121,7 @@ def response_headers(request_id: str | None) -> pb.ProcessingResponse:
 
 
 def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    mutation = pb.BodyMutation(
-        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
-    )
-    return pb.ProcessingResponse(
-        response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
-    )
+    return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
 
 
 def continue_response_body() -> pb.ProcessingResponse:
