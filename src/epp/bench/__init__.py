@@ -1,0 +1,1 @@
+"""Benchmarks: the field's workloads, virtual-time and live runners, baselines, reports."""

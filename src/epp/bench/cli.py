@@ -1,0 +1,30 @@
+"""`epp bench <kind> ...`: one subcommand per benchmark, each in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "virtual": ("epp.bench.virtual_cli", "replay a workload over simulated pods in virtual time"),
+    "live": ("epp.bench.live_cli", "real Envoy + EPP + simulated pods, peers and baselines"),
+    "overhead": ("epp.bench.overhead", "EPP hot-path cost in process and through Envoy"),
+    "report": ("epp.bench.report_cli", "rebuild docs/benchmarks/ from saved JSON results"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: epp bench <kind> [options]", "", "kinds:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    entry = BENCHMARKS.get(argv[0])
+    if entry is None:
+        print(f"epp bench: unknown kind {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(entry[0]).main(argv[1:]) or 0)
