@@ -28,6 +28,7 @@ def endpoint(
     e.metrics = PodMetrics(waiting=waiting, kv_usage=kv, model=model, running_adapters=adapters)
     e.metrics_at = 0.0
     e.health = health
+    e.refresh()
     return e
 
 

@@ -56,6 +56,7 @@ def test_each_queued_request_costs_one_twentieth(waiting, expected):
 def test_queue_counts_requests_sent_since_last_scrape():
     pod = endpoint("a", waiting=2)
     pod.dispatched_since_scrape = 3
+    pod.refresh()
     assert QueueScorer(max_queue=20).score(request(), [pod]) == [pytest.approx(0.75)]
 
 
@@ -115,6 +116,7 @@ def test_full_queue_leaves_pool_and_all_saturated_is_429():
     scheduler = Scheduler(SchedulingConfig())
     assert scheduler.schedule(request(4, {"hot": 4}), [hot, cold]).primary is cold
     cold.metrics.waiting = 25
+    cold.refresh()
     with pytest.raises(SchedulingError) as err:
         scheduler.schedule(request(), [hot, cold])
     assert (err.value.status, err.value.reason) == (429, "rejected-saturated")

@@ -41,6 +41,7 @@ class EndpointStore:
                 current.labels = dict(config.labels)
                 current.metrics_url = config.resolved_metrics_url()
                 current.configured_model = config.model
+                current.refresh()
                 continue
             if current is not None:
                 self._by_address.pop(current.address, None)
@@ -84,6 +85,7 @@ class EndpointStore:
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
         endpoint.dispatched_since_scrape = max(0, endpoint.dispatched_total - dispatched_at_start)
+        endpoint.refresh()
         endpoint.health = compute_health(endpoint, now, self._config)
         # Counters going backwards mean the engine restarted: its cache is gone.
         if previous is not None and metrics.prefix_queries < previous.prefix_queries:
@@ -107,6 +109,7 @@ class EndpointStore:
         endpoint.in_flight += 1
         endpoint.dispatched_total += 1
         endpoint.dispatched_since_scrape += 1
+        endpoint.queue_depth += 1
 
     def completed(self, endpoint: Endpoint, status: int | None) -> None:
         endpoint.in_flight = max(0, endpoint.in_flight - 1)

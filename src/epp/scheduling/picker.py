@@ -10,6 +10,7 @@ at random, so equal pods share traffic instead of the first in list order taking
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 
@@ -34,11 +35,7 @@ class MaxScorePicker:
         primary = tied[0] if len(tied) == 1 else self._rng.choice(tied)
         if count <= 1:
             return [primary]
-        rng = self._rng.random
-        second = tiebreak or [0.0] * len(totals)
-        keys = [
-            (-round(t / self._eps) if self._eps else -t, second[i], rng())
-            for i, t in enumerate(totals)
-        ]
-        rest = sorted((i for i in range(len(totals)) if i != primary), key=keys.__getitem__)
-        return [primary, *rest[: count - 1]]
+        # Fallbacks: the next best by score (a C-level key: this runs on every request).
+        # Among exactly equal scores they come in candidate order.
+        rest = [i for i in range(len(totals)) if i != primary]
+        return [primary, *heapq.nlargest(count - 1, rest, key=totals.__getitem__)]

@@ -45,12 +45,21 @@ class Scheduler:
                 raise SchedulingError(f.reject_status, f.reject_reason, _explain(f.name, request))
             candidates = kept
         factors: dict[str, list[float]] = {}
-        totals = [0.0] * len(candidates)
+        totals: list[float] | None = None
         for scorer, weight in self.profile:
             scores = scorer.score(request, candidates)
-            clamped = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
-            factors[scorer.name] = clamped
-            totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
+            if len(scores) != len(candidates):
+                raise ValueError(f"scorer {scorer.name!r} returned {len(scores)} scores")
+            # Scores outside [0, 1] (a custom scorer's bug) are clamped, not trusted; the
+            # check is two C-level passes, the copy only happens when needed.
+            if scores and (min(scores) < 0.0 or max(scores) > 1.0):
+                scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
+            factors[scorer.name] = scores
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        assert totals is not None  # the config guarantees at least one scorer
         in_flight = [e.in_flight for e in candidates]
         chosen = self.picker.pick(totals, 1 + self.config.fallbacks, in_flight)
         return Decision(

@@ -18,4 +18,4 @@ class LoadScorer:
     name: str = "load"
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
-        return [1.0 - min(1.0, max(0.0, e.kv_usage)) for e in candidates]
+        return [1.0 - e.kv_usage for e in candidates]  # kv_usage is kept within [0, 1]
