@@ -33,6 +33,7 @@ class RoutedRequest:
     decision: Decision
     request: InferenceRequest
     prompt_tokens: int
+    dispatch: int = 0  # the endpoint's dispatch number, to settle its queue estimate
     done: bool = False
 
     @property
@@ -123,10 +124,10 @@ class Router:
         chosen = decision.primary
         if hashes:
             self._index.record(chosen.name, hashes)
-        self._store.dispatched(chosen)
+        dispatch = self._store.dispatched(chosen)
         elapsed_us = (time.perf_counter() - started) * 1e6
         self._observe(request, sched_request, decision, elapsed_us)
-        return RoutedRequest(request_id, decision, request, len(tokens))
+        return RoutedRequest(request_id, decision, request, len(tokens), dispatch)
 
     def complete(
         self, routed: RoutedRequest, status: int | None, served_address: str | None = None
@@ -140,12 +141,12 @@ class Router:
             # Envoy retried on a fallback: the primary refused, the fallback served.
             self._metrics.fallback_served.inc()
             fallback = self._store.by_address(served_address)
-            self._store.completed(endpoint, 503)
+            self._store.completed(endpoint, 503, routed.dispatch)
             if fallback is not None:
                 fallback.in_flight += 1  # balanced by the completion below
                 self._store.completed(fallback, status)
             return
-        self._store.completed(endpoint, status)
+        self._store.completed(endpoint, status, routed.dispatch)
 
     def _observe(
         self,

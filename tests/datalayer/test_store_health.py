@@ -87,19 +87,20 @@ def test_response_errors_lower_health_gradually():
     assert a.in_flight == 0
 
 
-def test_dispatch_counts_until_next_scrape():
+def test_dispatch_counts_until_next_scrape_or_completion():
     store, _, _ = make_store()
     a = store.get("a")
     store.scraped(a, PodMetrics(waiting=2))
-    store.dispatched(a)
-    store.dispatched(a)
+    first = store.dispatched(a)
+    second = store.dispatched(a)
     assert a.queue_depth == 4 and a.in_flight == 2
-    store.scraped(a, PodMetrics(waiting=3))
-    assert a.queue_depth == 3 and a.in_flight == 2
-    store.completed(a, None)
-    store.completed(a, None)
-    store.completed(a, None)
-    assert a.in_flight == 0
+    store.completed(a, 200, first)  # done before any scrape: no longer waiting
+    assert a.queue_depth == 3 and a.in_flight == 1
+    store.scraped(a, PodMetrics(waiting=3))  # the page now shows the second one
+    assert a.queue_depth == 3
+    store.completed(a, 200, second)
+    store.completed(a, None)  # an extra completion never goes below zero
+    assert a.queue_depth == 3 and a.in_flight == 0
 
 
 def test_counter_going_backwards_signals_engine_reset():
@@ -117,4 +118,4 @@ def test_requests_sent_during_a_scrape_stay_counted():
     mark = a.dispatched_total  # the scrape starts here
     store.dispatched(a)  # sent while the page was in flight: not on it yet
     store.scraped(a, PodMetrics(waiting=1), dispatched_at_start=mark)
-    assert a.dispatched_since_scrape == 1 and a.queue_depth == 2
+    assert a.unseen_dispatches == {2} and a.queue_depth == 2

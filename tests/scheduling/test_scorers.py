@@ -55,7 +55,7 @@ def test_each_queued_request_costs_one_twentieth(waiting, expected):
 
 def test_queue_counts_requests_sent_since_last_scrape():
     pod = endpoint("a", waiting=2)
-    pod.dispatched_since_scrape = 3
+    pod.unseen_dispatches = {1, 2, 3}
     pod.refresh()
     assert QueueScorer(max_queue=20).score(request(), [pod]) == [pytest.approx(0.75)]
 

@@ -29,8 +29,11 @@ class Endpoint:
     # Counted by the EPP itself: metrics lag by up to a scrape interval, and a burst of
     # decisions inside that interval must see its own effect.
     in_flight: int = 0
-    dispatched_total: int = 0
-    dispatched_since_scrape: int = 0
+    dispatched_total: int = 0  # sequence number of the last dispatch
+    # Dispatch numbers of requests still in flight that the last scraped page cannot show
+    # (sent after that fetch began). A request that completed is no longer waiting, so it
+    # leaves the set even if no scrape has happened since: fast requests must not pile up.
+    unseen_dispatches: set[int] = field(default_factory=set)
 
     # Response path: moving average of 5xx answers.
     error_rate: float = 0.0
@@ -53,7 +56,7 @@ class Endpoint:
         m = self.metrics
         self.model = self.configured_model or (m.model if m is not None else None)
         waiting = m.waiting if m is not None else 0.0
-        self.queue_depth = waiting + self.dispatched_since_scrape
+        self.queue_depth = waiting + len(self.unseen_dispatches)
         usage = m.kv_usage if m is not None else 0.0
         self.kv_usage = 0.0 if usage < 0.0 else 1.0 if usage > 1.0 else usage
         self.adapters = (m.running_adapters | m.waiting_adapters) if m is not None else frozenset()

@@ -84,7 +84,10 @@ class EndpointStore:
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
-        endpoint.dispatched_since_scrape = max(0, endpoint.dispatched_total - dispatched_at_start)
+        # Sent before the fetch began: on this page (running or waiting) or already done.
+        endpoint.unseen_dispatches = {
+            seq for seq in endpoint.unseen_dispatches if seq > dispatched_at_start
+        }
         endpoint.refresh()
         endpoint.health = compute_health(endpoint, now, self._config)
         # Counters going backwards mean the engine restarted: its cache is gone.
@@ -105,14 +108,21 @@ class EndpointStore:
             endpoint.health = compute_health(endpoint, now, self._config)
 
     # -- request lifecycle ---------------------------------------------------------
-    def dispatched(self, endpoint: Endpoint) -> None:
+    def dispatched(self, endpoint: Endpoint) -> int:
+        """A request was sent to the pod; returns its dispatch number for `completed`."""
         endpoint.in_flight += 1
         endpoint.dispatched_total += 1
-        endpoint.dispatched_since_scrape += 1
+        endpoint.unseen_dispatches.add(endpoint.dispatched_total)
         endpoint.queue_depth += 1
+        return endpoint.dispatched_total
 
-    def completed(self, endpoint: Endpoint, status: int | None) -> None:
+    def completed(
+        self, endpoint: Endpoint, status: int | None, dispatch: int | None = None
+    ) -> None:
         endpoint.in_flight = max(0, endpoint.in_flight - 1)
+        if dispatch is not None and dispatch in endpoint.unseen_dispatches:
+            endpoint.unseen_dispatches.discard(dispatch)
+            endpoint.queue_depth -= 1
         if status is not None:
             failed = 1.0 if status >= 500 else 0.0
             alpha = self._config.error_rate_alpha
