@@ -112,9 +112,12 @@ def _ext_proc_filter(body_mode: BodyMode, message_timeout_s: float, fail_open: b
         # Duplex streaming requires trailers to be sent; buffered mode does not want them.
         "request_trailer_mode": "SEND" if duplex else "SKIP",
         "response_header_mode": "SEND",
-        # The response body is watched (not changed) to see each request complete.
-        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "STREAMED",
-        "response_trailer_mode": "SEND" if duplex else "SKIP",
+        # The EPP needs to see each response end (in-flight counts), not its body: with the
+        # body sent, every streamed token would cross the gRPC stream. Measured on Envoy
+        # 1.40: with body NONE and trailers SEND, Envoy keeps the ext_proc stream open until
+        # the response ends (with trailers SKIP it closes it at the response headers).
+        "response_body_mode": "NONE",
+        "response_trailer_mode": "SEND",
     }
     return {
         "name": "envoy.filters.http.ext_proc",

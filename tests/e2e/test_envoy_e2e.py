@@ -212,3 +212,25 @@ def test_buffered_body_mode(tmp_path):
         assert status == 200 and body.decode().rstrip().endswith("data: [DONE]")
         status, headers, _ = post(f"{stack.envoy_url}/v1/completions", b"not json")
         assert status == 400 and headers["x-request-dropped-reason"] == "invalid-json"
+
+
+def test_in_flight_counts_a_streaming_response_until_its_end(tmp_path):
+    """The response body is not sent to the EPP; the end of the response still is."""
+    import threading
+
+    with LocalStack(pods=1, sim_args=["--decode-per-token-ms", "60"], work_dir=tmp_path) as stack:
+        done = threading.Event()
+
+        def stream_one():
+            chat(stack, [{"role": "user", "content": "count slowly"}], stream=True, max_tokens=20)
+            done.set()
+
+        worker = threading.Thread(target=stream_one)
+        worker.start()
+        seen = []
+        while not done.is_set():
+            seen.append(epp_debug(stack)[0]["in_flight"])
+            time.sleep(0.1)
+        worker.join()
+        assert seen.count(1) >= 5, seen  # ~1.2 s of streaming, counted all along
+        wait_for(lambda: epp_debug(stack)[0]["in_flight"] == 0, what="completion")
