@@ -8,6 +8,8 @@ import aiohttp
 import pytest
 
 from epp.sim.engine import EngineConfig
+from epp.sim.failures import FailureConfig
+from epp.sim.kv_publisher import KvEventsConfig
 from epp.sim.server import RunningPod, SimPodConfig, start_pod
 
 StartPod = Callable[..., Awaitable[RunningPod]]
@@ -23,7 +25,7 @@ FAST_ENGINE = {
 
 @pytest.fixture
 async def start() -> AsyncIterator[StartPod]:
-    """`await start(model=..., lora_adapters=..., **engine_overrides)` -> a serving pod."""
+    """`await start(model=..., lora_adapters=..., kv_events=..., **engine_overrides)` -> a pod."""
     pods: list[RunningPod] = []
 
     async def _start(
@@ -33,6 +35,10 @@ async def start() -> AsyncIterator[StartPod]:
         lora_adapters: tuple[str, ...] = (),
         time_scale: float = 1.0,
         client_max_size: int = 1024 * 1024,
+        lora_ranks: dict[str, int] | None = None,
+        enable_lora: bool = False,
+        kv_events: KvEventsConfig | None = None,
+        failures: FailureConfig | None = None,
         **engine: float,
     ) -> RunningPod:
         config = SimPodConfig(
@@ -42,6 +48,10 @@ async def start() -> AsyncIterator[StartPod]:
             engine=EngineConfig(**(FAST_ENGINE | engine)),  # type: ignore[arg-type]
             time_scale=time_scale,
             client_max_size=client_max_size,
+            lora_ranks=lora_ranks or {},
+            enable_lora=enable_lora,
+            kv_events=kv_events,
+            failures=failures or FailureConfig(),
         )
         pod = await start_pod(config, "127.0.0.1", 0)
         pods.append(pod)

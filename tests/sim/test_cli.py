@@ -11,6 +11,8 @@ import urllib.request
 import pytest
 
 from epp.sim.cli import build_parser, config_from_args, main
+from epp.sim.failures import FailureConfig, FailureKind
+from epp.sim.kv_publisher import KvEventsConfig
 
 
 def test_flags_map_to_the_engine_in_seconds() -> None:
@@ -24,15 +26,104 @@ def test_flags_map_to_the_engine_in_seconds() -> None:
     assert config.engine.max_num_seqs == 3
 
 
+def test_lora_adapters_take_ranks() -> None:
+    args = build_parser().parse_args(["--lora-adapters", "sql:64, chat ,sql:64,tiny:8"])
+    config = config_from_args(args)
+    assert config.lora_adapters == ("sql", "chat", "tiny")
+    assert dict(config.lora_ranks) == {"sql": 64, "tiny": 8}
+    assert config.lora_enabled
+    assert not config_from_args(build_parser().parse_args([])).lora_enabled
+    assert config_from_args(build_parser().parse_args(["--enable-lora"])).lora_enabled
+
+
+def test_kv_event_and_failure_flags() -> None:
+    args = build_parser().parse_args(
+        [
+            "--kv-events-port", "5557", "--kv-replay-port", "5558",
+            "--kv-replay-buffer", "50", "--kv-events-topic", "kv@x",
+            "--failure-rate", "0.25", "--failure-kinds", "500,hang", "--seed", "3",
+            "--metrics-delay-ms", "1500",
+        ]
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert config.kv_events == KvEventsConfig(
+        port=5557, replay_port=5558, host="127.0.0.1", topic="kv@x", replay_buffer=50
+    )
+    assert config.failures == FailureConfig(
+        rate=0.25,
+        kinds=(FailureKind.INTERNAL_ERROR, FailureKind.HANG),
+        seed=3,
+        metrics_delay_s=1.5,
+    )
+    plain = config_from_args(build_parser().parse_args([]))
+    assert (plain.kv_events, plain.failures) == (None, FailureConfig())
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--max-num-seqs", "0"], ["--time-scale", "0"], ["--model", "a", "--lora-adapters", "a"]],
+    [
+        ["--max-num-seqs", "0"],
+        ["--time-scale", "0"],
+        ["--model", "a", "--lora-adapters", "a"],
+        ["--lora-adapters", "a:x"],
+        ["--lora-adapters", "a:0"],
+        ["--lora-adapters", "a:16,a:64"],
+        ["--lora-adapters", ":16"],
+        ["--kv-replay-port", "5558"],
+        ["--kv-events-port", "70000"],
+        ["--failure-rate", "2"],
+        ["--failure-kinds", "418"],
+        ["--failure-kinds", "slow-metrics"],
+        ["--metrics-delay-ms", "-5"],
+        ["--preset", "gpt-5"],
+    ],
 )
 def test_nonsense_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
     assert "epp sim: error:" in capsys.readouterr().err
+
+
+def test_help_documents_the_failure_switches(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for needle in (
+        "x-sim-fail: 429|500|503|hang|drop|slow-metrics",
+        "POST /sim/fail",
+        "--failure-rate",
+        "--metrics-delay-ms",
+        "/v1/load_lora_adapter",
+        "--kv-events-port",
+        "llama-70b-h100",
+    ):
+        assert needle in text
+
+
+def test_announces_kv_event_endpoints() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "epp", "sim", "--port", "0", "--model", "m",
+            "--kv-events-port", "0", "--kv-replay-port", "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        announcement = json.loads(proc.stderr.readline())
+        port = announcement["url"].rsplit(":", 1)[1]
+        kv = announcement["kv_events"]
+        assert kv["topic"] == f"kv@127.0.0.1:{port}@m"
+        assert kv["endpoint"].startswith("tcp://127.0.0.1:")
+        assert kv["replay_endpoint"].startswith("tcp://127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

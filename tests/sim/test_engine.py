@@ -307,19 +307,119 @@ def test_adapter_without_a_slot_waits_without_blocking_others() -> None:
     assert list(engine.running_adapters) == ["c"]
 
 
+@pytest.mark.parametrize(("rank", "wait"), [(8, 0.1), (16, 0.2), (32, 0.4), (64, 0.8)])
+def test_adapter_load_time_follows_its_rank(rank: int, wait: float) -> None:
+    driver = Driver(lora_load_s=0.2)
+    driver.engine.load_adapter("sql", rank)
+    assert driver.engine.adapter_rank("sql") == rank
+    started = driver.run(tokens(8), adapter="sql", now=3.0)
+    assert started.adapter_wait_seconds == pytest.approx(wait)
+
+
+def test_an_adapter_never_registered_loads_with_the_default_rank() -> None:
+    driver = Driver(lora_load_s=0.2)
+    assert driver.run(tokens(8), adapter="ad-hoc").adapter_wait_seconds == pytest.approx(0.2)
+
+
+def test_load_adapter_with_a_clock_preloads_it_into_a_free_or_idle_slot() -> None:
+    driver = Driver(max_loras=1, lora_load_s=0.2)
+    engine = driver.engine
+    assert engine.load_adapter("a", 64, now=10.0) == pytest.approx(0.8)
+    assert engine.loaded_adapters == ("a",)
+    # Its first request arrives half-way through the load and waits for the rest only.
+    first = driver.run(tokens(8), adapter="a", now=10.4)
+    assert first.adapter_wait_seconds == pytest.approx(0.4)
+    # With the only slot busy, a second adapter is registered but not resident.
+    engine.load_adapter("b", 16, now=11.0)
+    assert engine.loaded_adapters == ("a",)
+    engine.finish(first.req_id, 1)
+    engine.load_adapter("b", 16, now=12.0)  # "a" is idle now: evicted for "b"
+    assert engine.loaded_adapters == ("b",)
+
+
+def test_unload_frees_an_idle_slot_at_once_and_a_busy_one_when_its_requests_end() -> None:
+    driver = Driver(max_loras=2)
+    engine = driver.engine
+    busy = driver.run(tokens(8), adapter="busy")
+    driver.serve(tokens(8, start=50))
+    engine.load_adapter("idle", now=0.0)
+    assert set(engine.loaded_adapters) == {"busy", "idle"}
+    engine.unload_adapter("idle")
+    engine.unload_adapter("busy")
+    assert engine.loaded_adapters == ("busy",)
+    engine.finish(busy.req_id, 1)
+    assert engine.loaded_adapters == ()
+    assert engine.adapter_rank("busy") == 16  # forgotten: back to the default
+
+
+def test_token_histograms_count_only_requests_that_finished_normally() -> None:
+    driver = Driver()
+    engine = driver.engine
+    driver.serve(tokens(40), max_tokens=3)
+    driver.serve(tokens(40), max_tokens=3)  # 32 of its tokens were cached
+    aborted = driver.run(tokens(40, start=500), max_tokens=3)
+    engine.finish(aborted.req_id, 1, FinishReason.ABORT)
+    stats = engine.request_stats
+    assert (stats.prompt_tokens.count, stats.prompt_tokens.total) == (2, 80)
+    assert stats.generation_tokens.total == 6
+    assert stats.params_max_tokens.total == 6
+    assert stats.prefill_kv_computed_tokens.total == 40 + 8
+
+
+def test_queue_full_refusals_are_counted_and_foreseeable() -> None:
+    driver = Driver(max_num_seqs=1, max_waiting=0)
+    assert not driver.engine.queue_full
+    results = []
+    for i in range(3):
+        results.append(driver.submit(tokens(8, start=10 * i))[1])
+        driver.engine.start_ready(0.0)
+        assert driver.engine.queue_full
+    assert results.count(Admission.QUEUE_FULL) == 2
+    assert driver.engine.counters.queue_full_rejections == 2
+
+
+def test_cached_prefix_blocks_is_a_read_only_lookup() -> None:
+    driver = Driver()
+    driver.serve(tokens(40))
+    engine = driver.engine
+    assert engine.cached_prefix_blocks(hashes_of(tokens(64))) == 2
+    assert engine.cached_prefix_blocks(hashes_of(tokens(64, start=1))) == 0
+    assert engine.counters.prefix_cache_queries == 40  # not counted as a query
+
+
+def test_cached_tokens_cost_their_lookup_time() -> None:
+    driver = Driver(
+        prefill_overhead_s=0.01, prefill_per_token_s=0.001, prefill_per_cached_token_s=0.0001
+    )
+    driver.serve(tokens(100))
+    assert driver.serve(tokens(100)).prefill_seconds == pytest.approx(
+        0.01 + 4 * 0.001 + 96 * 0.0001
+    )
+
+
 # -- reset -------------------------------------------------------------------------------
 
 
-def test_reset_prefix_cache_forgets_idle_blocks_but_not_pinned_ones() -> None:
-    driver = Driver()
+def test_reset_prefix_cache_forgets_every_block_and_frees_held_ones_on_release() -> None:
+    # After a reset nothing may be reused, or a KV-event subscriber told AllBlocksCleared
+    # would miss hits; blocks a running request holds stay allocated until it finishes.
+    driver = Driver(num_gpu_blocks=10)
     engine = driver.engine
     driver.serve(tokens(64, start=0))
-    running = driver.run(tokens(64, start=1000))
-    assert engine.reset_prefix_cache() == 4
-    assert engine.cached_blocks == 4  # the running request's blocks
+    running = driver.run(tokens(64, start=1000))  # 4 prompt blocks + 1 private
+    assert engine.reset_prefix_cache() == 4  # the idle blocks
+    assert engine.cached_blocks == 0
+    assert engine.kv_cache_usage == pytest.approx(0.5)  # still held
+    # The same prompt cached anew while the old copy is still held counts twice.
+    again = driver.run(tokens(64, start=1000))
+    assert again.cached_tokens == 0
+    assert engine.kv_cache_usage == pytest.approx(1.0)
     engine.finish(running.req_id, 1)
-    assert driver.serve(tokens(64, start=0)).cached_tokens == 0
+    engine.finish(again.req_id, 1)
+    assert engine.kv_cache_usage == 0.0
+    assert engine.cached_blocks == 4  # only the copy stored after the reset
     assert driver.serve(tokens(64, start=1000)).cached_tokens == 48
+    assert driver.serve(tokens(64, start=0)).cached_tokens == 0
 
 
 # -- validation --------------------------------------------------------------------------
@@ -347,6 +447,9 @@ def test_submit_rejects_inconsistent_input() -> None:
         {"decode_per_token_s": -0.1},
         {"prefill_per_token_s": float("nan")},
         {"lora_load_s": float("inf")},
+        {"prefill_per_cached_token_s": -1.0},
+        {"gpu_memory_utilization": 0.0},
+        {"gpu_memory_utilization": 1.5},
     ],
 )
 def test_engine_config_refuses_nonsense(bad: dict[str, float]) -> None:

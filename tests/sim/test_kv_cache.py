@@ -78,15 +78,35 @@ def test_a_hash_repeated_in_one_request_is_pinned_and_released_symmetrically() -
     assert pool.try_pin(blocks(2, 3, 4, 5), anonymous=0)  # block 1 was evictable again
 
 
-def test_reset_drops_only_unpinned_blocks() -> None:
+def test_reset_forgets_all_blocks_and_detaches_held_ones() -> None:
     pool = PrefixBlockPool(8)
-    pool.try_pin(blocks(1, 2), anonymous=0)
+    pool.try_pin(blocks(1, 2), anonymous=1)
+    held_epoch = pool.epoch
     pool.try_pin(blocks(3, 4), anonymous=0)
     pool.unpin(blocks(3, 4), anonymous=0)
     assert pool.reset() == 2
-    assert [pool.contains(b) for b in blocks(1, 2, 3, 4)] == [True, True, False, False]
+    assert pool.epoch == held_epoch + 1
+    assert [pool.contains(b) for b in blocks(1, 2, 3, 4)] == [False] * 4
+    assert (pool.cached_blocks, pool.pinned_blocks, pool.free_blocks) == (0, 3, 5)
+    # The same hashes cached again after the reset are new blocks.
+    assert pool.try_pin(blocks(1, 2), anonymous=0)
+    assert (pool.cached_blocks, pool.pinned_blocks, pool.free_blocks) == (2, 5, 3)
+    pool.unpin(blocks(1, 2), anonymous=1, epoch=held_epoch)  # the old copy: freed
+    assert (pool.cached_blocks, pool.pinned_blocks, pool.free_blocks) == (2, 2, 6)
     pool.unpin(blocks(1, 2), anonymous=0)
-    assert pool.leading_hits(blocks(1, 2)) == 2  # released after the reset: still cached
+    assert pool.leading_hits(blocks(1, 2)) == 2
+    assert pool.pinned_blocks == 0
+
+
+def test_evictions_are_recorded_when_asked() -> None:
+    pool = PrefixBlockPool(3)
+    pool.removed = []
+    pool.try_pin(blocks(1, 2, 3), anonymous=0)
+    pool.unpin(blocks(1, 2, 3), anonymous=0)
+    pool.try_pin(blocks(4, 5), anonymous=0)
+    assert pool.removed == blocks(3, 2)  # tail first
+    pool.reset()
+    assert pool.removed == blocks(3, 2)  # a reset is not an eviction
 
 
 def test_pool_needs_a_block() -> None:

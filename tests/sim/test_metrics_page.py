@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.sim.engine import EngineConfig, FinishReason, SimEngine
-from epp.sim.latency import Histogram, LatencyStats
+from epp.sim.latency import Histogram, LatencyStats, RequestTimeline
 from epp.sim.metrics_page import (
     MAX_LORA_INFO_SERIES,
     LoraInfoSeries,
@@ -21,7 +21,18 @@ from epp.sim.metrics_page import (
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LORA_FIXTURE = FIXTURES / "vllm-0.33-metrics-lora.txt"
+PLAIN_FIXTURE = FIXTURES / "vllm-0.33-metrics.txt"
 CREATED = 1795939121.8106837
+
+# Families of vLLM 0.33's page the simulator leaves out, and why. A family that goes
+# missing, or one that gets added, must change this list (and say why).
+NOT_SIMULATED = {
+    # Tokens per engine step. The simulator has no lock-step engine iterations: each
+    # request decodes on its own timer (`decode_step_seconds` as the batch is now), so
+    # there is no honest per-step token count to observe.
+    "vllm:iteration_tokens_total",
+    "vllm:iteration_tokens_total_created",
+}
 
 
 def busy_engine() -> SimEngine:
@@ -47,6 +58,23 @@ def render(engine: SimEngine, lora: LoraInfoSeries | None = None) -> str:
     return render_metrics_page(
         engine, model_name="m", created_unix=CREATED, latency=latency, lora_info=lora
     )
+
+
+def families(page: str) -> list[str]:
+    """Family names in page order, as their `# TYPE` lines give them."""
+    return re.findall(r"^# TYPE (\S+) ", page, re.MULTILINE)
+
+
+def label_names(page: str) -> dict[str, set[frozenset[str]]]:
+    """Sample name -> the label-name sets it appears with."""
+    out: dict[str, set[frozenset[str]]] = {}
+    for name, labels in re.findall(r"^([^#\s{]+)\{([^}]*)\}", page, re.MULTILINE):
+        out.setdefault(name, set()).add(frozenset(re.findall(r'(\w+)="', labels)))
+    return out
+
+
+def help_texts(page: str) -> dict[str, str]:
+    return dict(re.findall(r"^# HELP (\S+) (.*)$", page, re.MULTILINE))
 
 
 def samples(page: str) -> dict[str, str]:
@@ -105,17 +133,156 @@ def test_histograms_use_vllm_buckets_and_cumulative_counts() -> None:
     ]  # fmt: skip
     assert got['vllm:time_to_first_token_seconds_count{engine="0",model_name="m"}'] == "3.0"
     assert float(got['vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"}']) == 1.2
-    fixture_bounds = re.findall(
-        r'^vllm:(time_to_first_token|e2e_request_latency)_seconds_bucket\{engine="0",le="([^"]+)"',
-        LORA_FIXTURE.read_text(),
-        re.MULTILINE,
+
+
+def test_every_histogram_has_the_fixtures_bucket_bounds() -> None:
+    pattern = re.compile(r'^(vllm:\w+)_bucket\{engine="0",le="([^"]+)"', re.MULTILINE)
+
+    def bounds(page: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, le in pattern.findall(page):
+            out.setdefault(name, []).append(le)
+        return out
+
+    ours = bounds(render(busy_engine()))
+    theirs = bounds(LORA_FIXTURE.read_text())
+    assert len(ours) == 15
+    assert ours == {name: theirs[name] for name in ours}
+
+
+def page_with_everything() -> str:
+    lora = LoraInfoSeries(4)
+    lora.observe(("sql-lora",), (), 1000.0)
+    return render(busy_engine(), lora)
+
+
+@pytest.mark.parametrize("fixture", [LORA_FIXTURE, PLAIN_FIXTURE], ids=["lora", "plain"])
+def test_the_fixture_families_we_lack_are_exactly_the_allow_listed_ones(fixture: Path) -> None:
+    lora = fixture is LORA_FIXTURE
+    page = page_with_everything() if lora else render(busy_engine())
+    missing = set(families(fixture.read_text())) - set(families(page))
+    assert missing == NOT_SIMULATED
+    assert set(families(page)) <= set(families(fixture.read_text()))  # nothing invented
+
+
+def test_families_keep_the_fixtures_order_help_and_label_sets() -> None:
+    page = page_with_everything()
+    fixture = LORA_FIXTURE.read_text()
+    fixture_order = families(fixture)
+    assert [name for name in fixture_order if name not in NOT_SIMULATED] == families(page)
+    theirs_help = help_texts(fixture)
+    assert {name: theirs_help[name] for name in help_texts(page)} == help_texts(page)
+    theirs_labels = label_names(fixture)
+    for name, label_sets in label_names(page).items():
+        assert label_sets == theirs_labels[name], name
+
+
+def test_series_of_every_labelled_family_come_in_the_fixtures_order() -> None:
+    def series_order(page: str, family: str) -> list[str]:
+        return re.findall(rf"^{re.escape(family)}\{{([^}}]*)\}}", page, re.MULTILINE)
+
+    page = render(busy_engine())
+    fixture = LORA_FIXTURE.read_text()
+    for family in (
+        "vllm:num_requests_waiting_by_reason",
+        "vllm:engine_sleep_state",
+        "vllm:prompt_tokens_by_source_total",
+        "vllm:prompt_tokens_cached_by_source_total",
+        "vllm:request_success_total",
+        "vllm:admission_rejections_total",
+    ):
+        assert series_order(page, family) == series_order(fixture, family), family
+
+
+def test_new_gauges_and_counters_reflect_engine_state() -> None:
+    engine = busy_engine()
+    engine.submit("e", [], 8, 1)
+    engine.submit("f", [], 8, 1)  # max_waiting is 64, so these queue
+    got = samples(render(engine))
+    base = 'engine="0",model_name="m"'
+    expected = {
+        # One slot: d, e and f wait for it; no adapter lacks a slot (max_loras is 4).
+        f'vllm:num_requests_waiting_by_reason{{{base},reason="capacity"}}': "3.0",
+        f'vllm:num_requests_waiting_by_reason{{{base},reason="deferred"}}': "0.0",
+        f'vllm:engine_sleep_state{{{base},sleep_state="awake"}}': "1.0",
+        f'vllm:engine_sleep_state{{{base},sleep_state="discard_all"}}': "0.0",
+        f"vllm:prompt_tokens_cached_total{{{base}}}": "64.0",
+        f'vllm:prompt_tokens_by_source_total{{{base},source="local_compute"}}': "56.0",
+        f'vllm:prompt_tokens_by_source_total{{{base},source="local_cache_hit"}}': "64.0",
+        f'vllm:prompt_tokens_by_source_total{{{base},source="external_kv_transfer"}}': "0.0",
+        f'vllm:prompt_tokens_cached_by_source_total{{{base},source="device"}}': "64.0",
+        f"vllm:external_prefix_cache_queries_total{{{base}}}": "0.0",
+        f"vllm:mm_cache_hits_total{{{base}}}": "0.0",
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"}': "0.0",
+        # Two requests finished normally: 40 prompt tokens each, 4 output, max_tokens 4.
+        f"vllm:request_prompt_tokens_count{{{base}}}": "2.0",
+        f"vllm:request_prompt_tokens_sum{{{base}}}": "80.0",
+        f"vllm:request_generation_tokens_sum{{{base}}}": "8.0",
+        f"vllm:request_params_max_tokens_sum{{{base}}}": "8.0",
+        f"vllm:request_max_num_generation_tokens_sum{{{base}}}": "8.0",
+        f"vllm:request_params_n_sum{{{base}}}": "2.0",
+        f"vllm:request_num_preemptions_sum{{{base}}}": "0.0",
+        f"vllm:request_prefill_kv_computed_tokens_sum{{{base}}}": "48.0",  # 40 + (40 - 32)
+    }
+    assert {key: got.get(key) for key in expected} == expected
+
+
+def test_deferred_waiting_requests_are_those_whose_adapter_has_no_slot() -> None:
+    engine = SimEngine(EngineConfig(max_num_seqs=4, max_loras=1))
+    engine.submit("a", [], 8, 4, adapter="x")
+    engine.start_ready(0.0)
+    engine.submit("b", [], 8, 4, adapter="y")  # x holds the only slot
+    engine.submit("c", [], 8, 4)
+    engine.submit("d", [], 8, 4, adapter="x")  # x is resident: could run
+    engine.submit("e", [], 12, 4)  # base model: runs
+    assert engine.num_waiting_deferred == 1
+    got = samples(render(engine))
+    assert (
+        got['vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"}']
+        == "1.0"
     )
-    ours = re.findall(
-        r'^vllm:(time_to_first_token|e2e_request_latency)_seconds_bucket\{engine="0",le="([^"]+)"',
-        render(busy_engine()),
-        re.MULTILINE,
+
+
+def test_queue_full_rejections_are_admission_rejections() -> None:
+    engine = SimEngine(EngineConfig(max_num_seqs=1, max_waiting=0))
+    engine.submit("a", [], 8, 4)
+    engine.start_ready(0.0)
+    engine.submit("b", [], 8, 4)
+    engine.submit("c", [], 8, 4)
+    got = samples(render(engine))
+    assert (
+        got['vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"}'] == "2.0"
     )
-    assert ours == fixture_bounds
+
+
+def test_request_time_histograms_from_a_timeline() -> None:
+    latency = LatencyStats()
+    latency.observe_finished(
+        RequestTimeline(
+            arrived=10.0, scheduled=10.5, first_token=11.0, finished=13.0, output_tokens=5
+        )
+    )
+    page = render_metrics_page(SimEngine(), model_name="m", created_unix=CREATED, latency=latency)
+    got = samples(page)
+    base = 'engine="0",model_name="m"'
+    assert {
+        name: float(got[f"vllm:{name}_sum{{{base}}}"])
+        for name in (
+            "e2e_request_latency_seconds",
+            "request_queue_time_seconds",
+            "request_prefill_time_seconds",
+            "request_decode_time_seconds",
+            "request_inference_time_seconds",
+            "request_time_per_output_token_seconds",
+        )
+    } == {
+        "e2e_request_latency_seconds": 3.0,
+        "request_queue_time_seconds": 0.5,
+        "request_prefill_time_seconds": 0.5,
+        "request_decode_time_seconds": 2.0,
+        "request_inference_time_seconds": 2.5,
+        "request_time_per_output_token_seconds": 0.5,
+    }
 
 
 def test_page_parses_and_keeps_vllm_order() -> None:
@@ -136,10 +303,14 @@ def test_every_label_set_is_sorted_by_name() -> None:
 
 
 def test_cache_config_info_names_block_size_and_capacity() -> None:
-    page = render(SimEngine(EngineConfig(block_size=32, num_gpu_blocks=27153)))
+    page = render(
+        SimEngine(EngineConfig(block_size=32, num_gpu_blocks=27153, gpu_memory_utilization=0.92))
+    )
     [line] = [x for x in page.splitlines() if x.startswith("vllm:cache_config_info{")]
     assert 'block_size="32"' in line
     assert 'num_gpu_blocks="27153"' in line
+    assert 'kv_cache_size_tokens="868896"' in line
+    assert 'gpu_memory_utilization="0.92"' in line
     assert 'enable_prefix_caching="True"' in line
     assert line.endswith("} 1.0")
 

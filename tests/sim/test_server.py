@@ -244,6 +244,15 @@ async def test_metrics_page_reports_served_work(
         'vllm:request_success_total{engine="0",finished_reason="length",model_name="m1"} 2.0',
         f"vllm:time_to_first_token_seconds_count{{{base}}} 2.0",
         f"vllm:e2e_request_latency_seconds_count{{{base}}} 2.0",
+        f"vllm:inter_token_latency_seconds_count{{{base}}} 1.0",  # 2 + 1 tokens: one gap
+        f"vllm:request_time_per_output_token_seconds_count{{{base}}} 1.0",
+        f"vllm:request_queue_time_seconds_count{{{base}}} 2.0",
+        f"vllm:request_prefill_time_seconds_count{{{base}}} 2.0",
+        f"vllm:request_decode_time_seconds_count{{{base}}} 2.0",
+        f"vllm:request_inference_time_seconds_count{{{base}}} 2.0",
+        f"vllm:request_prompt_tokens_sum{{{base}}} 51.0",
+        f"vllm:request_generation_tokens_sum{{{base}}} 3.0",
+        f"vllm:prompt_tokens_cached_total{{{base}}} 0.0",
     ]:
         assert line in page.splitlines()
     assert 'vllm:lora_requests_info{max_lora="4",running_lora_adapters=""' in page
@@ -484,6 +493,10 @@ async def test_time_scale_speeds_up_wall_time_but_metrics_stay_in_engine_seconds
     latency = pod.pod.latency
     assert 1.0 <= latency.ttft.total < 1.5
     assert 2.0 <= latency.e2e.total < 2.5
+    assert 1.0 <= latency.prefill.total < 1.5
+    assert 1.0 <= latency.decode.total < 1.5
+    assert latency.queue.total < 0.5
+    assert latency.inter_token.total == pytest.approx(1.0)  # two steps of 0.5 s
 
 
 async def test_decode_paces_tokens_at_the_inter_token_latency(

@@ -1,8 +1,16 @@
 """A simulated vLLM pod, for tests, demos and benchmarks without GPUs.
 
 - `engine`: the pure model (queue, running slots, KV blocks with prefix reuse and LRU
-  eviction, LoRA slots, latency in engine seconds); no I/O, no clock.
-- `server`: the aiohttp app around one engine (`create_app`, `start_pod`).
+  eviction, LoRA slots with rank-dependent loads, latency in engine seconds, KV-cache
+  events queued for the driver); no I/O, no clock.
+- `presets`: engine configurations for Llama-3.1 8B/70B on A100/H100, with sources.
+- `kv_cache`, `lora_slots`: the block pool and the adapter slots the engine uses.
+- `latency`: per-request histograms with vLLM's buckets.
+- `kv_events`: vLLM's KV-event types and msgpack wire format; `kv_publisher`: ZMQ PUB
+  and replay ROUTER.
+- `failures`: what to inject (header, random rate, pod-wide switches).
+- `server`: the aiohttp app around one engine (`create_app`, `start_pod`), with
+  `lora_admin` (runtime LoRA endpoints) and `served_models`.
 - `metrics_page`: /metrics in vLLM 0.33's format.
 - `cli`: `epp sim`.
 """

@@ -18,10 +18,21 @@ The driver's loop is:
 4. `finish(req_id, output_tokens)` when the request is done or abandoned.
 
 Latency follows the llm-d simulator's model: prefill = overhead + uncached prompt tokens x
-per-token cost (+ adapter load), decode = one inter-token latency per token after the
-first, slowed as the batch fills. Each request's KV blocks (prompt plus `max_tokens`) are
-reserved when it starts, so the engine never preempts (`preemptions` stays 0); vLLM grows
-allocations per step and preempts under pressure instead.
+per-token cost + cached prompt tokens x lookup cost (+ adapter load), decode = one
+inter-token latency per token after the first, slowed as the batch fills. Each request's
+KV blocks (prompt plus `max_tokens`) are reserved when it starts, so the engine never
+preempts (`preemptions` stays 0); vLLM grows allocations per step and preempts under
+pressure instead. `epp.sim.presets` has configurations for real GPUs and models.
+
+LoRA adapters have a rank; loading one costs `lora_load_s` x rank / 16 (see
+`EngineConfig.lora_load_seconds`). `load_adapter` / `unload_adapter` are vLLM's runtime
+load and unload; an adapter the engine was never told about is loaded on first use with
+the default rank, so a driver may also just name adapters in `submit`.
+
+KV-cache events: built with `kv_events=True`, the engine queues vLLM's `BlockStored`,
+`BlockRemoved` and `AllBlocksCleared` events as its block pool changes; the driver takes
+them with `drain_kv_events()` after each call and publishes them as one batch (vLLM's
+block pool works the same way). Submits must then carry the prompt's token ids.
 """
 
 from __future__ import annotations
@@ -32,7 +43,13 @@ from enum import StrEnum
 
 from epp.prefix.hashing import BlockHash
 from epp.sim.kv_cache import PrefixBlockPool
+from epp.sim.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from epp.sim.latency import RequestTokenStats
 from epp.sim.lora_slots import AdapterSlots
+
+DEFAULT_LORA_RANK = 16
+# `EngineConfig.lora_load_s` is the load time of an adapter of this rank.
+LORA_REFERENCE_RANK = 16
 
 
 class Admission(StrEnum):
@@ -55,7 +72,8 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Capacity and latency of one simulated pod (defaults: a small, fast GPU)."""
+    """Capacity and latency of one simulated pod (defaults: a small, fast GPU, the
+    `tiny` preset; `epp.sim.presets` has real ones)."""
 
     block_size: int = 16
     num_gpu_blocks: int = 4096  # KV capacity in blocks
@@ -66,7 +84,11 @@ class EngineConfig:
     decode_per_token_s: float = 0.001  # inter-token latency with a batch of one
     batch_slowdown: float = 0.5  # ITL x (1 + batch_slowdown x (running - 1) / max_num_seqs)
     max_loras: int = 4
-    lora_load_s: float = 0.2
+    lora_load_s: float = 0.2  # load time of a rank-16 adapter; proportional to rank
+    # Cost of each prompt token found in the prefix cache (lookup, block-table work).
+    prefill_per_cached_token_s: float = 0.0
+    # Only reported (cache_config_info): the share of GPU memory the KV sizing assumed.
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_loras"):
@@ -80,16 +102,39 @@ class EngineConfig:
             "decode_per_token_s",
             "batch_slowdown",
             "lora_load_s",
+            "prefill_per_cached_token_s",
         ):
             value = getattr(self, name)
             # `not value >= 0` also refuses NaN.
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
     @property
     def max_context_tokens(self) -> int:
         """Prompt + output tokens of the longest request the KV cache can ever hold."""
         return self.num_gpu_blocks * self.block_size
+
+    def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """Prefill time of a prompt of which `cached_tokens` come from the prefix cache."""
+        return (
+            self.prefill_overhead_s
+            + (prompt_tokens - cached_tokens) * self.prefill_per_token_s
+            + cached_tokens * self.prefill_per_cached_token_s
+        )
+
+    def lora_load_seconds(self, rank: int = DEFAULT_LORA_RANK) -> float:
+        """Time to load an adapter of `rank`: linear in rank, through zero.
+
+        An adapter's weights (A: r x d_in, B: d_out x r per target layer) grow linearly
+        with r, and so do reading and copying them. The spec's two points, 200 ms at rank
+        16 and 800 ms at rank 64 on an A100, lie on one line through the origin (12.5 ms
+        per unit of rank), so ranks outside [16, 64] are extrapolated on it.
+        """
+        if rank < 1:
+            raise ValueError("a LoRA rank must be at least 1")
+        return self.lora_load_s * rank / LORA_REFERENCE_RANK
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +160,7 @@ class EngineCounters:
     finished: dict[FinishReason, int] = field(
         default_factory=lambda: dict.fromkeys(FinishReason, 0)
     )
+    queue_full_rejections: int = 0  # submits refused with QUEUE_FULL
 
 
 @dataclass(slots=True)
@@ -125,21 +171,46 @@ class _Request:
     max_tokens: int
     adapter: str | None
     anonymous_blocks: int  # KV blocks not keyed by a hash: partial prompt tail + output
+    adapter_rank: int = DEFAULT_LORA_RANK
+    token_ids: Sequence[int] | None = None  # only kept when KV events are on
+    cache_salt: str | None = None
+    cached_tokens: int = 0  # set when it starts
+    pool_epoch: int = 0  # the block pool's epoch when its blocks were pinned
 
 
 class SimEngine:
     """One vLLM engine's scheduling and KV-cache state; see the module docstring for the loop."""
 
-    __slots__ = ("_adapters", "_pool", "_running", "_waiting", "config", "counters")
+    __slots__ = (
+        "_adapter_ids",
+        "_adapter_ranks",
+        "_adapters",
+        "_kv_events",
+        "_next_adapter_id",
+        "_pool",
+        "_running",
+        "_waiting",
+        "config",
+        "counters",
+        "request_stats",
+    )
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, kv_events: bool = False) -> None:
         self.config = config or EngineConfig()
         self.counters = EngineCounters()
+        self.request_stats = RequestTokenStats()
         self._pool = PrefixBlockPool(self.config.num_gpu_blocks)
         self._adapters = AdapterSlots(self.config.max_loras, self.config.lora_load_s)
         # Both dicts keep insertion order: `_waiting` is the FIFO queue.
         self._waiting: dict[str, _Request] = {}
         self._running: dict[str, _Request] = {}
+        # Registered adapters' ranks, and their integer ids (vLLM's lora_int_id, from 1).
+        self._adapter_ranks: dict[str, int] = {}
+        self._adapter_ids: dict[str, int] = {}
+        self._next_adapter_id = 1
+        self._kv_events: list[KvEvent] | None = [] if kv_events else None
+        if kv_events:
+            self._pool.removed = []
 
     # -- driving -------------------------------------------------------------------------
 
@@ -150,6 +221,9 @@ class SimEngine:
         prompt_tokens: int,
         max_tokens: int,
         adapter: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> Admission:
         """Queue a request, or refuse it when the queue is full or it can never fit.
 
@@ -157,6 +231,9 @@ class SimEngine:
         (`block_hashes(tokens, block_size, seed)`), so there are `prompt_tokens //
         block_size` of them. The queue is full when it already holds `max_waiting`
         requests beyond those the free running slots will take.
+
+        `prompt_token_ids` (required with KV events on) and `cache_salt` only feed the
+        `BlockStored` events; the hashes alone decide what is reused.
         """
         config = self.config
         if prompt_tokens < 1 or max_tokens < 1:
@@ -165,11 +242,15 @@ class SimEngine:
             raise ValueError("need one hash per full block of the prompt")
         if req_id in self._waiting or req_id in self._running:
             raise ValueError(f"request {req_id!r} is already in the engine")
+        if self._kv_events is not None and (
+            prompt_token_ids is None or len(prompt_token_ids) != prompt_tokens
+        ):
+            raise ValueError("with KV events on, submit needs the prompt's token ids")
         needed = self.blocks_needed(prompt_tokens, max_tokens)
         if needed > config.num_gpu_blocks:
             return Admission.TOO_LONG
-        free_slots = max(0, config.max_num_seqs - len(self._running))
-        if len(self._waiting) >= config.max_waiting + free_slots:
+        if self.queue_full:
+            self.counters.queue_full_rejections += 1
             return Admission.QUEUE_FULL
         self._waiting[req_id] = _Request(
             req_id=req_id,
@@ -178,6 +259,11 @@ class SimEngine:
             max_tokens=max_tokens,
             adapter=adapter,
             anonymous_blocks=needed - len(prompt_hashes),
+            adapter_rank=DEFAULT_LORA_RANK
+            if adapter is None
+            else self._adapter_ranks.get(adapter, DEFAULT_LORA_RANK),
+            token_ids=prompt_token_ids if self._kv_events is not None else None,
+            cache_salt=cache_salt,
         )
         return Admission.QUEUED
 
@@ -196,23 +282,29 @@ class SimEngine:
         adapters = self._adapters
         block_size = config.block_size
         counters = self.counters
+        events = self._kv_events
         for req in self._waiting.values():
             if len(started) == free_slots:
                 break
             if req.adapter is not None and not adapters.can_activate(req.adapter):
                 continue
             hit_blocks = pool.leading_hits(req.prompt_hashes)
+            new_blocks = None if events is None else self._uncached_block_indices(req)
             if not pool.try_pin(req.prompt_hashes, req.anonymous_blocks):
                 break
+            req.pool_epoch = pool.epoch
+            if new_blocks is not None:
+                self._record_pin_events(req, new_blocks)
             # Like vLLM, at least the last prompt token is computed to produce the first
             # output, so a fully cached prompt still recomputes its last block.
             cached_tokens = min(hit_blocks, (req.prompt_tokens - 1) // block_size) * block_size
-            adapter_wait = 0.0 if req.adapter is None else adapters.activate(req.adapter, now)
-            prefill = (
-                config.prefill_overhead_s
-                + (req.prompt_tokens - cached_tokens) * config.prefill_per_token_s
-                + adapter_wait
-            )
+            req.cached_tokens = cached_tokens
+            adapter_wait = 0.0
+            if req.adapter is not None:
+                adapter_wait = adapters.activate(
+                    req.adapter, now, config.lora_load_seconds(req.adapter_rank)
+                )
+            prefill = config.prefill_seconds(req.prompt_tokens, cached_tokens) + adapter_wait
             counters.prompt_tokens += req.prompt_tokens
             counters.prefix_cache_queries += req.prompt_tokens
             counters.prefix_cache_hits += cached_tokens
@@ -249,15 +341,122 @@ class SimEngine:
         if req is None:
             del self._waiting[req_id]
         else:
-            self._pool.unpin(req.prompt_hashes, req.anonymous_blocks)
+            self._pool.unpin(req.prompt_hashes, req.anonymous_blocks, req.pool_epoch)
             if req.adapter is not None:
                 self._adapters.deactivate(req.adapter)
             self.counters.generation_tokens += output_tokens
+            if reason is FinishReason.LENGTH or reason is FinishReason.STOP:
+                self.request_stats.observe(
+                    req.prompt_tokens, req.cached_tokens, output_tokens, req.max_tokens
+                )
         self.counters.finished[reason] += 1
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block no running request holds; returns how many were dropped."""
-        return self._pool.reset()
+        """Forget every cached block; returns how many idle blocks were dropped.
+
+        Blocks that running requests hold stay allocated until they finish, but are no
+        longer reusable: after a reset, nothing cached survives (and a KV-event subscriber,
+        told `AllBlocksCleared`, is right).
+        """
+        dropped = self._pool.reset()
+        if self._kv_events is not None:
+            self._kv_events.append(AllBlocksCleared())
+        return dropped
+
+    # -- LoRA adapters ---------------------------------------------------------------------
+
+    def load_adapter(
+        self, name: str, rank: int = DEFAULT_LORA_RANK, now: float | None = None
+    ) -> float:
+        """Register adapter `name` of `rank` (vLLM's runtime load); returns its load time.
+
+        With `now`, the adapter is also made resident in a free or idle slot, ready at
+        `now` + its load time, so that its first request does not pay the load again
+        (vLLM's load "pre-loads it for incoming requests"). With every slot busy it is
+        loaded on first use instead.
+        """
+        load_seconds = self.config.lora_load_seconds(rank)
+        self._adapter_ranks[name] = rank
+        self._adapter_id(name)
+        if now is not None:
+            self._adapters.preload(name, now, load_seconds)
+        return load_seconds
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget adapter `name`: its slot is freed now, or when its last request ends."""
+        self._adapter_ranks.pop(name, None)
+        self._adapter_ids.pop(name, None)
+        self._adapters.remove(name)
+
+    def adapter_rank(self, name: str) -> int:
+        return self._adapter_ranks.get(name, DEFAULT_LORA_RANK)
+
+    def _adapter_id(self, name: str) -> int:
+        adapter_id = self._adapter_ids.get(name)
+        if adapter_id is None:
+            adapter_id = self._adapter_ids[name] = self._next_adapter_id
+            self._next_adapter_id += 1
+        return adapter_id
+
+    # -- KV events -----------------------------------------------------------------------
+
+    @property
+    def kv_events_enabled(self) -> bool:
+        return self._kv_events is not None
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """The events queued since the last drain, oldest first (always [] when off)."""
+        events = self._kv_events
+        if not events:
+            return []
+        self._kv_events = []
+        return events
+
+    def _uncached_block_indices(self, req: _Request) -> list[int]:
+        contains = self._pool.contains
+        return [i for i, block in enumerate(req.prompt_hashes) if not contains(block)]
+
+    def _record_pin_events(self, req: _Request, new_blocks: list[int]) -> None:
+        """Evictions the pin caused, then one `BlockStored` per run of new blocks.
+
+        Blocks reused from the cache produce no event, as in vLLM; a request whose cached
+        prefix has a hole stores the blocks after the hole as a run of their own, whose
+        parent is the block before it.
+        """
+        events = self._kv_events
+        pool = self._pool
+        assert events is not None and pool.removed is not None
+        if pool.removed:
+            events.extend(BlockRemoved(block_hashes=[block]) for block in pool.removed)
+            pool.removed.clear()
+        if not new_blocks:
+            return
+        block_size = self.config.block_size
+        hashes = req.prompt_hashes
+        tokens = req.token_ids
+        assert tokens is not None
+        adapter = req.adapter
+        adapter_id = None if adapter is None else self._adapter_id(adapter)
+        run_start = previous = new_blocks[0]
+        for index in [*new_blocks[1:], -1]:
+            if index == previous + 1:
+                previous = index
+                continue
+            events.append(
+                BlockStored(
+                    block_hashes=list(hashes[run_start : previous + 1]),
+                    parent_block_hash=hashes[run_start - 1] if run_start else None,
+                    token_ids=list(tokens[run_start * block_size : (previous + 1) * block_size]),
+                    block_size=block_size,
+                    lora_id=adapter_id,
+                    lora_name=adapter,
+                    extra_keys=[
+                        _extra_keys(adapter, req.cache_salt, i)
+                        for i in range(run_start, previous + 1)
+                    ],
+                )
+            )
+            run_start = previous = index
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
         """KV blocks a request reserves when it starts: prompt plus every output token."""
@@ -295,8 +494,42 @@ class SimEngine:
     def waiting_adapters(self) -> tuple[str, ...]:
         return tuple(sorted({r.adapter for r in self._waiting.values() if r.adapter}))
 
+    @property
+    def num_waiting_deferred(self) -> int:
+        """Waiting requests passed over because their adapter cannot get a slot now.
+
+        vLLM's `num_requests_waiting_by_reason{reason="deferred"}`; the rest wait for
+        capacity (slots or KV blocks).
+        """
+        can_activate = self._adapters.can_activate
+        return sum(
+            1
+            for r in self._waiting.values()
+            if r.adapter is not None and not can_activate(r.adapter)
+        )
+
+    @property
+    def queue_full(self) -> bool:
+        """Whether `submit` would answer QUEUE_FULL now."""
+        free_slots = max(0, self.config.max_num_seqs - len(self._running))
+        return len(self._waiting) >= self.config.max_waiting + free_slots
+
+    def cached_prefix_blocks(self, prompt_hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks of a prompt are in the cache now (read-only)."""
+        return self._pool.leading_hits(prompt_hashes)
+
     def is_running(self, req_id: str) -> bool:
         return req_id in self._running
 
     def is_waiting(self, req_id: str) -> bool:
         return req_id in self._waiting
+
+
+def _extra_keys(
+    adapter: str | None, cache_salt: str | None, block_index: int
+) -> tuple[str, ...] | None:
+    """vLLM's extra hash keys of one block: the LoRA name, then cache_salt on block 0."""
+    keys = [adapter] if adapter is not None else []
+    if cache_salt is not None and block_index == 0:
+        keys.append(cache_salt)
+    return tuple(keys) if keys else None

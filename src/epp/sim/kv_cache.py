@@ -13,6 +13,12 @@ Modelled on vLLM v1's block pool, reduced to what routing can observe:
   tokens) are anonymous: they count against capacity while the request runs and are
   dropped when it finishes. vLLM also caches full output blocks; the simulator does not,
   because its filler output never reappears verbatim in a later prompt anyway.
+- A reset forgets every block at once. Blocks that running requests still hold stay
+  allocated but are detached from the cache (no later request can reuse them) and are
+  freed silently when released, so that after an `AllBlocksCleared` event the pool holds
+  nothing a subscriber does not know about.
+- With `removed` set to a list, every eviction appends the evicted hash to it: the
+  owner turns those into `BlockRemoved` events.
 
 No I/O and no clock: the owner decides when requests start and finish.
 """
@@ -28,7 +34,15 @@ from epp.prefix.hashing import BlockHash
 class PrefixBlockPool:
     """`num_blocks` KV blocks; hashed blocks are shared, anonymous ones are private."""
 
-    __slots__ = ("_anonymous_in_use", "_evictable", "_refcounts", "num_blocks")
+    __slots__ = (
+        "_anonymous_in_use",
+        "_detached",
+        "_epoch",
+        "_evictable",
+        "_refcounts",
+        "num_blocks",
+        "removed",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -39,6 +53,11 @@ class PrefixBlockPool:
         # The cached blocks nobody holds, oldest (first to evict) first.
         self._evictable: OrderedDict[BlockHash, None] = OrderedDict()
         self._anonymous_in_use = 0
+        # Blocks still held when a reset came, keyed by (epoch of the pin, hash): the same
+        # hash may be cached again after the reset, as a different block.
+        self._detached: dict[tuple[int, BlockHash], int] = {}
+        self._epoch = 0
+        self.removed: list[BlockHash] | None = None
 
     @property
     def cached_blocks(self) -> int:
@@ -48,12 +67,22 @@ class PrefixBlockPool:
     @property
     def pinned_blocks(self) -> int:
         """Blocks held by running requests: what vLLM reports as KV-cache usage."""
-        return len(self._refcounts) - len(self._evictable) + self._anonymous_in_use
+        return (
+            len(self._refcounts)
+            - len(self._evictable)
+            + self._anonymous_in_use
+            + len(self._detached)
+        )
 
     @property
     def free_blocks(self) -> int:
         """Blocks holding nothing at all (evictable cached blocks not included)."""
-        return self.num_blocks - len(self._refcounts) - self._anonymous_in_use
+        return self.num_blocks - len(self._refcounts) - self._anonymous_in_use - len(self._detached)
+
+    @property
+    def epoch(self) -> int:
+        """How many resets so far; pass the value current at `try_pin` back to `unpin`."""
+        return self._epoch
 
     def contains(self, block: BlockHash) -> bool:
         return block in self._refcounts
@@ -98,8 +127,16 @@ class PrefixBlockPool:
         self._anonymous_in_use += anonymous
         return True
 
-    def unpin(self, hashes: Sequence[BlockHash], anonymous: int) -> None:
-        """Release what `try_pin` took; hashed blocks stay cached and become evictable."""
+    def unpin(self, hashes: Sequence[BlockHash], anonymous: int, epoch: int | None = None) -> None:
+        """Release what `try_pin` took; hashed blocks stay cached and become evictable.
+
+        `epoch` is `self.epoch` as it was at `try_pin` (None: the current one). Blocks
+        pinned before a reset are freed instead of cached.
+        """
+        if epoch is not None and epoch != self._epoch:
+            self._unpin_detached(hashes, epoch)
+            self._anonymous_in_use -= anonymous
+            return
         refcounts = self._refcounts
         evictable = self._evictable
         # Reverse order: the tail of a prompt is queued for eviction before its head.
@@ -111,16 +148,35 @@ class PrefixBlockPool:
         self._anonymous_in_use -= anonymous
 
     def reset(self) -> int:
-        """Drop every unpinned cached block (vLLM's /reset_prefix_cache); returns how many."""
+        """Forget every cached block (vLLM's /reset_prefix_cache); returns how many idle
+        blocks were freed. Held blocks stay allocated, detached, until released."""
         dropped = len(self._evictable)
         for block in self._evictable:
             del self._refcounts[block]
         self._evictable.clear()
+        epoch = self._epoch
+        for block, count in self._refcounts.items():
+            self._detached[(epoch, block)] = count
+        self._refcounts.clear()
+        self._epoch += 1
         return dropped
+
+    def _unpin_detached(self, hashes: Sequence[BlockHash], epoch: int) -> None:
+        detached = self._detached
+        for block in hashes:
+            key = (epoch, block)
+            count = detached[key] - 1
+            if count:
+                detached[key] = count
+            else:
+                del detached[key]
 
     def _evict(self, count: int) -> None:
         evictable = self._evictable
         refcounts = self._refcounts
+        removed = self.removed
         for _ in range(count):
             block, _ = evictable.popitem(last=False)
             del refcounts[block]
+            if removed is not None:
+                removed.append(block)

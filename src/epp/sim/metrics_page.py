@@ -1,8 +1,9 @@
 """The simulator's /metrics page, shaped like vLLM 0.33's.
 
-Only the series a router reads are published, in the order and layout vLLM prints them
-(see `tests/fixtures/vllm-0.33-metrics*.txt`, copied from vLLM 0.33 pages): gauges and prefix-cache counters first,
-histograms next, `lora_requests_info` and `cache_config_info` last. Labels are sorted by
+Every series of vLLM 0.33's page the engine can compute is published, with vLLM's
+names, help texts, label sets and order (see `tests/fixtures/vllm-0.33-metrics*.txt`,
+copied from vLLM 0.33 pages): gauges and counters first, histograms next,
+`lora_requests_info` and `cache_config_info` last. Labels are sorted by
 name, counters come as `_total` plus a `_created` gauge, values print like
 prometheus_client prints them (`7.0`, `1.7959391218106837e+09`, `+Inf`), so a scraper
 tuned on real pages parses this one unchanged.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from epp.sim.engine import FinishReason, SimEngine
+from epp.sim.engine import EngineConfig, FinishReason, SimEngine
 from epp.sim.latency import Histogram, LatencyStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -102,6 +103,11 @@ class _Page:
         self.header(name, "gauge", help_)
         self.sample(name, labels, value)
 
+    def gauges(self, name: str, help_: str, series: list[tuple[Mapping[str, str], float]]) -> None:
+        self.header(name, "gauge", help_)
+        for labels, value in series:
+            self.sample(name, labels, value)
+
     def counter(self, name: str, help_: str, series: list[tuple[Mapping[str, str], float]]) -> None:
         self.header(f"{name}_total", "counter", help_)
         for labels, value in series:
@@ -124,6 +130,60 @@ class _Page:
         return "\n".join(self.lines) + "\n"
 
 
+# Labels of vLLM 0.33's `cache_config_info` the simulator has no value for, as vLLM prints
+# settings that are unset.
+_UNSET_CACHE_CONFIG_LABELS = (
+    "_block_size_resolved",
+    "cache_hit_alignment_tokens",
+    "effective_attention_block_size",
+    "enable_mamba_shared_prefix_checkpoint",
+    "is_attention_free",
+    "kv_cache_dtype_skip_layers",
+    "kv_cache_layout",
+    "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes",
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "kv_sharing_fast_prefill",
+    "mamba_block_size",
+    "mamba_cache_dtype",
+    "mamba_cache_mode",
+    "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype",
+    "num_cpu_blocks",
+    "num_gpu_blocks_override",
+    "prefix_cache_retention_interval",
+    "prefix_match_unit",
+    "replayssm_buffer_len",
+    "simple_cpu_offload_num_blocks",
+    "skip_page_size_padded",
+    "sliding_window",
+    "swa_bounded_replay",
+    "use_kda_recoverssm",
+    "use_replayssm",
+    "user_specified_block_size",
+)
+
+
+def cache_config_labels(config: EngineConfig) -> dict[str, str]:
+    """`vllm:cache_config_info`'s labels: vLLM 0.33's full set, ours where we have a value."""
+    labels = dict.fromkeys(_UNSET_CACHE_CONFIG_LABELS, "None")
+    labels.update(
+        {
+            "block_size": str(config.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "engine": "0",
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "hash_block_size": str(config.block_size),
+            "kv_cache_size_tokens": str(config.max_context_tokens),
+            "num_gpu_blocks": str(config.num_gpu_blocks),
+            "prefix_caching_hash_algo": "xxhash",
+        }
+    )
+    return labels
+
+
 def render_metrics_page(
     engine: SimEngine,
     *,
@@ -132,9 +192,17 @@ def render_metrics_page(
     latency: LatencyStats,
     lora_info: LoraInfoSeries | None = None,
 ) -> str:
-    """The whole /metrics page for one engine (`engine="0"`) serving `model_name`."""
+    """The whole /metrics page for one engine (`engine="0"`) serving `model_name`.
+
+    Every family of vLLM 0.33's page that the simulator can compute honestly, in the
+    page's order; `tests/sim/test_metrics_page.py` lists the ones left out and why.
+    Series about features the simulator does not have (a KV connector, multimodal
+    inputs, sleep mode) are printed as a vLLM without those features prints them: zero,
+    or "awake".
+    """
     base = {"engine": "0", "model_name": model_name}
     counters = engine.counters
+    tokens = engine.request_stats
     config = engine.config
     page = _Page(created_unix)
     page.gauge(
@@ -149,17 +217,62 @@ def render_metrics_page(
         base,
         engine.num_waiting,
     )
+    deferred = engine.num_waiting_deferred
+    page.gauges(
+        "vllm:num_requests_waiting_by_reason",
+        "Number of waiting requests by reason.",
+        [
+            ({**base, "reason": "capacity"}, engine.num_waiting - deferred),
+            ({**base, "reason": "deferred"}, deferred),
+        ],
+    )
+    page.gauges(
+        "vllm:engine_sleep_state",
+        "Engine sleep state",
+        [
+            ({**base, "sleep_state": "awake"}, 1),
+            ({**base, "sleep_state": "weights_offloaded"}, 0),
+            ({**base, "sleep_state": "discard_all"}, 0),
+        ],
+    )
     page.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
         base,
         engine.kv_cache_usage,
     )
+    hits = counters.prefix_cache_hits
     page.counter("vllm:prefix_cache_queries", "doc", [(base, counters.prefix_cache_queries)])
-    page.counter("vllm:prefix_cache_hits", "doc", [(base, counters.prefix_cache_hits)])
+    page.counter("vllm:prefix_cache_hits", "doc", [(base, hits)])
+    # No KV connector and no multimodal inputs: these stay at zero, as on such a vLLM.
+    page.counter("vllm:external_prefix_cache_queries", "doc", [(base, 0)])
+    page.counter("vllm:external_prefix_cache_hits", "doc", [(base, 0)])
+    page.counter("vllm:mm_cache_queries", "doc", [(base, 0)])
+    page.counter("vllm:mm_cache_hits", "doc", [(base, 0)])
     page.counter("vllm:num_preemptions", "doc", [(base, counters.preemptions)])
     page.counter("vllm:prompt_tokens", "doc", [(base, counters.prompt_tokens)])
+    page.counter("vllm:prompt_tokens_cached", "doc", [(base, hits)])
     page.counter("vllm:generation_tokens", "doc", [(base, counters.generation_tokens)])
+    page.counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        [
+            ({**base, "source": "local_compute"}, counters.prompt_tokens - hits),
+            ({**base, "source": "local_cache_hit"}, hits),
+            ({**base, "source": "external_kv_transfer"}, 0),
+        ],
+    )
+    page.counter(
+        "vllm:prompt_tokens_cached_by_source",
+        "doc",
+        [
+            ({**base, "source": "device"}, hits),
+            ({**base, "source": "host"}, 0),
+            ({**base, "source": "p2p"}, 0),
+            ({**base, "source": "disk"}, 0),
+            ({**base, "source": "external_unspecified"}, 0),
+        ],
+    )
     page.counter(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -168,8 +281,37 @@ def render_metrics_page(
             for reason in FinishReason
         ],
     )
+    # vLLM counts these per API server, without the engine label.
+    page.counter(
+        "vllm:admission_rejections",
+        "doc",
+        [
+            (
+                {"model_name": model_name, "reason": "max_num_queued_reqs"},
+                counters.queue_full_rejections,
+            ),
+            ({"model_name": model_name, "reason": "max_num_queued_tokens"}, 0),
+        ],
+    )
+    page.histogram("vllm:request_prompt_tokens", base, tokens.prompt_tokens)
+    page.histogram("vllm:request_generation_tokens", base, tokens.generation_tokens)
+    page.histogram("vllm:request_max_num_generation_tokens", base, tokens.max_num_generation_tokens)
+    page.histogram("vllm:request_params_n", base, tokens.params_n)
+    page.histogram("vllm:request_params_max_tokens", base, tokens.params_max_tokens)
     page.histogram("vllm:time_to_first_token_seconds", base, latency.ttft)
+    page.histogram("vllm:inter_token_latency_seconds", base, latency.inter_token)
+    page.histogram(
+        "vllm:request_time_per_output_token_seconds", base, latency.time_per_output_token
+    )
     page.histogram("vllm:e2e_request_latency_seconds", base, latency.e2e)
+    page.histogram("vllm:request_queue_time_seconds", base, latency.queue)
+    page.histogram("vllm:request_inference_time_seconds", base, latency.inference)
+    page.histogram("vllm:request_prefill_time_seconds", base, latency.prefill)
+    page.histogram("vllm:request_decode_time_seconds", base, latency.decode)
+    page.histogram("vllm:request_num_preemptions", base, tokens.num_preemptions)
+    page.histogram(
+        "vllm:request_prefill_kv_computed_tokens", base, tokens.prefill_kv_computed_tokens
+    )
     if lora_info is not None:
         page.header("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
         for labels, seen in lora_info.series():
@@ -177,19 +319,7 @@ def render_metrics_page(
     page.gauge(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
-        {
-            "block_size": str(config.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": "True",
-            "engine": "0",
-            "gpu_memory_utilization": "0.9",
-            "hash_block_size": str(config.block_size),
-            "kv_cache_size_tokens": str(config.max_context_tokens),
-            "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(config.num_gpu_blocks),
-            "prefix_caching_hash_algo": "xxhash",
-            "sliding_window": "None",
-        },
+        cache_config_labels(config),
         1.0,
     )
     return page.text()

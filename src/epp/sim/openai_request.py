@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from epp.sim.openai_errors import ApiError
+from epp.sim.served_models import ServedModels
 from epp.tokenize import ChatMessage, Tokenizer
+
+__all__ = [
+    "ApiError",
+    "Endpoint",
+    "GenerationRequest",
+    "ServedModels",
+    "parse_generation_request",
+    "parse_json_object",
+]
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -22,51 +33,6 @@ DEFAULT_MAX_TOKENS = 16
 class Endpoint(StrEnum):
     COMPLETIONS = "completions"
     CHAT = "chat"
-
-
-class ApiError(Exception):
-    """An error the client sees as `{"error": {message, type, param, code}}` with HTTP `status`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        err_type: str = "BadRequestError",
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.err_type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModels:
-    """The base model and the LoRA adapters a pod answers to."""
-
-    base: str
-    adapters: tuple[str, ...] = ()
-
-    def resolve(self, requested: str | None) -> tuple[str, str | None]:
-        """(model name as requested, adapter or None); a missing name means the base model."""
-        if requested is None or requested == self.base:
-            return self.base, None
-        if requested in self.adapters:
-            return requested, requested
-        raise ApiError(
-            404, f"The model `{requested}` does not exist.", "NotFoundError", param="model"
-        )
 
 
 @dataclass(frozen=True, slots=True)

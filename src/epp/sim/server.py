@@ -1,4 +1,5 @@
-"""One simulated vLLM pod over HTTP: the OpenAI API, /metrics, /health, /v1/models.
+"""One simulated vLLM pod over HTTP: the OpenAI API, /metrics, /health, /v1/models,
+runtime LoRA loading, KV-cache events over ZMQ, and failure injection.
 
 The engine (`epp.sim.engine`) decides who runs and how long each step takes, in engine
 seconds; this module turns those seconds into asyncio sleeps multiplied by `time_scale`
@@ -13,6 +14,14 @@ Requests are scheduled event by event, with no background task: every submit and
 finish asks the engine which waiting requests can start now, and wakes their handlers.
 A handler that ends for any reason (done, client gone, cancelled) finishes its request in
 the engine, which frees its slot and unpins its KV blocks.
+
+KV events: after every engine call that can change the block pool (starting requests,
+resetting the cache) the events the engine queued are published as one batch, as vLLM's
+scheduler publishes its block pool's events once per step.
+
+Failure injection (`epp.sim.failures`) happens here: error answers before anything
+reaches the engine; `hang` and `drop` after the request got its slot, so that a router's
+view of the pod (running requests, KV usage) is what a stuck or crashing pod would show.
 """
 
 from __future__ import annotations
@@ -23,25 +32,48 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
 
 from aiohttp import web
 
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.sim.engine import Admission, EngineConfig, FinishReason, SimEngine, StartedRequest
-from epp.sim.latency import LatencyStats
+from epp.sim.engine import (
+    DEFAULT_LORA_RANK,
+    Admission,
+    EngineConfig,
+    FinishReason,
+    SimEngine,
+    StartedRequest,
+)
+from epp.sim.failures import (
+    ERROR_KINDS,
+    FAIL_HEADER,
+    GARBAGE_METRICS_PAGE,
+    INJECTED_HEADER,
+    SLOW_METRICS_DEFAULT_S,
+    FailureConfig,
+    FailureCounts,
+    FailureInjector,
+    FailureKind,
+    MetricsFault,
+    PodFaults,
+    injected_error,
+    parse_header,
+)
+from epp.sim.kv_publisher import KvEventPublisher, KvEventsConfig, default_topic
+from epp.sim.latency import LatencyStats, RequestTimeline
+from epp.sim.lora_admin import LoraAdmin
 from epp.sim.metrics_page import CONTENT_TYPE, LoraInfoSeries, render_metrics_page
+from epp.sim.openai_errors import ApiError, error_type
 from epp.sim.openai_request import (
-    ApiError,
     Endpoint,
     GenerationRequest,
-    ServedModels,
     parse_generation_request,
     parse_json_object,
 )
 from epp.sim.openai_response import SSE_DONE, ResponseShape, filler_text, filler_token, sse, usage
+from epp.sim.served_models import LoraAdapter, ServedModels
 from epp.tokenize import ByteEstimateTokenizer
 
 log = logging.getLogger("epp.sim")
@@ -54,6 +86,9 @@ DEFAULT_CLIENT_MAX_SIZE = 64 * 1024 * 1024
 _NON_STREAM_MIN_SLEEP_S = 0.005
 # A long request that is behind schedule must still let other handlers run.
 _YIELD_EVERY_TOKENS = 64
+# How often a hung handler checks whether its client gave up (when aiohttp does not
+# cancel it on disconnect).
+_HANG_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +97,16 @@ class SimPodConfig:
 
     pod_name: str = "pod-0"
     model: str = "sim-llama-8b"
-    lora_adapters: tuple[str, ...] = ()
+    lora_adapters: tuple[str, ...] = ()  # served from startup
     engine: EngineConfig = field(default_factory=EngineConfig)
     time_scale: float = 1.0  # wall seconds per engine second
     client_max_size: int = DEFAULT_CLIENT_MAX_SIZE
+    # Rank of each startup adapter (missing: DEFAULT_LORA_RANK).
+    lora_ranks: Mapping[str, int] = field(default_factory=dict)
+    # Accept /v1/load_lora_adapter even with no startup adapter (implied by adapters).
+    enable_lora: bool = False
+    kv_events: KvEventsConfig | None = None
+    failures: FailureConfig = field(default_factory=FailureConfig)
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
@@ -76,6 +117,21 @@ class SimPodConfig:
             raise ValueError("LoRA adapter names must be unique")
         if self.client_max_size < 1:
             raise ValueError("client_max_size must be at least 1")
+        for name, rank in self.lora_ranks.items():
+            if name not in self.lora_adapters:
+                raise ValueError(f"rank given for {name!r}, which is not a LoRA adapter")
+            if rank < 1:
+                raise ValueError(f"LoRA adapter {name!r}: rank must be at least 1")
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_adapters)
+
+    def startup_adapters(self) -> list[LoraAdapter]:
+        return [
+            LoraAdapter(name, self.lora_ranks.get(name, DEFAULT_LORA_RANK))
+            for name in self.lora_adapters
+        ]
 
 
 @dataclass(slots=True)
@@ -90,17 +146,31 @@ class SimPod:
 
     def __init__(self, config: SimPodConfig) -> None:
         self.config = config
-        self.engine = SimEngine(config.engine)
+        self.engine = SimEngine(config.engine, kv_events=config.kv_events is not None)
         self.latency = LatencyStats()
-        self.lora_info = LoraInfoSeries(config.engine.max_loras) if config.lora_adapters else None
-        self.served = ServedModels(config.model, config.lora_adapters)
+        self.lora_info = LoraInfoSeries(config.engine.max_loras) if config.lora_enabled else None
+        self.served = ServedModels(config.model, config.startup_adapters())
+        for adapter in config.startup_adapters():
+            # Registered with its rank, loaded into a slot by its first request.
+            self.engine.load_adapter(adapter.name, adapter.rank)
+        self.lora_admin = LoraAdmin(
+            self.served,
+            self.engine,
+            enabled=config.lora_enabled,
+            engine_now=self.engine_now,
+            sleep_engine_seconds=self._sleep_engine_seconds,
+        )
+        self.failures = FailureInjector(config.failures)
+        self.faults = PodFaults()
+        self.injected = FailureCounts()
+        self.kv_publisher: KvEventPublisher | None = None
         self.tokenizer = ByteEstimateTokenizer()
         self.created_unix = time.time()
         self._clock_origin = time.monotonic()
         # Handlers of queued requests, woken when the engine starts their request.
         self._start_waiters: dict[str, asyncio.Future[StartedRequest]] = {}
-        # Handler tasks with a request in the engine, cancelled on shutdown so that a long
-        # stream does not hold the process up for aiohttp's shutdown timeout.
+        # Handler tasks with a request in the engine (or hanging on purpose), cancelled on
+        # shutdown so that they do not hold the process up for aiohttp's shutdown timeout.
         self._in_flight: set[asyncio.Task[object]] = set()
 
     def engine_now(self) -> float:
@@ -109,11 +179,19 @@ class SimPod:
     # -- scheduling glue -------------------------------------------------------------------
 
     def _start_ready(self) -> None:
-        for started in self.engine.start_ready(self.engine_now()):
+        started_now = self.engine.start_ready(self.engine_now())
+        self._publish_kv_events()
+        for started in started_now:
             waiter = self._start_waiters.pop(started.req_id, None)
             # A cancelled waiter's handler is unwinding and will finish the request itself.
             if waiter is not None and not waiter.done():
                 waiter.set_result(started)
+
+    def _publish_kv_events(self) -> None:
+        events = self.engine.drain_kv_events()
+        # Before the publisher is up (or after it closed) there is nobody to tell.
+        if events and self.kv_publisher is not None:
+            self.kv_publisher.publish(events)
 
     async def _sleep_engine_seconds(self, seconds: float) -> None:
         if seconds > 0:
@@ -122,6 +200,11 @@ class SimPod:
     # -- generation ------------------------------------------------------------------------
 
     async def generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        failure = self.failures.for_generation(request.headers.get(FAIL_HEADER))
+        if failure is not None:
+            self._note_injected(failure, request)
+            if failure in ERROR_KINDS:
+                raise _injected(failure)
         body = parse_json_object(await request.read())
         gen = parse_generation_request(endpoint, body, self.served, self.tokenizer)
         engine_config = self.config.engine
@@ -140,20 +223,37 @@ class SimPod:
         )
         prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
         req_id = f"{prefix}-{uuid.uuid4().hex}"
-        admission = self.engine.submit(req_id, hashes, prompt_tokens, gen.max_tokens, gen.adapter)
+        admission = self.engine.submit(
+            req_id,
+            hashes,
+            prompt_tokens,
+            gen.max_tokens,
+            gen.adapter,
+            prompt_token_ids=gen.tokens,
+            cache_salt=gen.cache_salt,
+        )
         if admission is Admission.QUEUE_FULL:
             raise ApiError(
                 429, "The server is overloaded: its waiting queue is full.", "TooManyRequestsError"
             )
         if admission is not Admission.QUEUED:
             raise ApiError(400, f"The request cannot be served ({admission}).")
-        return await self._run(request, req_id, gen)
+        return await self._run(request, req_id, gen, failure)
 
     async def _run(
-        self, request: web.Request, req_id: str, gen: GenerationRequest
+        self,
+        request: web.Request,
+        req_id: str,
+        gen: GenerationRequest,
+        failure: FailureKind | None = None,
     ) -> web.StreamResponse:
-        """Wait for a slot, prefill, decode; always finish the request in the engine."""
+        """Wait for a slot, prefill, decode; always finish the request in the engine.
+
+        `failure` is `hang` or `drop` (errors never get here): both happen once the
+        first token is ready, a streamed `drop` right after sending it.
+        """
         arrival = time.monotonic()
+        scale = self.config.time_scale
         waiter: asyncio.Future[StartedRequest] = asyncio.get_running_loop().create_future()
         self._start_waiters[req_id] = waiter
         shape = ResponseShape(gen.endpoint, req_id, int(time.time()), gen.model)
@@ -165,12 +265,14 @@ class SimPod:
             self._in_flight.add(task)
         try:
             self._start_ready()
-            if gen.stream:
+            # A hung request never answers, not even the headers of a stream.
+            if gen.stream and failure is not FailureKind.HANG:
                 response = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                 )
                 await response.prepare(request)
             started = await waiter
+            scheduled = time.monotonic()
             log.debug(
                 "request started req_id=%s model=%s prompt_tokens=%d cached_tokens=%d "
                 "max_tokens=%d",
@@ -181,20 +283,36 @@ class SimPod:
                 gen.max_tokens,
             )
             await self._sleep_engine_seconds(started.prefill_seconds)
+            if failure is FailureKind.HANG:
+                await _until_client_leaves(request)
+                return _client_closed()
+            first_token = time.monotonic()
             progress.output_tokens = 1
-            self.latency.ttft.observe((time.monotonic() - arrival) / self.config.time_scale)
+            self.latency.ttft.observe((first_token - arrival) / scale)
             if response is not None:
                 first = b""
                 if gen.endpoint is Endpoint.CHAT:
                     first = sse(shape.role_chunk())
                 finish = "length" if gen.max_tokens == 1 else None
                 await response.write(first + sse(shape.token_chunk(filler_token(0), finish)))
+            if failure is FailureKind.DROP:
+                _drop_connection(request)
+                return response or _client_closed()
             await self._decode(request, response, shape, gen.max_tokens, progress)
             output_tokens = progress.output_tokens
             if output_tokens < gen.max_tokens:
                 return response or _client_closed()
             reason = FinishReason.LENGTH
-            self.latency.e2e.observe((time.monotonic() - arrival) / self.config.time_scale)
+            finished = time.monotonic()
+            self.latency.observe_finished(
+                RequestTimeline(
+                    arrived=0.0,
+                    scheduled=(scheduled - arrival) / scale,
+                    first_token=(first_token - arrival) / scale,
+                    finished=(finished - arrival) / scale,
+                    output_tokens=output_tokens,
+                )
+            )
             usage_ = usage(started.prompt_tokens, output_tokens, started.cached_tokens)
             if response is None:
                 return web.json_response(
@@ -230,10 +348,14 @@ class SimPod:
         """
         engine = self.engine
         scale = self.config.time_scale
+        inter_token = self.latency.inter_token
         min_sleep = 0.0 if response is not None else _NON_STREAM_MIN_SLEEP_S
         deadline = time.monotonic()
         for index in range(1, max_tokens):
-            deadline += engine.decode_step_seconds() * scale
+            step = engine.decode_step_seconds()
+            # The engine's own step, which the deadlines below keep to on average.
+            inter_token.observe(step)
+            deadline += step * scale
             delay = deadline - time.monotonic()
             if delay > min_sleep:
                 await asyncio.sleep(delay)
@@ -267,19 +389,55 @@ class SimPod:
     async def models(self, request: web.Request) -> web.Response:
         created = int(self.created_unix)
         base = self.config.model
-        data = [_model_card(base, None, created, self.config.engine.max_context_tokens)]
-        data += [_model_card(name, base, created, None) for name in self.config.lora_adapters]
+        data = [_model_card(base, base, None, created, self.config.engine.max_context_tokens)]
+        for name in self.served.adapters:
+            adapter = self.served.adapter(name)
+            root = adapter.path if adapter is not None and adapter.path else name
+            data.append(_model_card(name, root, base, created, None))
         return web.json_response({"object": "list", "data": data}, dumps=_dumps)
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=self.faults.health_status or 200)
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         dropped = self.engine.reset_prefix_cache()
+        self._publish_kv_events()
         log.info("prefix cache reset dropped_blocks=%d", dropped)
         return web.Response(status=200)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self.lora_admin.load(request)
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self.lora_admin.unload(request)
+
+    async def sim_fail(self, request: web.Request) -> web.Response:
+        """GET: the pod-wide failure switches; POST: change them (see `PodFaults`)."""
+        if request.method == "POST":
+            self.faults.update(parse_json_object(await request.read()))
+            log.info("pod failures set pod=%s state=%s", self.config.pod_name, self.faults.state())
+        return web.json_response(self.faults.state(), dumps=_dumps)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        header = request.headers.get(FAIL_HEADER)
+        kind = None if header is None else parse_header(header)
+        if kind is not None:
+            self._note_injected(kind, request)
+            if kind in ERROR_KINDS:
+                raise _injected(kind)
+            if kind is FailureKind.DROP:
+                _drop_connection(request)
+                return _client_closed()
+        if kind is FailureKind.HANG or self.faults.metrics is MetricsFault.HANG:
+            await self._hang(request)
+            return _client_closed()
+        delay = self.config.failures.metrics_delay_s
+        if kind is FailureKind.SLOW_METRICS:
+            delay = delay or SLOW_METRICS_DEFAULT_S
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if self.faults.metrics is MetricsFault.GARBAGE:
+            return web.Response(body=GARBAGE_METRICS_PAGE, headers={"Content-Type": CONTENT_TYPE})
         if self.lora_info is not None:
             self.lora_info.observe(
                 self.engine.running_adapters, self.engine.waiting_adapters, time.time()
@@ -292,6 +450,44 @@ class SimPod:
             lora_info=self.lora_info,
         )
         return web.Response(body=page.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- failure injection ---------------------------------------------------------------
+
+    def _note_injected(self, kind: FailureKind, request: web.Request) -> None:
+        self.injected.add(kind)
+        # DEBUG: a failure rate makes these as frequent as requests.
+        log.debug(
+            "injecting failure pod=%s kind=%s path=%s", self.config.pod_name, kind, request.path
+        )
+
+    async def _hang(self, request: web.Request) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        try:
+            await _until_client_leaves(request)
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+
+def _injected(kind: FailureKind) -> ApiError:
+    error = injected_error(kind)
+    error.headers[INJECTED_HEADER] = kind.value
+    return error
+
+
+async def _until_client_leaves(request: web.Request) -> None:
+    """Wait until the client disconnects (a served handler is cancelled before that)."""
+    while not _client_gone(request):
+        await asyncio.sleep(_HANG_POLL_S)
+
+
+def _drop_connection(request: web.Request) -> None:
+    """Close the TCP connection without (the rest of) a response, as a crashing pod does."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
 
 
 def _client_closed() -> web.Response:
@@ -309,30 +505,24 @@ def _dumps(payload: object) -> str:
 
 
 def _model_card(
-    name: str, parent: str | None, created: int, max_model_len: int | None
+    name: str, root: str, parent: str | None, created: int, max_model_len: int | None
 ) -> dict[str, object]:
     return {
         "id": name,
         "object": "model",
         "created": created,
         "owned_by": "vllm",
-        "root": name,
+        "root": root,
         "parent": parent,
         "max_model_len": max_model_len,
         "permission": [],
     }
 
 
-def _error_type(status: int) -> str:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-    return "".join(word.capitalize() for word in phrase.replace("-", " ").split()) + "Error"
-
-
 def _error_response(error: ApiError) -> web.Response:
-    return web.json_response(error.body(), status=error.status, dumps=_dumps)
+    return web.json_response(
+        error.body(), status=error.status, headers=error.headers or None, dumps=_dumps
+    )
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -349,7 +539,7 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         message = exc.text or exc.reason
-        return _error_response(ApiError(exc.status, message, _error_type(exc.status)))
+        return _error_response(ApiError(exc.status, message, error_type(exc.status)))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
@@ -382,6 +572,10 @@ def create_app(config: SimPodConfig) -> web.Application:
     app.router.add_get("/health", pod.health)
     app.router.add_post("/reset_prefix_cache", pod.reset_prefix_cache)
     app.router.add_get("/metrics", pod.metrics)
+    app.router.add_post("/v1/load_lora_adapter", pod.load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", pod.unload_lora_adapter)
+    app.router.add_get("/sim/fail", pod.sim_fail)
+    app.router.add_post("/sim/fail", pod.sim_fail)
     return app
 
 
@@ -394,6 +588,7 @@ class RunningPod:
     host: str
     port: int
     _closed: bool = False
+    kv_publisher: KvEventPublisher | None = None
 
     @property
     def url(self) -> str:
@@ -404,7 +599,12 @@ class RunningPod:
         """Stop listening and abandon requests in flight; safe to call twice."""
         if not self._closed:
             self._closed = True
-            await self.runner.cleanup()
+            try:
+                await self.runner.cleanup()
+            finally:
+                if self.kv_publisher is not None:
+                    self.pod.kv_publisher = None
+                    await self.kv_publisher.close()
 
 
 async def start_pod(
@@ -413,18 +613,26 @@ async def start_pod(
     """Serve `config` on host:port (0 picks a free port) until `close()`.
 
     Handlers are cancelled when their client disconnects, so an abandoned request gives its
-    slot back at once rather than after it would have finished.
+    slot back at once rather than after it would have finished. With `config.kv_events`,
+    the ZMQ sockets are bound too (raises zmq.ZMQError if a port is taken).
     """
     app = create_app(config)
+    pod = app[POD_KEY]
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=shutdown_timeout, access_log=None
     )
     await runner.setup()
+    publisher: KvEventPublisher | None = None
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
+        bound_port = runner.addresses[0][1]
+        if config.kv_events is not None:
+            topic = config.kv_events.topic or default_topic(host, bound_port, config.model)
+            publisher = KvEventPublisher(config.kv_events, topic)
+            await publisher.start()
+            pod.kv_publisher = publisher
     except BaseException:
         await runner.cleanup()
         raise
-    bound_port = runner.addresses[0][1]
-    return RunningPod(pod=app[POD_KEY], runner=runner, host=host, port=bound_port)
+    return RunningPod(pod=pod, runner=runner, host=host, port=bound_port, kv_publisher=publisher)
