@@ -1,0 +1,188 @@
+"""Our EPP in virtual time: the server's own library, driven as the ext_proc server drives it.
+
+An EndpointStore on a virtual clock, one Endpoint per simulated pod, a PrefixIndex, the
+Scheduler and the Router of `epp.routing`, wired as `epp.app.EppService` wires them. Each
+request is routed with `Router.route(path=..., body=..., request_id=..., subset=None)` on
+the JSON body Envoy would forward, and ended with `Router.complete(...)`.
+
+Every 50 ms of virtual time (the configured scrape interval) each engine's gauges are
+turned into the PodMetrics a scrape of its /metrics page would give, so the scheduler
+sees the same lag it sees live; between scrapes only the EPP's own accounting moves.
+The fetch is instantaneous here, so a scrape sees every request dispatched before it.
+
+CPU per decision is `time.process_time()` around `route()`: parsing, tokenizing,
+hashing, index lookup and record, scheduling and the per-request metrics, at the log
+level configured by the caller (the CLI uses warning, so no log line is rendered).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from epp.bench.virtual_types import PreparedRequest, RouteChoice, VirtualPods
+from epp.config import EndpointConfig, EppConfig
+from epp.datalayer.metrics_parser import PodMetrics
+from epp.datalayer.store import EndpointStore
+from epp.observability.metrics import EppMetrics
+from epp.prefix.index import PrefixIndex
+from epp.request import RequestRejected
+from epp.routing import RoutedRequest, Router
+from epp.scheduling.scheduler import Scheduler
+from epp.sim.engine import SimEngine
+from epp.tokenize import ByteEstimateTokenizer
+
+_SEEN = frozenset(
+    {"waiting", "running", "kv_usage", "prefix_queries", "prefix_hits", "preemptions"}
+)
+
+
+def pod_address(index: int) -> str:
+    """A distinct ip:port per pod (the EPP keys endpoints by address too)."""
+    host = index + 1
+    return f"10.{host // 65536}.{host // 256 % 256}.{host % 256}:8000"
+
+
+def scrape(engine: SimEngine, served_model: str, with_lora: bool) -> PodMetrics:
+    """What parsing the simulated pod's /metrics page would give, read off the engine."""
+    config = engine.config
+    counters = engine.counters
+    return PodMetrics(
+        waiting=float(engine.num_waiting),
+        running=float(engine.num_running),
+        kv_usage=engine.kv_cache_usage,
+        prefix_queries=float(counters.prefix_cache_queries),
+        prefix_hits=float(counters.prefix_cache_hits),
+        preemptions=float(counters.preemptions),
+        model=served_model,
+        running_adapters=frozenset(engine.running_adapters),
+        waiting_adapters=frozenset(engine.waiting_adapters),
+        max_loras=config.max_loras if with_lora else None,
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_gpu_blocks,
+        seen=set(_SEEN),
+    )
+
+
+class EppVirtualRouter:
+    """The EPP behind the VirtualRouter contract (see `epp.bench.virtual_types`)."""
+
+    name = "epp"
+
+    def __init__(
+        self,
+        pods: VirtualPods,
+        config: EppConfig | None = None,
+        *,
+        seed: int = 0,
+        adapters: dict[str, str] | None = None,
+    ) -> None:
+        base = config or EppConfig()
+        endpoints = [
+            EndpointConfig(name=name, address=pod_address(i)) for i, name in enumerate(pods.names)
+        ]
+        self.config = EppConfig.model_validate(
+            {
+                **base.model_dump(),
+                "endpoints": endpoints,
+                "adapters": {**base.adapters, **(adapters or {})},
+            }
+        )
+        self._pods = pods
+        self._with_lora = bool(adapters)
+        self._now = 0.0
+        self.store = EndpointStore(self.config.datalayer, clock=self._clock)
+        self.store.sync(self.config.endpoints)
+        self.index = PrefixIndex(self.config.prefix.capacity_per_pod)
+        self.scheduler = Scheduler(self.config.scheduling, rng=random.Random(seed))
+        self.router = Router(
+            self.config,
+            self.store,
+            self.index,
+            self.scheduler,
+            ByteEstimateTokenizer(),
+            EppMetrics(),
+        )
+        self._endpoints = [self.store.get(name) for name in pods.names]
+        self._pod_of = {name: i for i, name in enumerate(pods.names)}
+        self._interval = self.config.datalayer.scrape_interval_s
+        self._next_scrape = 0.0
+        self.cpu_seconds = 0.0
+        self.decisions = 0
+        self.rejected = 0
+        # Did the chosen pod hold the best prefix any candidate held? (the EPP's
+        # epp_cache_match_ratio vs epp_best_cache_match_ratio, summed here)
+        self._chosen_match = 0.0
+        self._best_match = 0.0
+        self._lost_reuse = 0
+        self._saturation_filtered = 0
+
+    def _clock(self) -> float:
+        return self._now
+
+    def tick(self, now: float) -> None:
+        if now >= self._next_scrape:
+            # The most recent scrape instant at or before `now`; the engines have not
+            # changed since it (events are processed in time order).
+            ticks = int(now / self._interval)
+            self._now = ticks * self._interval
+            self._scrape_all()
+            self._next_scrape = (ticks + 1) * self._interval
+        self._now = now
+
+    def _scrape_all(self) -> None:
+        served = self._pods.served_model
+        for endpoint, engine in zip(self._endpoints, self._pods.engines, strict=True):
+            assert endpoint is not None
+            self.store.scraped(endpoint, scrape(engine, served, self._with_lora))
+
+    def route(self, request: PreparedRequest, now: float) -> RouteChoice:
+        started = time.process_time()
+        try:
+            routed = self.router.route(
+                path=request.path,
+                body=request.body,
+                request_id=f"r{request.index}",
+                subset=None,
+            )
+        except RequestRejected as exc:
+            self.cpu_seconds += time.process_time() - started
+            self.decisions += 1
+            self.rejected += 1
+            return RouteChoice(None, exc.status, exc.reason)
+        self.cpu_seconds += time.process_time() - started
+        self.decisions += 1
+        self._observe(routed)
+        return RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
+
+    def _observe(self, routed: RoutedRequest) -> None:
+        decision = routed.decision
+        cache = decision.factors.get("cache")
+        if cache:
+            chosen = cache[decision.chosen_index]
+            best = max(cache)
+            self._chosen_match += chosen
+            self._best_match += best
+            if chosen < best - 1e-9:
+                self._lost_reuse += 1
+        if "saturation" in decision.filtered_out:
+            self._saturation_filtered += 1
+
+    def complete(self, choice: RouteChoice, status: int) -> None:
+        assert isinstance(choice.ticket, RoutedRequest)
+        self.router.complete(choice.ticket, status)
+
+    def stats(self) -> dict[str, Any]:
+        routed = self.decisions - self.rejected
+        return {
+            "decisions": self.decisions,
+            "rejected_by_epp": self.rejected,
+            "mean_chosen_cache_match": self._chosen_match / routed if routed else None,
+            "mean_best_cache_match": self._best_match / routed if routed else None,
+            "decisions_below_best_match": self._lost_reuse,
+            "decisions_with_saturated_pods": self._saturation_filtered,
+            "index_capacity_blocks": self.index.capacity(self._pods.names[0]),
+            "weights": dict(self.scheduler.weights),
+            "max_queue": self.config.scheduling.max_queue,
+        }

@@ -1,0 +1,85 @@
+"""What the virtual-time runner and its routers share: prepared requests, the pods a
+router may look at, a routing choice, and the router contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from epp.prefix.hashing import BlockHash
+from epp.sim.engine import SimEngine
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A workload request turned into what both sides of the wire need, computed once.
+
+    `path` and `body` are what Envoy would hand the EPP; `hashes` are the engine's own
+    block hashes, computed as the simulated pod computes them (`epp.sim.server`: byte
+    tokenizer, chain seeded with the requested model name and cache_salt).
+    """
+
+    index: int
+    path: str
+    body: bytes
+    model: str
+    adapter: str | None
+    prompt_tokens: int
+    max_tokens: int
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualPods:
+    """The simulated fleet: names in order, one engine each. Routers read, never drive."""
+
+    names: tuple[str, ...]
+    engines: tuple[SimEngine, ...]
+    served_model: str
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(slots=True)
+class RouteChoice:
+    """A routing answer: a pod index, or no pod and the status the client gets."""
+
+    pod: int | None
+    status: int = 200
+    reason: str | None = None
+    ticket: object = None  # whatever the router needs back in `complete`
+
+
+class VirtualRouter(Protocol):
+    name: str
+
+    def tick(self, now: float) -> None:
+        """Called before every event at virtual time `now` (scrapes fall due here)."""
+        ...
+
+    def route(self, request: PreparedRequest, now: float) -> RouteChoice: ...
+
+    def complete(self, choice: RouteChoice, status: int) -> None:
+        """The request routed by `choice` ended with `status` (200, or 429/400 from the pod)."""
+        ...
+
+    def stats(self) -> dict[str, object]:
+        """Router-specific figures for the result's `extra` (empty for most)."""
+        ...
+
+
+def leading_cached_blocks(engine: SimEngine, hashes: Sequence[BlockHash]) -> int:
+    """How many leading blocks of a prompt the engine truly holds right now.
+
+    SimEngine has no public query for this; its block pool answers it (read-only).
+    """
+    return engine._pool.leading_hits(hashes)
+
+
+def queue_would_refuse(engine: SimEngine) -> bool:
+    """Whether `submit` would answer QUEUE_FULL now (same rule as SimEngine.submit)."""
+    config = engine.config
+    free_slots = max(0, config.max_num_seqs - engine.num_running)
+    return engine.num_waiting >= config.max_waiting + free_slots
