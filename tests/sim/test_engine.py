@@ -397,6 +397,124 @@ def test_cached_tokens_cost_their_lookup_time() -> None:
     )
 
 
+# -- copies of a hash and output blocks (vLLM's block pool) --------------------------------
+
+
+def test_a_fully_cached_prompt_recomputes_its_last_block_into_a_second_copy() -> None:
+    driver = Driver(num_gpu_blocks=10)
+    engine = driver.engine
+    driver.serve(tokens(64))  # 4 blocks, exactly
+    assert engine.cached_blocks == 4
+    again = driver.run(tokens(64))
+    assert again.cached_tokens == 48
+    # The recomputed last block is a new block under the same hash, held with the 3 hits.
+    assert engine.cached_blocks == 5
+    assert engine.kv_cache_usage == pytest.approx(0.4)
+    engine.finish(again.req_id, 1)
+    assert engine.cached_prefix_blocks(hashes_of(tokens(64))) == 4
+
+
+def test_the_reservation_leaves_out_the_last_generated_token() -> None:
+    # vLLM never feeds the last sampled token back, so its KV never needs a slot: 31
+    # prompt tokens and 2 output tokens fit in 2 blocks of 16.
+    driver = Driver(num_gpu_blocks=10)
+    driver.run(tokens(31), max_tokens=2)
+    assert driver.engine.kv_cache_usage == pytest.approx(0.2)
+    driver.run(tokens(31, start=100), max_tokens=3)
+    assert driver.engine.kv_cache_usage == pytest.approx(0.5)
+
+
+def serve_with_output(
+    engine: SimEngine,
+    req_id: str,
+    toks: array[int],
+    output: list[int],
+    *,
+    produced: int | None = None,
+    seed: int | None = None,
+) -> StartedRequest:
+    block_size = engine.config.block_size
+    seed = chain_seed(MODEL) if seed is None else seed
+    hashes = block_hashes(toks, block_size, seed)
+    admission = engine.submit(
+        req_id, hashes, len(toks), len(output), prompt_token_ids=toks, hash_seed=seed
+    )
+    assert admission is Admission.QUEUED
+    [started] = engine.start_ready(0.0)
+    produced = len(output) if produced is None else produced
+    engine.finish(req_id, produced, output_token_ids=output[:produced])
+    return started
+
+
+def test_full_output_blocks_are_cached_and_a_prompt_quoting_the_output_hits_them() -> None:
+    # vLLM's case (docs/benchmarks/sim-vs-vllm.md): 40 prompt ids and 40 generated ones
+    # fill 2 blocks of 32 (79 tokens have KV); the 40 + 40 + 10 new ids then hit both.
+    engine = SimEngine(EngineConfig(block_size=32, num_gpu_blocks=40))
+    prompt, output, extra = tokens(40, 1000), list(range(5000, 5040)), tokens(10, 9000)
+    serve_with_output(engine, "gen", prompt, output)
+    assert engine.cached_blocks == 2
+    follow_up = array("I", [*prompt, *output, *extra])
+    assert serve_with_output(engine, "next", follow_up, [1]).cached_tokens == 64
+    # A different output is a different block: only the prompt's first block hits.
+    other = array("I", [*prompt, *range(6000, 6040), *extra])
+    assert engine.cached_prefix_blocks(block_hashes(other, 32, chain_seed(MODEL))) == 1
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "produced", "cached"),
+    [
+        (40, 40, 2),  # 79 tokens with KV: 2 full blocks
+        (40, 24, 1),  # 63: the second block lacks the last generated token's KV
+        (40, 25, 2),  # 64
+        (64, 1, 2),  # the first token is sampled from the prompt: nothing to cache
+        (10, 30, 1),  # 39: block 0 holds prompt and output, chained to the seed
+    ],
+)
+def test_output_blocks_count_every_token_but_the_last_generated(
+    prompt_tokens: int, produced: int, cached: int
+) -> None:
+    engine = SimEngine(EngineConfig(block_size=32, num_gpu_blocks=40))
+    output = list(range(7000, 7040))
+    serve_with_output(engine, "r", tokens(prompt_tokens, 100), output, produced=produced)
+    assert engine.cached_blocks == cached
+    sequence = array("I", [*tokens(prompt_tokens, 100), *output[: produced - 1]])
+    hashes = block_hashes(sequence, 32, chain_seed(MODEL))
+    assert engine.cached_prefix_blocks(hashes) == cached == len(hashes)
+
+
+def test_no_output_blocks_without_the_output_ids_or_for_a_short_prompt_without_seed() -> None:
+    engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40))
+    toks = tokens(20)
+    engine.submit("a", hashes_of(toks), 20, 20)  # the virtual benchmark's way: no ids
+    engine.start_ready(0.0)
+    engine.finish("a", 20)
+    assert engine.cached_blocks == 1
+    short = tokens(8, start=300)
+    engine.submit("b", [], 8, 20, prompt_token_ids=short)  # no seed for block 0's hash
+    engine.start_ready(0.0)
+    engine.finish("b", 20, output_token_ids=list(range(20)))
+    assert engine.cached_blocks == 1
+
+
+def test_a_request_running_through_a_reset_caches_no_output_blocks() -> None:
+    engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40))
+    toks, seed = tokens(20), chain_seed(MODEL)
+    engine.submit("a", hashes_of(toks), 20, 30, prompt_token_ids=toks, hash_seed=seed)
+    engine.start_ready(0.0)
+    engine.reset_prefix_cache()
+    engine.finish("a", 30, output_token_ids=list(range(30)))
+    assert (engine.cached_blocks, engine.kv_cache_usage) == (0, 0.0)
+
+
+def test_output_blocks_are_evicted_before_the_prompt_they_continue() -> None:
+    engine = SimEngine(EngineConfig(block_size=4, num_gpu_blocks=6))
+    prompt = tokens(8, 100)
+    serve_with_output(engine, "gen", prompt, list(range(900, 905)))  # 2 prompt + 1 output
+    assert engine.cached_blocks == 3
+    serve_with_output(engine, "other", tokens(16, 500), [1])  # 4 blocks: 1 to evict
+    assert engine.cached_prefix_blocks(hashes_of(prompt, 4)) == 2
+
+
 # -- reset -------------------------------------------------------------------------------
 
 
@@ -406,12 +524,12 @@ def test_reset_prefix_cache_forgets_every_block_and_frees_held_ones_on_release()
     driver = Driver(num_gpu_blocks=10)
     engine = driver.engine
     driver.serve(tokens(64, start=0))
-    running = driver.run(tokens(64, start=1000))  # 4 prompt blocks + 1 private
+    running = driver.run(tokens(64, start=1000), max_tokens=2)  # 4 prompt blocks + 1 private
     assert engine.reset_prefix_cache() == 4  # the idle blocks
     assert engine.cached_blocks == 0
     assert engine.kv_cache_usage == pytest.approx(0.5)  # still held
     # The same prompt cached anew while the old copy is still held counts twice.
-    again = driver.run(tokens(64, start=1000))
+    again = driver.run(tokens(64, start=1000), max_tokens=2)
     assert again.cached_tokens == 0
     assert engine.kv_cache_usage == pytest.approx(1.0)
     engine.finish(running.req_id, 1)

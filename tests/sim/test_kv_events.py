@@ -28,6 +28,7 @@ FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm-kv-events.md
 MAP_PAYLOAD, POSITIONAL_PAYLOAD = (
     bytes.fromhex(h) for h in re.findall(r"^    ([0-9a-f]{40,})$", FIXTURE, re.MULTILINE)
 )
+# The fixture's payloads come from a vLLM older than 0.32, without kv_cache_spec_kind.
 FIXTURE_EVENTS: list[KvEvent] = [
     BlockStored(
         block_hashes=[0xDEADBEEF12345678],
@@ -35,6 +36,7 @@ FIXTURE_EVENTS: list[KvEvent] = [
         token_ids=list(range(16)),
         block_size=16,
         extra_keys=[None],
+        kv_cache_spec_kind=None,
     ),
     BlockRemoved(block_hashes=[7]),
     AllBlocksCleared(),
@@ -110,7 +112,7 @@ def test_eviction_is_reported_tail_first_before_the_blocks_that_replace_them() -
     a, b = tokens(12, start=100), tokens(12, start=200)
     driver.serve(a)  # 3 blocks cached
     driver.serve(b)  # 3 more: 6 of 8 used
-    c = tokens(12, start=300)  # needs 3 hashed + 1 private: evicts a's last two
+    c = tokens(14, start=300)  # needs 3 hashed + 1 private: evicts a's last two
     events = driver.serve(c)
     a_hashes = driver.hashes(a)
     assert events[:2] == [
@@ -133,18 +135,41 @@ def test_reset_clears_and_the_next_request_stores_again() -> None:
     assert stored.block_hashes == driver.hashes(a)
 
 
-def test_a_hole_in_the_cached_prefix_stores_a_run_of_its_own() -> None:
+def test_after_a_hole_in_the_cached_prefix_every_block_is_stored_again() -> None:
+    # vLLM reuses only the cached blocks before the first miss; it computes and caches
+    # every later one, also those still cached (second copies), in one BlockStored.
     driver = EventDriver(num_gpu_blocks=16)
     engine = driver.engine
-    long = tokens(16)  # blocks 0..3
+    long = tokens(17)  # blocks 0..3 and one more token
     driver.serve(long)
     hashes = driver.hashes(long)
-    # Evict only block 1 by hand (the pool evicts tails first, so force the hole).
+    # Drop only block 1 from the cache by hand (the pool evicts tails first).
     pool = engine._pool
-    del pool._evictable[hashes[1]]
-    del pool._refcounts[hashes[1]]
+    [block] = pool._copies.pop(hashes[1])
+    del pool._hash_of[block]
+    del pool._evictable[block]
+    del pool._refs[block]
     events = driver.serve(long)
     assert events == [
+        BlockStored(
+            block_hashes=hashes[1:],
+            parent_block_hash=hashes[0],
+            token_ids=list(range(4, 16)),
+            block_size=4,
+            extra_keys=[None, None, None],
+        )
+    ]
+    assert [pool.copies(h) for h in hashes] == [1, 1, 2, 2]
+
+
+def test_a_recomputed_last_block_is_stored_again_and_each_copy_removed() -> None:
+    # vLLM, the same 64 ids twice with 32-token blocks: "Stored 1 blk/32 tok (child)" under
+    # the hash it already held, and later one BlockRemoved per copy.
+    driver = EventDriver(num_gpu_blocks=8)
+    toks = tokens(8)  # 2 blocks, exactly
+    hashes = driver.hashes(toks)
+    driver.serve(toks)
+    assert driver.serve(toks) == [
         BlockStored(
             block_hashes=[hashes[1]],
             parent_block_hash=hashes[0],
@@ -153,6 +178,97 @@ def test_a_hole_in_the_cached_prefix_stores_a_run_of_its_own() -> None:
             extra_keys=[None],
         )
     ]
+    events = driver.serve(tokens(24, start=100))  # 6 blocks: 5 free, then evict 1
+    assert events[0] == BlockRemoved(block_hashes=[hashes[1]])  # the older copy
+    events = driver.serve(tokens(8, start=500))  # 2 more: both remaining idle blocks
+    assert events[:2] == [
+        BlockRemoved(block_hashes=[hashes[1]]),  # the second copy
+        BlockRemoved(block_hashes=[hashes[0]]),
+    ]
+
+
+def serve_generating(
+    driver: EventDriver,
+    toks: array[int],
+    output: list[int],
+    salt: str | None = None,
+) -> tuple[list[KvEvent], list[KvEvent]]:
+    """Start one request, then finish it with `output`: the events of each."""
+    engine = driver.engine
+    seed = chain_seed("m", None, salt)
+    engine.submit(
+        "gen",
+        block_hashes(toks, 4, seed),
+        len(toks),
+        len(output),
+        prompt_token_ids=toks,
+        cache_salt=salt,
+        hash_seed=seed,
+    )
+    engine.start_ready(0.0)
+    started = engine.drain_kv_events()
+    engine.finish("gen", len(output), output_token_ids=output)
+    return started, engine.drain_kv_events()
+
+
+def test_output_blocks_are_stored_one_event_each_chained_to_the_prompt() -> None:
+    driver = EventDriver(num_gpu_blocks=16)
+    toks, output = tokens(6), list(range(100, 108))
+    started, finished = serve_generating(driver, toks, output)
+    sequence = array("I", [*toks, *output[:7]])  # 13 tokens with KV: 3 full blocks
+    hashes = block_hashes(sequence, 4, chain_seed("m"))
+    assert started == [
+        BlockStored(
+            block_hashes=hashes[:1],
+            parent_block_hash=None,
+            token_ids=[0, 1, 2, 3],
+            block_size=4,
+            extra_keys=[None],
+        )
+    ]
+    # vLLM fills them in different steps: one BlockStored each, each the next's parent.
+    assert finished == [
+        BlockStored(
+            block_hashes=[hashes[1]],
+            parent_block_hash=hashes[0],
+            token_ids=[4, 5, 100, 101],
+            block_size=4,
+            extra_keys=[None],
+        ),
+        BlockStored(
+            block_hashes=[hashes[2]],
+            parent_block_hash=hashes[1],
+            token_ids=[102, 103, 104, 105],
+            block_size=4,
+            extra_keys=[None],
+        ),
+    ]
+
+
+def test_an_output_block_that_is_block_0_carries_the_salt_and_no_parent() -> None:
+    driver = EventDriver(num_gpu_blocks=16)
+    started, finished = serve_generating(driver, tokens(2), [50, 51, 52], salt="tenant-a")
+    assert started == []
+    seed = chain_seed("m", None, "tenant-a")
+    assert finished == [
+        BlockStored(
+            block_hashes=block_hashes(array("I", [0, 1, 50, 51]), 4, seed),
+            parent_block_hash=None,
+            token_ids=[0, 1, 50, 51],
+            block_size=4,
+            extra_keys=[("tenant-a",)],
+        )
+    ]
+
+
+def test_the_same_output_generated_again_is_stored_again() -> None:
+    driver = EventDriver(num_gpu_blocks=16)
+    toks, output = tokens(6), list(range(100, 104))
+    _, first = serve_generating(driver, toks, output)
+    # The prompt's block hits; the output block is computed anew: a second copy.
+    started, again = serve_generating(driver, toks, output)
+    assert started == []
+    assert again == first and len(first) == 1
 
 
 @pytest.mark.parametrize(
@@ -211,11 +327,35 @@ def test_hashes_are_the_engines_own_unsigned_64_bit_ints() -> None:
 
 
 def test_our_encoding_of_the_fixture_events_decodes_like_vllms_payload() -> None:
-    ours = encode_event_batch(FIXTURE_EVENTS, FIXTURE_TS, 0)
-    assert msgspec.msgpack.decode(ours) == msgspec.msgpack.decode(MAP_PAYLOAD)
-    # Byte for byte it differs only in one header: vLLM's encoder wrote the 10-field map
-    # as map16 (de 000a), msgspec writes the equivalent fixmap (8a).
-    assert ours == MAP_PAYLOAD.replace(b"\xde\x00\x0a", b"\x8a", 1)
+    stored = FIXTURE_EVENTS[0]
+    assert isinstance(stored, BlockStored)
+    events = [msgspec.structs.replace(stored, kv_cache_spec_kind="full_attention")]
+    ours = msgspec.msgpack.decode(encode_event_batch(events + FIXTURE_EVENTS[1:], FIXTURE_TS, 0))
+    theirs = msgspec.msgpack.decode(MAP_PAYLOAD)
+    # vLLM 0.32 adds kv_cache_spec_kind, last; the rest is the fixture's, in its order.
+    assert list(ours[1][0]) == [*theirs[1][0], "kv_cache_spec_kind"]
+    assert ours[1][0].pop("kv_cache_spec_kind") == "full_attention"
+    assert ours == theirs
+
+
+def test_block_stored_fields_are_vllm_032s_in_its_order() -> None:
+    # As docs/benchmarks/sim-vs-vllm/vllm.json recorded them from vLLM 0.32's publisher.
+    payload = encode_event_batch([EventDriver().serve(tokens(4))[0]], 1.0, 0)
+    [event] = msgspec.msgpack.decode(payload)[1]
+    assert list(event) == [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+    ]
+    assert event["kv_cache_spec_kind"] == "full_attention"
 
 
 @pytest.mark.parametrize("payload", [MAP_PAYLOAD, POSITIONAL_PAYLOAD], ids=["map", "positional"])

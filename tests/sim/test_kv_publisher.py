@@ -57,20 +57,30 @@ async def receive(sub: zmq.asyncio.Socket) -> tuple[bytes, int, KvEventBatch, by
     return topic, decode_seq(seq), decode_event_batch(payload), payload
 
 
-async def replay(context: zmq.asyncio.Context, port: int, start: int) -> list[tuple[bytes, bytes]]:
-    """Ask the ROUTER for every batch from `start`: [(seq frame, payload)], end marker last."""
+async def replay_frames(
+    context: zmq.asyncio.Context, port: int, start: int
+) -> list[tuple[bytes, bytes, bytes]]:
+    """Ask the ROUTER for every batch from `start`: [(topic, seq frame, payload)] after the
+    empty delimiter, as vLLM 0.32 sends them, end marker last."""
     dealer = context.socket(zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{port}")
     try:
         await dealer.send_multipart([b"", encode_seq(start)])
-        frames: list[tuple[bytes, bytes]] = []
-        while not frames or frames[-1][0] != REPLAY_END_SEQ:
-            empty, seq, payload = await asyncio.wait_for(dealer.recv_multipart(), RECV_TIMEOUT_S)
+        frames: list[tuple[bytes, bytes, bytes]] = []
+        while not frames or frames[-1][1] != REPLAY_END_SEQ:
+            message = await asyncio.wait_for(dealer.recv_multipart(), RECV_TIMEOUT_S)
+            assert len(message) == 4, message
+            empty, topic, seq, payload = message
             assert empty == b""
-            frames.append((seq, payload))
+            frames.append((topic, seq, payload))
         return frames
     finally:
         dealer.close(linger=0)
+
+
+async def replay(context: zmq.asyncio.Context, port: int, start: int) -> list[tuple[bytes, bytes]]:
+    """`replay_frames` without the topics: [(seq frame, payload)], end marker last."""
+    return [(seq, payload) for _, seq, payload in await replay_frames(context, port, start)]
 
 
 async def complete(http: aiohttp.ClientSession, pod: RunningPod, prompt: list[int]) -> int:
@@ -107,11 +117,27 @@ async def test_live_batches_number_and_describe_a_request_sequence(
         )
     ]
 
-    assert await complete(http, pod, a) == 48  # reused: no batch at all
+    # Reused, but the last block is recomputed (the last prompt token is never a hit) and
+    # cached as a second copy, announced again under its hash, as vLLM does.
+    assert await complete(http, pod, a) == 48
+    _, seq, batch, _ = await receive(sub)
+    assert seq == 1
+    assert batch.events == [
+        BlockStored(
+            block_hashes=a_hashes[3:],
+            parent_block_hash=a_hashes[2],
+            token_ids=a[48:],
+            block_size=16,
+            extra_keys=[None],
+        )
+    ]
+
     assert await complete(http, pod, b) == 0
     _, seq, batch, _ = await receive(sub)
-    assert seq == 1  # the reuse published nothing, so no gap
-    assert batch.events[:3] == [BlockRemoved(block_hashes=[h]) for h in a_hashes[:0:-1]]
+    assert seq == 2
+    # 5 blocks cached, 7 free: 3 evicted, the tail first, each copy of a3 on its own.
+    evicted = [a_hashes[3], a_hashes[3], a_hashes[2]]
+    assert batch.events[:3] == [BlockRemoved(block_hashes=[h]) for h in evicted]
     assert batch.events[3:] == [
         BlockStored(
             block_hashes=b_hashes,
@@ -124,8 +150,14 @@ async def test_live_batches_number_and_describe_a_request_sequence(
 
     async with http.post(pod.url + "/reset_prefix_cache") as resp:
         assert resp.status == 200
+    # Like vLLM, the reset alone publishes nothing: its AllBlocksCleared leaves with the
+    # next batch, here the next request's.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(sub.recv_multipart(), 0.2)
+    assert await complete(http, pod, a) == 0
     _, seq, batch, _ = await receive(sub)
-    assert (seq, batch.events) == (2, [AllBlocksCleared()])
+    assert seq == 3
+    assert [type(e) for e in batch.events] == [AllBlocksCleared, BlockStored]
 
 
 async def test_replay_sends_buffered_batches_from_the_asked_sequence_then_the_end_marker(
@@ -145,6 +177,9 @@ async def test_replay_sends_buffered_batches_from_the_asked_sequence_then_the_en
     assert await replay(zmq_context, publisher.replay_port, 1) == [*live[1:], end]
     assert await replay(zmq_context, publisher.replay_port, 0) == [*live, end]
     assert await replay(zmq_context, publisher.replay_port, 99) == [end]
+    # Each batch comes with its topic, the end marker with an empty one (vLLM 0.32).
+    topics = [t for t, _, _ in await replay_frames(zmq_context, publisher.replay_port, 0)]
+    assert topics == [publisher.topic.encode()] * 3 + [b""]
 
 
 async def test_replay_buffer_keeps_only_the_newest_batches(

@@ -34,6 +34,24 @@ NOT_SIMULATED = {
     "vllm:iteration_tokens_total_created",
 }
 
+# `cache_config_info` follows vLLM 0.32 (the real vLLM of docs/benchmarks/sim-vs-vllm.md),
+# whose label set is the 0.33 fixture's without this one.
+CACHE_CONFIG_LABELS_ONLY_IN_033 = {"simple_cpu_offload_num_blocks"}
+# The label names vLLM 0.32 printed (docs/benchmarks/sim-vs-vllm/vllm.json).
+VLLM_032_CACHE_CONFIG_LABELS = {
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
+    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint",
+    "enable_prefix_caching", "engine", "gpu_memory_utilization", "hash_block_size",
+    "is_attention_free", "kv_cache_dtype_skip_layers", "kv_cache_layout",
+    "kv_cache_max_concurrency", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+    "kv_offloading_backend", "kv_offloading_size", "kv_sharing_fast_prefill",
+    "mamba_block_size", "mamba_cache_dtype", "mamba_cache_mode", "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype", "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+    "prefix_cache_retention_interval", "prefix_caching_hash_algo", "prefix_match_unit",
+    "replayssm_buffer_len", "skip_page_size_padded", "sliding_window", "swa_bounded_replay",
+    "use_kda_recoverssm", "use_replayssm", "user_specified_block_size",
+}  # fmt: skip
+
 
 def busy_engine() -> SimEngine:
     """Two requests served (the second a prefix hit), one running, one waiting."""
@@ -173,6 +191,10 @@ def test_families_keep_the_fixtures_order_help_and_label_sets() -> None:
     theirs_help = help_texts(fixture)
     assert {name: theirs_help[name] for name in help_texts(page)} == help_texts(page)
     theirs_labels = label_names(fixture)
+    theirs_labels["vllm:cache_config_info"] = {
+        labels - CACHE_CONFIG_LABELS_ONLY_IN_033
+        for labels in theirs_labels["vllm:cache_config_info"]
+    }
     for name, label_sets in label_names(page).items():
         assert label_sets == theirs_labels[name], name
 
@@ -313,6 +335,17 @@ def test_cache_config_info_names_block_size_and_capacity() -> None:
     assert 'gpu_memory_utilization="0.92"' in line
     assert 'enable_prefix_caching="True"' in line
     assert line.endswith("} 1.0")
+
+
+def test_cache_config_info_labels_and_values_are_vllm_032s() -> None:
+    page = render(SimEngine(EngineConfig(block_size=32, num_gpu_blocks=40)))
+    [line] = [x for x in page.splitlines() if x.startswith("vllm:cache_config_info{")]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    assert set(labels) == VLLM_032_CACHE_CONFIG_LABELS
+    # As vLLM 0.32's API server prints them: the hash block size is resolved elsewhere.
+    assert labels["hash_block_size"] == "None"
+    assert labels["prefix_caching_hash_algo"] == "sha256"
+    assert (labels["block_size"], labels["num_gpu_blocks"]) == ("32", "40")
 
 
 def test_lora_info_only_with_adapters_and_newest_series_is_current() -> None:

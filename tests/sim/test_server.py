@@ -202,8 +202,129 @@ async def test_completion_stream_without_usage(
     async with http.post(pod.url + "/v1/completions", json=request) as resp:
         events = parse_sse(await resp.text())
     assert events[-1] == "[DONE]"
-    assert [e["choices"][0]["text"] for e in events[:-1]] == [" lorem", " ipsum", " dolor"]
+    assert [e["choices"][0]["text"] for e in events[:-1]] == [" sed", " sit", " est"]
     assert all("usage" not in e for e in events[:-1])
+    assert all("token_ids" not in e["choices"][0] for e in events[:-1])
+
+
+# -- generated token ids and the blocks they fill ------------------------------------------
+
+
+def test_filler_text_encodes_to_exactly_the_generated_token_ids() -> None:
+    pod = create_app(SimPodConfig())[POD_KEY]
+    for count in (1, 7, 16, 33):
+        assert list(TOKENIZER.encode(filler_text(count))) == pod.output_token_ids(count)
+    # ... also inside a longer text, from any 4-byte boundary.
+    text = "abcd" * 3 + filler_text(20) + " and more"
+    assert list(TOKENIZER.encode(text))[3:23] == pod.output_token_ids(20)
+
+
+async def test_return_token_ids_answers_with_prompt_and_output_ids(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start()
+    expected = pod.pod.output_token_ids(4)
+    prompt = list(range(50, 70))
+    request = {"prompt": prompt, "max_tokens": 4, "return_token_ids": True}
+    status, body, _ = await post(http, pod, "/v1/completions", request)
+    assert status == 200
+    choice = body["choices"][0]
+    assert (choice["prompt_token_ids"], choice["token_ids"]) == (prompt, expected)
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"messages": messages, "max_tokens": 4, "return_token_ids": True}
+    status, body, _ = await post(http, pod, "/v1/chat/completions", chat)
+    assert status == 200
+    rendered = list(TOKENIZER.encode_chat([ChatMessage("user", "hi")]))
+    assert body["prompt_token_ids"] == rendered  # vLLM puts a chat's at the top
+    assert body["choices"][0]["token_ids"] == expected
+    status, body, _ = await post(http, pod, "/v1/completions", {"prompt": prompt})
+    assert "token_ids" not in body["choices"][0]
+
+
+async def test_return_token_ids_streams_one_id_per_chunk(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start()
+    expected = pod.pod.output_token_ids(3)
+    request = {"prompt": [7, 8, 9], "max_tokens": 3, "stream": True, "return_token_ids": True}
+    async with http.post(pod.url + "/v1/completions", json=request) as resp:
+        events = parse_sse(await resp.text())[:-1]
+    choices = [e["choices"][0] for e in events]
+    assert [c["token_ids"] for c in choices] == [[i] for i in expected]
+    assert [c.get("prompt_token_ids") for c in choices] == [[7, 8, 9], None, None]
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"messages": messages, "max_tokens": 3, "stream": True, "return_token_ids": True}
+    async with http.post(pod.url + "/v1/chat/completions", json=chat) as resp:
+        role, *tokens, _ = parse_sse(await resp.text())
+    assert role["prompt_token_ids"] == list(TOKENIZER.encode_chat([ChatMessage("user", "hi")]))
+    assert [t["choices"][0]["token_ids"] for t in tokens] == [[i] for i in expected]
+
+
+async def cached_tokens(
+    http: aiohttp.ClientSession, pod: RunningPod, path: str, body: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    status, answer, _ = await post(http, pod, path, body)
+    assert status == 200, answer
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens"], answer
+
+
+async def test_a_prompt_holding_the_generated_ids_reuses_the_output_blocks(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    # vLLM (docs/benchmarks/sim-vs-vllm.md): 40 ids + their 40 generated ids + 10 new ids,
+    # with 32-token blocks, hit 64 tokens: the prompt's block and the one output filled.
+    pod = await start(block_size=32, num_gpu_blocks=40)
+    prompt = list(range(1000, 1040))
+    request = {"prompt": prompt, "max_tokens": 40, "return_token_ids": True}
+    _, answer = await cached_tokens(http, pod, "/v1/completions", request)
+    generated = answer["choices"][0]["token_ids"]
+    follow_up = {"prompt": prompt + generated + list(range(2000, 2010)), "max_tokens": 1}
+    assert (await cached_tokens(http, pod, "/v1/completions", follow_up))[0] == 64
+
+
+async def test_a_text_prompt_quoting_the_reply_reuses_the_output_blocks(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start()
+    prompt = "Tell me about pods. " * 6  # 120 bytes: 30 tokens, 1 full block of 16
+    request = {"prompt": prompt, "max_tokens": 20}
+    _, answer = await cached_tokens(http, pod, "/v1/completions", request)
+    reply = answer["choices"][0]["text"]
+    # 30 + 19 tokens have KV: 3 full blocks, 2 of them holding output.
+    follow_up = {"prompt": prompt + reply + " Go on.", "max_tokens": 1}
+    assert (await cached_tokens(http, pod, "/v1/completions", follow_up))[0] == 48
+    # Off a 4-byte boundary the reply re-encodes differently (as a BPE merge across the
+    # boundary would): only the prompt's own full block is reused.
+    shifted = {"prompt": prompt + " " + reply, "max_tokens": 1}
+    assert (await cached_tokens(http, pod, "/v1/completions", shifted))[0] == 16
+
+
+async def test_the_next_chat_turn_reuses_the_blocks_of_the_previous_reply(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start()
+    question = "Which pod holds my prefix?"
+    # Pad the question until the rendered prompt is whole pseudo-tokens (a multiple of 4
+    # bytes, so no padding after its last newline): the reply then starts on a token
+    # boundary when the client sends it back.
+    while (
+        not TOKENIZER.encode_chat([ChatMessage("system", SYSTEM), ChatMessage("user", question)])
+        .tobytes()
+        .endswith(b"\n")
+    ):
+        question += "?"
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    request = {"messages": messages, "max_tokens": 40}
+    _, answer = await cached_tokens(http, pod, "/v1/chat/completions", request)
+    turn1 = answer["usage"]["prompt_tokens"]
+    messages += [
+        {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And then?"},
+    ]
+    cached, _ = await cached_tokens(http, pod, "/v1/chat/completions", request)
+    # Every full block of the first turn's prompt and its output but the last token.
+    assert cached == 16 * ((turn1 + 40 - 1) // 16)
+    assert cached > 16 * (turn1 // 16)
 
 
 # -- other endpoints ---------------------------------------------------------------------

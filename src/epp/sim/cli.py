@@ -57,7 +57,11 @@ LoRA:
 KV-cache events (vLLM's ZMQ format):
   --kv-events-port P publishes [topic, seq (8 bytes BE), msgpack batch] on a PUB socket,
   topic kv@<host>:<port>@<model> unless --kv-events-topic; --kv-replay-port R serves
-  replays on a ROUTER socket ([b"", start seq] -> [b"", seq, batch]..., [b"", ff*8, b""]).
+  replays on a ROUTER socket as vLLM 0.32 does ([b"", start seq] ->
+  [b"", topic, seq, batch]..., [b"", b"", ff*8, b""]). As in vLLM, full blocks of
+  generated tokens are cached and announced too (when the request finishes), a
+  recomputed block is announced again under its hash, and a reset's AllBlocksCleared
+  goes out with the next batch. "return_token_ids": true returns the token ids.
 
 failure injection (for testing routers):
   header {FAIL_HEADER}: {"|".join(k.value for k in FailureKind)}

@@ -15,14 +15,31 @@ The driver's loop is:
    many prompt tokens came from the prefix cache and how long its prefill takes.
 3. The first output token is due `prefill_seconds` after the start, each further one
    `decode_step_seconds()` after the previous (asked anew each step, as the batch changes).
-4. `finish(req_id, output_tokens)` when the request is done or abandoned.
+4. `finish(req_id, output_tokens)` when the request is done or abandoned; with
+   `output_token_ids`, the full blocks its output filled are cached (see below).
 
 Latency follows the llm-d simulator's model: prefill = overhead + uncached prompt tokens x
 per-token cost + cached prompt tokens x lookup cost (+ adapter load), decode = one
 inter-token latency per token after the first, slowed as the batch fills. Each request's
-KV blocks (prompt plus `max_tokens`) are reserved when it starts, so the engine never
-preempts (`preemptions` stays 0); vLLM grows allocations per step and preempts under
-pressure instead. `epp.sim.presets` has configurations for real GPUs and models.
+KV blocks are reserved when it starts, as many as vLLM's allocation grows to by its last
+step (prompt plus `max_tokens`, less the last output token, which is sampled but never
+fed back), so the engine never preempts (`preemptions` stays 0); vLLM grows allocations
+per step and preempts under pressure instead. `epp.sim.presets` has configurations for
+real GPUs and models.
+
+Prefix caching follows vLLM's block pool (`epp.sim.kv_cache`): a request reuses the
+cached blocks at the start of its prompt, at most `(prompt_tokens - 1) // block_size` of
+them (the last prompt token is always computed, to sample from), and every later full
+prompt block is computed and cached anew, even when a copy of it is already cached (the
+recomputed last block of a fully cached prompt, the blocks after a hole). Full blocks of
+generated tokens are cached too, chained to the prompt's, when the driver tells `finish`
+which tokens it generated (`output_token_ids`): the KV of every token but the last
+sampled one is computed, so `(prompt_tokens + output_tokens - 1) // block_size` blocks
+are full. vLLM caches each of them in the step that fills it; the engine, which does
+not step, caches them all when the request finishes (they were reserved, so capacity is
+the same). The difference is one of timing only: an event subscriber hears of an output
+block when the request ends rather than when the block fills, and a prompt sent while
+the request still runs (quoting output streamed so far) cannot hit its output blocks yet.
 
 LoRA adapters have a rank; loading one costs `lora_load_s` x rank / 16 (see
 `EngineConfig.lora_load_seconds`). `load_adapter` / `unload_adapter` are vLLM's runtime
@@ -32,17 +49,23 @@ the default rank, so a driver may also just name adapters in `submit`.
 KV-cache events: built with `kv_events=True`, the engine queues vLLM's `BlockStored`,
 `BlockRemoved` and `AllBlocksCleared` events as its block pool changes; the driver takes
 them with `drain_kv_events()` after each call and publishes them as one batch (vLLM's
-block pool works the same way). Submits must then carry the prompt's token ids.
+block pool works the same way). Submits must then carry the prompt's token ids. Like
+vLLM, a block stored as a second copy of a cached hash is announced again with that hash
+(and each copy is removed on its own later), and output blocks are announced one
+`BlockStored` each (vLLM fills them in different steps), from `finish`. vLLM publishes
+the `AllBlocksCleared` of a reset with its next step's events: a driver that wants the
+same leaves it queued until its next drain after a start or finish.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from epp.prefix.hashing import BlockHash
-from epp.sim.kv_cache import PrefixBlockPool
+from epp.prefix.hashing import BlockHash, block_hashes
+from epp.sim.kv_cache import BlockTable, PrefixBlockPool
 from epp.sim.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from epp.sim.latency import RequestTokenStats
 from epp.sim.lora_slots import AdapterSlots
@@ -172,10 +195,12 @@ class _Request:
     adapter: str | None
     anonymous_blocks: int  # KV blocks not keyed by a hash: partial prompt tail + output
     adapter_rank: int = DEFAULT_LORA_RANK
-    token_ids: Sequence[int] | None = None  # only kept when KV events are on
+    token_ids: Sequence[int] | None = None  # the prompt's, when the driver gave them
     cache_salt: str | None = None
+    hash_seed: int | None = None  # what block 0's hash is chained to
     cached_tokens: int = 0  # set when it starts
     pool_epoch: int = 0  # the block pool's epoch when its blocks were pinned
+    block_table: BlockTable = field(default_factory=list)  # set when it starts
 
 
 class SimEngine:
@@ -224,6 +249,7 @@ class SimEngine:
         *,
         prompt_token_ids: Sequence[int] | None = None,
         cache_salt: str | None = None,
+        hash_seed: int | None = None,
     ) -> Admission:
         """Queue a request, or refuse it when the queue is full or it can never fit.
 
@@ -232,8 +258,11 @@ class SimEngine:
         block_size` of them. The queue is full when it already holds `max_waiting`
         requests beyond those the free running slots will take.
 
-        `prompt_token_ids` (required with KV events on) and `cache_salt` only feed the
-        `BlockStored` events; the hashes alone decide what is reused.
+        `prompt_token_ids` (required with KV events on) and `cache_salt` feed the
+        `BlockStored` events; the hashes alone decide what is reused. The token ids and
+        `hash_seed` (the seed `prompt_hashes` were chained from) also let `finish` hash
+        the blocks the output fills: without the ids no output block is cached, without
+        the seed none of a prompt shorter than one block.
         """
         config = self.config
         if prompt_tokens < 1 or max_tokens < 1:
@@ -242,10 +271,10 @@ class SimEngine:
             raise ValueError("need one hash per full block of the prompt")
         if req_id in self._waiting or req_id in self._running:
             raise ValueError(f"request {req_id!r} is already in the engine")
-        if self._kv_events is not None and (
-            prompt_token_ids is None or len(prompt_token_ids) != prompt_tokens
-        ):
+        if self._kv_events is not None and prompt_token_ids is None:
             raise ValueError("with KV events on, submit needs the prompt's token ids")
+        if prompt_token_ids is not None and len(prompt_token_ids) != prompt_tokens:
+            raise ValueError("prompt_token_ids must hold prompt_tokens token ids")
         needed = self.blocks_needed(prompt_tokens, max_tokens)
         if needed > config.num_gpu_blocks:
             return Admission.TOO_LONG
@@ -258,12 +287,13 @@ class SimEngine:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             adapter=adapter,
-            anonymous_blocks=needed - len(prompt_hashes),
+            anonymous_blocks=self._blocks_reserved(prompt_tokens, max_tokens) - len(prompt_hashes),
             adapter_rank=DEFAULT_LORA_RANK
             if adapter is None
             else self._adapter_ranks.get(adapter, DEFAULT_LORA_RANK),
-            token_ids=prompt_token_ids if self._kv_events is not None else None,
+            token_ids=prompt_token_ids,
             cache_salt=cache_salt,
+            hash_seed=hash_seed,
         )
         return Admission.QUEUED
 
@@ -288,16 +318,20 @@ class SimEngine:
                 break
             if req.adapter is not None and not adapters.can_activate(req.adapter):
                 continue
-            hit_blocks = pool.leading_hits(req.prompt_hashes)
-            new_blocks = None if events is None else self._uncached_block_indices(req)
-            if not pool.try_pin(req.prompt_hashes, req.anonymous_blocks):
-                break
-            req.pool_epoch = pool.epoch
-            if new_blocks is not None:
-                self._record_pin_events(req, new_blocks)
             # Like vLLM, at least the last prompt token is computed to produce the first
-            # output, so a fully cached prompt still recomputes its last block.
-            cached_tokens = min(hit_blocks, (req.prompt_tokens - 1) // block_size) * block_size
+            # output, so a fully cached prompt still recomputes its last block (into a
+            # new copy, see `epp.sim.kv_cache`).
+            hit_blocks = min(
+                pool.leading_hits(req.prompt_hashes), (req.prompt_tokens - 1) // block_size
+            )
+            table = pool.allocate(req.prompt_hashes, hit_blocks, req.anonymous_blocks)
+            if table is None:
+                break
+            req.block_table = table
+            req.pool_epoch = pool.epoch
+            if events is not None:
+                self._record_pin_events(req, hit_blocks)
+            cached_tokens = hit_blocks * block_size
             req.cached_tokens = cached_tokens
             adapter_wait = 0.0
             if req.adapter is not None:
@@ -330,18 +364,30 @@ class SimEngine:
         )
 
     def finish(
-        self, req_id: str, output_tokens: int, reason: FinishReason = FinishReason.LENGTH
+        self,
+        req_id: str,
+        output_tokens: int,
+        reason: FinishReason = FinishReason.LENGTH,
+        *,
+        output_token_ids: Sequence[int] | None = None,
     ) -> None:
         """End a running or still waiting request: free its slot, unpin its blocks.
 
-        Its prompt blocks stay cached (evictable) for later requests to reuse. Raises
-        KeyError for a request the engine does not hold.
+        Its cached blocks stay cached (evictable) for later requests to reuse. With
+        `output_token_ids` (the ids of the tokens it generated, in order), the full
+        blocks of prompt + output whose KV was computed (every token but the last one
+        generated) are cached as well, chained to the prompt's, as vLLM caches them
+        during decode, and announced with one `BlockStored` each. Raises KeyError for a
+        request the engine does not hold.
         """
         req = self._running.pop(req_id, None)
         if req is None:
             del self._waiting[req_id]
         else:
-            self._pool.unpin(req.prompt_hashes, req.anonymous_blocks, req.pool_epoch)
+            anonymous = req.anonymous_blocks
+            if output_token_ids is not None and output_tokens > 1:
+                anonymous -= self._cache_output_blocks(req, output_tokens, output_token_ids)
+            self._pool.release(req.block_table, anonymous)
             if req.adapter is not None:
                 self._adapters.deactivate(req.adapter)
             self.counters.generation_tokens += output_tokens
@@ -355,8 +401,10 @@ class SimEngine:
         """Forget every cached block; returns how many idle blocks were dropped.
 
         Blocks that running requests hold stay allocated until they finish, but are no
-        longer reusable: after a reset, nothing cached survives (and a KV-event subscriber,
-        told `AllBlocksCleared`, is right).
+        longer reusable (nor are their output blocks cached): after a reset, nothing
+        cached survives, and a KV-event subscriber, told `AllBlocksCleared`, is right.
+        The event is queued like any other; vLLM publishes it with its next step's
+        events, not on its own.
         """
         dropped = self._pool.reset()
         if self._kv_events is not None:
@@ -412,55 +460,100 @@ class SimEngine:
         self._kv_events = []
         return events
 
-    def _uncached_block_indices(self, req: _Request) -> list[int]:
-        contains = self._pool.contains
-        return [i for i, block in enumerate(req.prompt_hashes) if not contains(block)]
+    def _record_pin_events(self, req: _Request, hit_blocks: int) -> None:
+        """Evictions the start caused, then one `BlockStored` for the blocks it computed.
 
-    def _record_pin_events(self, req: _Request, new_blocks: list[int]) -> None:
-        """Evictions the pin caused, then one `BlockStored` per run of new blocks.
-
-        Blocks reused from the cache produce no event, as in vLLM; a request whose cached
-        prefix has a hole stores the blocks after the hole as a run of their own, whose
-        parent is the block before it.
+        Blocks reused from the cache produce no event, as in vLLM; every full prompt block
+        after them is stored, as one run whose parent is the last reused block, even the
+        hashes that were cached already (a second copy, announced again as vLLM does).
         """
-        events = self._kv_events
-        pool = self._pool
-        assert events is not None and pool.removed is not None
-        if pool.removed:
-            events.extend(BlockRemoved(block_hashes=[block]) for block in pool.removed)
-            pool.removed.clear()
-        if not new_blocks:
-            return
-        block_size = self.config.block_size
+        self._record_removals()
         hashes = req.prompt_hashes
-        tokens = req.token_ids
-        assert tokens is not None
+        if hit_blocks < len(hashes):
+            parent = hashes[hit_blocks - 1] if hit_blocks else None
+            self._record_stored(req, hit_blocks, hashes[hit_blocks:], parent, req.token_ids)
+
+    def _record_removals(self) -> None:
+        events = self._kv_events
+        removed = self._pool.removed
+        assert events is not None and removed is not None
+        if removed:
+            events.extend(BlockRemoved(block_hashes=[block]) for block in removed)
+            removed.clear()
+
+    def _record_stored(
+        self,
+        req: _Request,
+        first_block: int,
+        hashes: Sequence[BlockHash],
+        parent: BlockHash | None,
+        sequence: Sequence[int] | None,
+    ) -> None:
+        """One `BlockStored` for blocks `first_block`.. of `sequence` (prompt + output);
+        `parent` is block `first_block - 1`'s hash (None for block 0)."""
+        events = self._kv_events
+        assert events is not None and sequence is not None
+        block_size = self.config.block_size
         adapter = req.adapter
-        adapter_id = None if adapter is None else self._adapter_id(adapter)
-        run_start = previous = new_blocks[0]
-        for index in [*new_blocks[1:], -1]:
-            if index == previous + 1:
-                previous = index
-                continue
-            events.append(
-                BlockStored(
-                    block_hashes=list(hashes[run_start : previous + 1]),
-                    parent_block_hash=hashes[run_start - 1] if run_start else None,
-                    token_ids=list(tokens[run_start * block_size : (previous + 1) * block_size]),
-                    block_size=block_size,
-                    lora_id=adapter_id,
-                    lora_name=adapter,
-                    extra_keys=[
-                        _extra_keys(adapter, req.cache_salt, i)
-                        for i in range(run_start, previous + 1)
-                    ],
-                )
+        end_block = first_block + len(hashes)
+        events.append(
+            BlockStored(
+                block_hashes=list(hashes),
+                parent_block_hash=parent,
+                token_ids=list(sequence[first_block * block_size : end_block * block_size]),
+                block_size=block_size,
+                lora_id=None if adapter is None else self._adapter_id(adapter),
+                lora_name=adapter,
+                extra_keys=[
+                    _extra_keys(adapter, req.cache_salt, i) for i in range(first_block, end_block)
+                ],
             )
-            run_start = previous = index
+        )
+
+    def _cache_output_blocks(
+        self, req: _Request, output_tokens: int, output_token_ids: Sequence[int]
+    ) -> int:
+        """Cache the full blocks of prompt + output of a finishing request; returns how
+        many of its anonymous blocks now hold them."""
+        prompt_ids = req.token_ids
+        pool = self._pool
+        if prompt_ids is None or req.pool_epoch != pool.epoch:
+            return 0  # no tokens to hash, or detached from the cache by a reset
+        block_size = self.config.block_size
+        prompt_tokens = req.prompt_tokens
+        first = len(req.prompt_hashes)
+        # The last generated token is sampled but never fed back: its KV is not computed.
+        generated = min(output_tokens - 1, len(output_token_ids), req.max_tokens - 1)
+        full = (prompt_tokens + generated) // block_size
+        if full <= first:
+            return 0
+        parent: BlockHash | None = req.prompt_hashes[-1] if first else None
+        seed = parent if parent is not None else req.hash_seed
+        if seed is None:
+            return 0
+        generated_ids = output_token_ids[: full * block_size - prompt_tokens]
+        tail = array("I", prompt_ids[first * block_size :])
+        tail.extend(generated_ids)
+        hashes = block_hashes(tail, block_size, seed)
+        pool.cache_anonymous(req.block_table, hashes)
+        if self._kv_events is not None:
+            # vLLM caches (and announces) each output block in the step that fills it.
+            sequence = array("I", prompt_ids)
+            sequence.extend(generated_ids)
+            for index, block_hash in enumerate(hashes, start=first):
+                self._record_stored(req, index, [block_hash], parent, sequence)
+                parent = block_hash
+        return len(hashes)
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
-        """KV blocks a request reserves when it starts: prompt plus every output token."""
+        """KV blocks the longest request of this size could need: prompt plus every
+        output token (a request needing more than the pool is refused as TOO_LONG)."""
         return -(-(prompt_tokens + max_tokens) // self.config.block_size)
+
+    def _blocks_reserved(self, prompt_tokens: int, max_tokens: int) -> int:
+        """KV blocks a request reserves when it starts: vLLM's allocation by the request's
+        last step, which feeds every token but the last one generated."""
+        return -(-(prompt_tokens + max_tokens - 1) // self.config.block_size)
 
     # -- gauges --------------------------------------------------------------------------
 
@@ -479,7 +572,7 @@ class SimEngine:
 
     @property
     def cached_blocks(self) -> int:
-        """Hashed prompt blocks in the cache, held or idle."""
+        """Cached KV blocks (prompt and output), held or idle; copies of a hash count each."""
         return self._pool.cached_blocks
 
     @property

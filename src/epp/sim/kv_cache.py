@@ -1,22 +1,33 @@
 """The simulated GPU KV cache: a fixed pool of blocks with prefix reuse and LRU eviction.
 
-Modelled on vLLM v1's block pool, reduced to what routing can observe:
+Modelled on vLLM v1's block pool (`vllm/v1/core/block_pool.py`), reduced to what routing
+can observe:
 
-- Full prompt blocks are keyed by their chained hash (see `epp.prefix.hashing`), so one
-  hash stands for the whole prefix up to and including its block, as in vLLM.
-- A block is pinned (reference counted) while a running request uses it. Unpinned blocks
-  stay cached and are evicted, least recently used first, only when space is needed.
+- A cached block is a physical block holding a full block of tokens, keyed by its chained
+  hash (see `epp.prefix.hashing`), so one hash stands for the whole prefix up to and
+  including its block, as in vLLM.
+- vLLM does not de-duplicate: a block computed anew is cached even when another block
+  already holds the same hash, so a hash can have several copies. That happens when a
+  fully cached prompt recomputes its last block (the last prompt token is never a hit),
+  when a request's cached prefix has a hole (every block after it is computed again), and
+  when identical output blocks are generated twice. A lookup uses the oldest copy; each
+  copy is evicted on its own (one `BlockRemoved` each).
+- A block is pinned (reference counted) while a running request uses it. Unpinned cached
+  blocks stay cached and are evicted, least recently released first, only when the blocks
+  holding nothing run out: vLLM puts freed blocks without a hash at the front of its free
+  queue and cached ones at the back.
 - When a request releases its blocks, the tail ones are queued for eviction before the
   head ones (vLLM frees in reverse order), so a shared system prompt outlives the turns
   that followed it.
-- Blocks that are not full prompt blocks (the partial last prompt block, the output
-  tokens) are anonymous: they count against capacity while the request runs and are
-  dropped when it finishes. vLLM also caches full output blocks; the simulator does not,
-  because its filler output never reappears verbatim in a later prompt anyway.
+- Blocks that hold no full block of known tokens (the partial last block, the room for
+  output) are anonymous: they count against capacity while the request runs. When a
+  request's output fills some of them, `cache_anonymous` turns those into cached blocks
+  (vLLM caches every full block of prompt + output tokens); the rest are freed on release.
 - A reset forgets every block at once. Blocks that running requests still hold stay
   allocated but are detached from the cache (no later request can reuse them) and are
   freed silently when released, so that after an `AllBlocksCleared` event the pool holds
-  nothing a subscriber does not know about.
+  nothing a subscriber does not know about. (vLLM refuses a reset while blocks are in
+  use; the simulator resets anyway and detaches them.)
 - With `removed` set to a list, every eviction appends the evicted hash to it: the
   owner turns those into `BlockRemoved` events.
 
@@ -30,16 +41,21 @@ from collections.abc import Sequence
 
 from epp.prefix.hashing import BlockHash
 
+BlockTable = list[int]
+"""The physical blocks a request holds, in order (ids private to one pool)."""
+
 
 class PrefixBlockPool:
-    """`num_blocks` KV blocks; hashed blocks are shared, anonymous ones are private."""
+    """`num_blocks` KV blocks; cached blocks are shared, anonymous ones are private."""
 
     __slots__ = (
         "_anonymous_in_use",
-        "_detached",
+        "_copies",
         "_epoch",
         "_evictable",
-        "_refcounts",
+        "_hash_of",
+        "_next_id",
+        "_refs",
         "num_blocks",
         "removed",
     )
@@ -48,135 +64,160 @@ class PrefixBlockPool:
         if num_blocks < 1:
             raise ValueError("num_blocks must be at least 1")
         self.num_blocks = num_blocks
-        # Every cached hashed block and how many running requests hold it.
-        self._refcounts: dict[BlockHash, int] = {}
+        # Every cached hash and the blocks holding it, oldest (the one lookups use) first.
+        self._copies: dict[BlockHash, list[int]] = {}
+        # Every cached block's hash.
+        self._hash_of: dict[int, BlockHash] = {}
+        # Every allocated block that is not anonymous (cached, or detached by a reset) and
+        # how many running requests hold it.
+        self._refs: dict[int, int] = {}
         # The cached blocks nobody holds, oldest (first to evict) first.
-        self._evictable: OrderedDict[BlockHash, None] = OrderedDict()
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         self._anonymous_in_use = 0
-        # Blocks still held when a reset came, keyed by (epoch of the pin, hash): the same
-        # hash may be cached again after the reset, as a different block.
-        self._detached: dict[tuple[int, BlockHash], int] = {}
+        self._next_id = 0
         self._epoch = 0
         self.removed: list[BlockHash] | None = None
 
     @property
     def cached_blocks(self) -> int:
-        """Hashed blocks present, pinned or not."""
-        return len(self._refcounts)
+        """Cached blocks present, pinned or not (copies of one hash count each)."""
+        return len(self._hash_of)
 
     @property
     def pinned_blocks(self) -> int:
         """Blocks held by running requests: what vLLM reports as KV-cache usage."""
-        return (
-            len(self._refcounts)
-            - len(self._evictable)
-            + self._anonymous_in_use
-            + len(self._detached)
-        )
+        return len(self._refs) - len(self._evictable) + self._anonymous_in_use
 
     @property
     def free_blocks(self) -> int:
         """Blocks holding nothing at all (evictable cached blocks not included)."""
-        return self.num_blocks - len(self._refcounts) - self._anonymous_in_use - len(self._detached)
+        return self.num_blocks - len(self._refs) - self._anonymous_in_use
 
     @property
     def epoch(self) -> int:
-        """How many resets so far; pass the value current at `try_pin` back to `unpin`."""
+        """How many resets so far (a request pinned in an older epoch holds detached blocks)."""
         return self._epoch
 
     def contains(self, block: BlockHash) -> bool:
-        return block in self._refcounts
+        return block in self._copies
+
+    def copies(self, block: BlockHash) -> int:
+        """How many cached blocks hold `block`."""
+        return len(self._copies.get(block, ()))
 
     def leading_hits(self, hashes: Sequence[BlockHash]) -> int:
         """How many blocks from the start of `hashes` are cached (the reusable prefix)."""
-        refcounts = self._refcounts
+        copies = self._copies
         hits = 0
         for block in hashes:
-            if block not in refcounts:
+            if block not in copies:
                 break
             hits += 1
         return hits
 
-    def try_pin(self, hashes: Sequence[BlockHash], anonymous: int) -> bool:
-        """Pin `hashes` (reusing cached ones) plus `anonymous` private blocks, or do nothing.
+    def allocate(self, hashes: Sequence[BlockHash], hits: int, anonymous: int) -> BlockTable | None:
+        """Blocks for a request, or None (pool unchanged) when they cannot all fit.
 
-        Evicts least recently used unpinned blocks only as far as needed. Returns False,
-        with the pool unchanged, when the blocks cannot all fit.
+        The first `hits` hashes reuse their cached blocks (they must be cached: at most
+        `leading_hits(hashes)`); every later hash gets a new block, cached at once under
+        its hash (vLLM caches a request's full prompt blocks when it schedules them),
+        even when another copy exists; `anonymous` more blocks are reserved. Evicts
+        least recently released blocks only as far as needed. Returns the block table
+        (reused and new blocks, in `hashes` order) to give back to `release`.
         """
-        refcounts = self._refcounts
-        distinct = set(hashes)
-        missing = {block for block in distinct if block not in refcounts}
+        copies = self._copies
+        refs = self._refs
+        table = [copies[block][0] for block in hashes[:hits]]
+        new = len(hashes) - hits + anonymous
         # Cached blocks this request is about to pin can no longer be evicted for it.
-        reused_evictable = sum(1 for block in distinct if refcounts.get(block) == 0)
-        room = self.free_blocks + len(self._evictable) - reused_evictable
-        if len(missing) + anonymous > room:
-            return False
-        # Pin what is already cached first, so the evictions below cannot take it.
-        for block in hashes:
-            if block not in missing:
-                count = refcounts[block]
-                if count == 0:
-                    del self._evictable[block]
-                refcounts[block] = count + 1
-        self._evict(len(missing) + anonymous - self.free_blocks)
-        # A hash repeated within one request is pinned once per occurrence, which is what
-        # `unpin` gives back.
-        for block in hashes:
-            if block in missing:
-                refcounts[block] = refcounts.get(block, 0) + 1
-        self._anonymous_in_use += anonymous
-        return True
-
-    def unpin(self, hashes: Sequence[BlockHash], anonymous: int, epoch: int | None = None) -> None:
-        """Release what `try_pin` took; hashed blocks stay cached and become evictable.
-
-        `epoch` is `self.epoch` as it was at `try_pin` (None: the current one). Blocks
-        pinned before a reset are freed instead of cached.
-        """
-        if epoch is not None and epoch != self._epoch:
-            self._unpin_detached(hashes, epoch)
-            self._anonymous_in_use -= anonymous
-            return
-        refcounts = self._refcounts
+        reused_evictable = sum(1 for block in set(table) if refs[block] == 0)
+        if new > self.free_blocks + len(self._evictable) - reused_evictable:
+            return None
+        # Pin what is reused first, so that the evictions below cannot take it.
         evictable = self._evictable
-        # Reverse order: the tail of a prompt is queued for eviction before its head.
-        for block in reversed(hashes):
-            count = refcounts[block] - 1
-            refcounts[block] = count
+        for block in table:
+            count = refs[block]
             if count == 0:
+                del evictable[block]
+            refs[block] = count + 1
+        shortfall = new - self.free_blocks
+        if shortfall > 0:
+            self._evict(shortfall)
+        for block_hash in hashes[hits:]:
+            table.append(self._new_cached(block_hash))
+        self._anonymous_in_use += anonymous
+        return table
+
+    def cache_anonymous(self, table: BlockTable, hashes: Sequence[BlockHash]) -> None:
+        """Turn `len(hashes)` of the anonymous blocks a request holds into cached blocks
+        under `hashes` (its output filled them), appended to its `table`; the request
+        then gives back that many fewer anonymous blocks to `release`."""
+        if len(hashes) > self._anonymous_in_use:
+            raise ValueError("more blocks to cache than anonymous blocks in use")
+        self._anonymous_in_use -= len(hashes)
+        for block_hash in hashes:
+            table.append(self._new_cached(block_hash))
+
+    def release(self, table: BlockTable, anonymous: int) -> None:
+        """Give back what `allocate` (and `cache_anonymous`) took.
+
+        Cached blocks stay cached and become evictable, the table's tail first; blocks
+        detached by a reset since are freed, as are the anonymous ones.
+        """
+        refs = self._refs
+        hash_of = self._hash_of
+        evictable = self._evictable
+        # Reverse order: the tail of a request is queued for eviction before its head.
+        for block in reversed(table):
+            count = refs[block] - 1
+            if count:
+                refs[block] = count
+            elif block in hash_of:
+                refs[block] = 0
                 evictable[block] = None
+            else:
+                del refs[block]
         self._anonymous_in_use -= anonymous
 
     def reset(self) -> int:
         """Forget every cached block (vLLM's /reset_prefix_cache); returns how many idle
         blocks were freed. Held blocks stay allocated, detached, until released."""
         dropped = len(self._evictable)
+        refs = self._refs
         for block in self._evictable:
-            del self._refcounts[block]
+            del refs[block]
         self._evictable.clear()
-        epoch = self._epoch
-        for block, count in self._refcounts.items():
-            self._detached[(epoch, block)] = count
-        self._refcounts.clear()
+        self._hash_of.clear()
+        self._copies.clear()
         self._epoch += 1
         return dropped
 
-    def _unpin_detached(self, hashes: Sequence[BlockHash], epoch: int) -> None:
-        detached = self._detached
-        for block in hashes:
-            key = (epoch, block)
-            count = detached[key] - 1
-            if count:
-                detached[key] = count
-            else:
-                del detached[key]
+    def _new_cached(self, block_hash: BlockHash) -> int:
+        block = self._next_id
+        self._next_id = block + 1
+        self._refs[block] = 1
+        self._hash_of[block] = block_hash
+        holders = self._copies.get(block_hash)
+        if holders is None:
+            self._copies[block_hash] = [block]
+        else:
+            holders.append(block)
+        return block
 
     def _evict(self, count: int) -> None:
         evictable = self._evictable
-        refcounts = self._refcounts
+        refs = self._refs
+        hash_of = self._hash_of
+        copies = self._copies
         removed = self.removed
         for _ in range(count):
             block, _ = evictable.popitem(last=False)
-            del refcounts[block]
+            del refs[block]
+            block_hash = hash_of.pop(block)
+            holders = copies[block_hash]
+            if len(holders) == 1:
+                del copies[block_hash]
+            else:
+                holders.remove(block)
             if removed is not None:
-                removed.append(block)
+                removed.append(block_hash)

@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 
 MEDIUM_GPU = "GPU"
+# `BlockStored.kv_cache_spec_kind` of a plain decoder's attention layers (vLLM 0.32 sends it).
+SPEC_FULL_ATTENTION = "full_attention"
 SEQ_BYTES = 8
 # The replay stream ends with sequence number -1 as 8 signed big-endian bytes.
 REPLAY_END_SEQ = b"\xff" * SEQ_BYTES
@@ -33,6 +35,8 @@ class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     `parent_block_hash` is the hash of the block before the first one (None when the first
     one starts the prompt); `token_ids` holds every token of the blocks; `extra_keys` has
     one entry per block (the LoRA name, then `cache_salt` on block 0), None when empty.
+    `kv_cache_spec_kind` is the attention type of the KV cache group, last on the wire as
+    vLLM 0.32 puts it (older vLLMs do not send it: it decodes as None then).
     """
 
     block_hashes: list[int]
@@ -44,6 +48,7 @@ class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     lora_name: str | None = None
     extra_keys: list[tuple[Any, ...] | None] | None = None
     group_idx: int = 0
+    kv_cache_spec_kind: str | None = SPEC_FULL_ATTENTION
 
 
 class BlockRemoved(msgspec.Struct, tag=True, tag_field="type", gc=False):
@@ -123,6 +128,7 @@ def _event(item: object) -> KvEvent:
             lora_name=fields.get("lora_name"),
             extra_keys=_extra_keys(fields.get("extra_keys")),
             group_idx=fields.get("group_idx") or 0,
+            kv_cache_spec_kind=fields.get("kv_cache_spec_kind"),
         )
     if kind == "BlockRemoved":
         return BlockRemoved(

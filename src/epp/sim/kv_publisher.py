@@ -4,8 +4,11 @@
   big-endian, from 0, +1 per batch), msgpack payload (`epp.sim.kv_events`). PUB drops
   what no subscriber is connected for, so a gap in the sequence numbers means lost batches.
 - A ROUTER socket serves replays: a DEALER sends `[b"", start_seq]` and gets
-  `[b"", seq, payload]` for every buffered batch with seq >= start_seq, then
-  `[b"", ff..ff, b""]`. The buffer keeps the last `replay_buffer` batches.
+  `[b"", topic, seq, payload]` for every buffered batch with seq >= start_seq, then
+  `[b"", b"", ff..ff, b""]` (an empty topic). That is vLLM 0.32's layout
+  (`ZmqEventPublisher._service_replay`), one frame more than older notes describe, so a
+  replay client should take the last two frames as seq and payload. The buffer keeps
+  the last `replay_buffer` batches.
 
 `publish` is synchronous (it is called right after an engine call, from request handlers
 and their cleanup): it numbers, encodes and buffers the batch at once and hands it to a
@@ -141,10 +144,11 @@ class KvEventPublisher:
                 log.debug("ignoring a malformed replay request frames=%d", len(frames))
                 continue
             identity, start = frames[0], int.from_bytes(frames[2], "big")
+            topic = self._topic_frame
             for seq, payload in list(self._buffer):
                 if seq >= start:
-                    await router.send_multipart((identity, b"", encode_seq(seq), payload))
-            await router.send_multipart((identity, b"", REPLAY_END_SEQ, b""))
+                    await router.send_multipart((identity, b"", topic, encode_seq(seq), payload))
+            await router.send_multipart((identity, b"", b"", REPLAY_END_SEQ, b""))
 
 
 def _bind(socket: zmq.asyncio.Socket, host: str, port: int) -> int:

@@ -3,7 +3,8 @@
 Every series of vLLM 0.33's page the engine can compute is published, with vLLM's
 names, help texts, label sets and order (see `tests/fixtures/vllm-0.33-metrics*.txt`,
 copied from vLLM 0.33 pages): gauges and counters first, histograms next,
-`lora_requests_info` and `cache_config_info` last. Labels are sorted by
+`lora_requests_info` and `cache_config_info` last. `cache_config_info` has the labels
+and unset values vLLM 0.32 prints (the real vLLM of docs/benchmarks/sim-vs-vllm.md). Labels are sorted by
 name, counters come as `_total` plus a `_created` gauge, values print like
 prometheus_client prints them (`7.0`, `1.7959391218106837e+09`, `+Inf`), so a scraper
 tuned on real pages parses this one unchanged.
@@ -130,13 +131,15 @@ class _Page:
         return "\n".join(self.lines) + "\n"
 
 
-# Labels of vLLM 0.33's `cache_config_info` the simulator has no value for, as vLLM prints
-# settings that are unset.
+# Labels of `cache_config_info` the simulator has no value for, as vLLM prints settings
+# that are unset. The set is vLLM 0.32's (the version `tools/vllm_check` ran against, see
+# docs/benchmarks/sim-vs-vllm.md): vLLM 0.33 adds `simple_cpu_offload_num_blocks`.
 _UNSET_CACHE_CONFIG_LABELS = (
     "_block_size_resolved",
     "cache_hit_alignment_tokens",
     "effective_attention_block_size",
     "enable_mamba_shared_prefix_checkpoint",
+    "hash_block_size",
     "is_attention_free",
     "kv_cache_dtype_skip_layers",
     "kv_cache_layout",
@@ -155,7 +158,6 @@ _UNSET_CACHE_CONFIG_LABELS = (
     "prefix_cache_retention_interval",
     "prefix_match_unit",
     "replayssm_buffer_len",
-    "simple_cpu_offload_num_blocks",
     "skip_page_size_padded",
     "sliding_window",
     "swa_bounded_replay",
@@ -166,7 +168,15 @@ _UNSET_CACHE_CONFIG_LABELS = (
 
 
 def cache_config_labels(config: EngineConfig) -> dict[str, str]:
-    """`vllm:cache_config_info`'s labels: vLLM 0.33's full set, ours where we have a value."""
+    """`vllm:cache_config_info`'s labels: vLLM 0.32's set, ours where we have a value.
+
+    `hash_block_size` is "None", as vLLM's API server prints it when the engine resolves
+    it (so a scraper must read the block size from `block_size`).
+    `prefix_caching_hash_algo` is vLLM's default, "sha256": the label names the setting of
+    the vLLM imitated. The simulator's own block hashes are chained xxHash64 (see
+    `epp.prefix.hashing`); no pod's hash values can be recomputed from this label anyway,
+    vLLM's depend on its pickled extra keys and seed.
+    """
     labels = dict.fromkeys(_UNSET_CACHE_CONFIG_LABELS, "None")
     labels.update(
         {
@@ -175,10 +185,9 @@ def cache_config_labels(config: EngineConfig) -> dict[str, str]:
             "enable_prefix_caching": "True",
             "engine": "0",
             "gpu_memory_utilization": str(config.gpu_memory_utilization),
-            "hash_block_size": str(config.block_size),
             "kv_cache_size_tokens": str(config.max_context_tokens),
             "num_gpu_blocks": str(config.num_gpu_blocks),
-            "prefix_caching_hash_algo": "xxhash",
+            "prefix_caching_hash_algo": "sha256",
         }
     )
     return labels

@@ -47,6 +47,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     cache_salt: str | None
+    return_token_ids: bool = False  # vLLM's extension: answer with prompt and output ids
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -73,6 +74,7 @@ def parse_generation_request(
                 400, "Stream options can only be defined when `stream=True`.", param="stream"
             )
         include_usage = bool(_optional(stream_options, "include_usage", bool, "stream_options"))
+    return_token_ids = bool(_optional(body, "return_token_ids", bool))
     cache_salt = _optional(body, "cache_salt", str)
     if cache_salt == "":
         raise ApiError(400, "Parameter 'cache_salt' must not be empty.", param="cache_salt")
@@ -99,6 +101,7 @@ def parse_generation_request(
         stream=stream,
         include_usage=include_usage,
         cache_salt=cache_salt,
+        return_token_ids=return_token_ids,
     )
 
 

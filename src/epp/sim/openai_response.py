@@ -2,19 +2,30 @@
 
 The output is filler words, one per token, the same for every request: the simulator
 models timing and caching, not language, and fixed text keeps tests reproducible.
+
+Every filler token is a space and a three-letter word: 4 bytes of UTF-8, which is exactly
+one pseudo-token of the byte-estimate tokenizer (`epp.tokenize`). So the text of N
+tokens is N pseudo-tokens, and a client that sends it back inside a later prompt sends
+exactly the token ids the engine generated, and can hit the blocks the engine cached for
+them (as a real tokenizer re-encodes a model's reply to its own ids). The ids line up
+when the reply starts on a 4-byte boundary of the new prompt: always with token-id
+prompts; with text when what precedes the reply is a multiple of 4 bytes long. When it is
+not, the new prompt's block holding the reply's start differs from the engine's (its
+last prompt token was padded), as a BPE merge across the boundary would make it differ.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from epp.sim.openai_request import Endpoint
 
 FILLER_WORDS = (
-    "lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
-    "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et",
+    "sed", "sit", "est", "non", "vel", "nec", "per", "cum",
+    "quo", "rem", "eos", "qui", "aut", "hic", "iam", "sum",
 )  # fmt: skip
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -27,6 +38,21 @@ def filler_token(index: int) -> str:
 
 def filler_text(count: int) -> str:
     return "".join(filler_token(i) for i in range(count))
+
+
+def filler_token_ids(encode: Callable[[str], Sequence[int]]) -> tuple[int, ...]:
+    """The token id of each filler token under `encode` (a tokenizer's), in order.
+
+    Raises ValueError if a filler token is not exactly one token for it, since the
+    generated ids would then not be what the text re-encodes to.
+    """
+    ids = []
+    for index in range(len(FILLER_WORDS)):
+        encoded = list(encode(filler_token(index)))
+        if len(encoded) != 1:
+            raise ValueError(f"filler token {filler_token(index)!r} is {len(encoded)} tokens")
+        ids.append(encoded[0])
+    return tuple(ids)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -59,8 +85,19 @@ class ResponseShape:
             "model": self.model,
         }
 
-    def full(self, text: str, finish_reason: str, usage_: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming body, sent once all tokens are out."""
+    def full(
+        self,
+        text: str,
+        finish_reason: str,
+        usage_: dict[str, Any],
+        token_ids: Sequence[int] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """The non-streaming body, sent once all tokens are out.
+
+        With `token_ids` (vLLM's `return_token_ids`), the choice also carries the output
+        token ids and the prompt's: in the choice for completions, at the top for chats.
+        """
         if self.endpoint is Endpoint.CHAT:
             body = self._envelope("chat.completion")
             choice: dict[str, Any] = {
@@ -70,6 +107,8 @@ class ResponseShape:
                 "finish_reason": finish_reason,
                 "stop_reason": None,
             }
+            if token_ids is not None:
+                choice["token_ids"] = list(token_ids)
         else:
             body = self._envelope("text_completion")
             choice = {
@@ -79,12 +118,18 @@ class ResponseShape:
                 "finish_reason": finish_reason,
                 "stop_reason": None,
             }
+            if token_ids is not None:
+                choice["prompt_token_ids"] = _ids(prompt_token_ids)
+                choice["token_ids"] = list(token_ids)
         body["choices"] = [choice]
         body["usage"] = usage_
+        if self.endpoint is Endpoint.CHAT and token_ids is not None:
+            body["prompt_token_ids"] = _ids(prompt_token_ids)
         return body
 
-    def role_chunk(self) -> dict[str, Any]:
-        """Chat streams open with the assistant role, as vLLM sends it with the first output."""
+    def role_chunk(self, prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """Chat streams open with the assistant role, as vLLM sends it with the first output
+        (and, with `return_token_ids`, the prompt's token ids)."""
         body = self._envelope("chat.completion.chunk")
         body["choices"] = [
             {
@@ -94,9 +139,19 @@ class ResponseShape:
                 "finish_reason": None,
             }
         ]
+        if prompt_token_ids is not None:
+            body["prompt_token_ids"] = list(prompt_token_ids)
         return body
 
-    def token_chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def token_chunk(
+        self,
+        text: str,
+        finish_reason: str | None,
+        token_id: int | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """One streamed token; with `token_id` (`return_token_ids`) its id rides along,
+        and `prompt_token_ids` on a completion's first chunk, as vLLM sends them."""
         if self.endpoint is Endpoint.CHAT:
             body = self._envelope("chat.completion.chunk")
             choice: dict[str, Any] = {
@@ -114,6 +169,10 @@ class ResponseShape:
                 "finish_reason": finish_reason,
                 "stop_reason": None,
             }
+            if prompt_token_ids is not None:
+                choice["prompt_token_ids"] = list(prompt_token_ids)
+        if token_id is not None:
+            choice["token_ids"] = [token_id]
         body["choices"] = [choice]
         return body
 
@@ -124,3 +183,7 @@ class ResponseShape:
         body["choices"] = []
         body["usage"] = usage_
         return body
+
+
+def _ids(token_ids: Sequence[int] | None) -> list[int] | None:
+    return None if token_ids is None else list(token_ids)

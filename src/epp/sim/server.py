@@ -16,8 +16,18 @@ A handler that ends for any reason (done, client gone, cancelled) finishes its r
 the engine, which frees its slot and unpins its KV blocks.
 
 KV events: after every engine call that can change the block pool (starting requests,
-resetting the cache) the events the engine queued are published as one batch, as vLLM's
-scheduler publishes its block pool's events once per step.
+finishing one) the events the engine queued are published as one batch, as vLLM's
+scheduler publishes its block pool's events once per step. A finish publishes the output
+blocks the request filled (the engine caches them then, see `epp.sim.engine`) in a batch
+of their own, before the batch of whatever its slot lets start. A prefix-cache reset
+publishes nothing by itself: its `AllBlocksCleared` goes out with the next batch, as in
+vLLM, whose engine sends events only with a scheduler step (so an idle pod tells its
+subscribers of a reset when the next request arrives).
+
+Output tokens are filler words whose ids are the tokenizer's own ids for them
+(`epp.sim.openai_response`), passed to the engine when the request finishes, so that a
+later prompt that quotes the output reuses its cached blocks. `return_token_ids: true`
+answers with the prompt's and the output's token ids, as vLLM does.
 
 Failure injection (`epp.sim.failures`) happens here: error answers before anything
 reaches the engine; `hang` and `drop` after the request got its slot, so that a router's
@@ -72,7 +82,15 @@ from epp.sim.openai_request import (
     parse_generation_request,
     parse_json_object,
 )
-from epp.sim.openai_response import SSE_DONE, ResponseShape, filler_text, filler_token, sse, usage
+from epp.sim.openai_response import (
+    SSE_DONE,
+    ResponseShape,
+    filler_text,
+    filler_token,
+    filler_token_ids,
+    sse,
+    usage,
+)
 from epp.sim.served_models import LoraAdapter, ServedModels
 from epp.tokenize import ByteEstimateTokenizer
 
@@ -165,6 +183,9 @@ class SimPod:
         self.injected = FailureCounts()
         self.kv_publisher: KvEventPublisher | None = None
         self.tokenizer = ByteEstimateTokenizer()
+        # The id of each filler word: what the engine generated, and what the word's text
+        # encodes to when a client sends it back.
+        self._filler_ids = filler_token_ids(self.tokenizer.encode)
         self.created_unix = time.time()
         self._clock_origin = time.monotonic()
         # Handlers of queued requests, woken when the engine starts their request.
@@ -193,6 +214,11 @@ class SimPod:
         if events and self.kv_publisher is not None:
             self.kv_publisher.publish(events)
 
+    def output_token_ids(self, count: int) -> list[int]:
+        """The token ids of the first `count` output tokens (the same for every request)."""
+        ids = self._filler_ids
+        return [ids[index % len(ids)] for index in range(count)]
+
     async def _sleep_engine_seconds(self, seconds: float) -> None:
         if seconds > 0:
             await asyncio.sleep(seconds * self.config.time_scale)
@@ -218,9 +244,8 @@ class SimPod:
                 "Please reduce the length of the messages or completion.",
                 param="max_tokens",
             )
-        hashes = block_hashes(
-            gen.tokens, engine_config.block_size, chain_seed(gen.model, None, gen.cache_salt)
-        )
+        seed = chain_seed(gen.model, None, gen.cache_salt)
+        hashes = block_hashes(gen.tokens, engine_config.block_size, seed)
         prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
         req_id = f"{prefix}-{uuid.uuid4().hex}"
         admission = self.engine.submit(
@@ -231,6 +256,7 @@ class SimPod:
             gen.adapter,
             prompt_token_ids=gen.tokens,
             cache_salt=gen.cache_salt,
+            hash_seed=seed,
         )
         if admission is Admission.QUEUE_FULL:
             raise ApiError(
@@ -257,6 +283,10 @@ class SimPod:
         waiter: asyncio.Future[StartedRequest] = asyncio.get_running_loop().create_future()
         self._start_waiters[req_id] = waiter
         shape = ResponseShape(gen.endpoint, req_id, int(time.time()), gen.model)
+        output_ids = self.output_token_ids(gen.max_tokens)
+        # vLLM's `return_token_ids`: the ids ride along in the response.
+        shown_ids = output_ids if gen.return_token_ids else None
+        prompt_ids = list(gen.tokens) if gen.return_token_ids else None
         progress = _Progress()
         reason = FinishReason.ABORT
         response: web.StreamResponse | None = None
@@ -291,14 +321,22 @@ class SimPod:
             self.latency.ttft.observe((first_token - arrival) / scale)
             if response is not None:
                 first = b""
+                chunk_prompt_ids = prompt_ids
                 if gen.endpoint is Endpoint.CHAT:
-                    first = sse(shape.role_chunk())
+                    first = sse(shape.role_chunk(prompt_ids))
+                    chunk_prompt_ids = None
                 finish = "length" if gen.max_tokens == 1 else None
-                await response.write(first + sse(shape.token_chunk(filler_token(0), finish)))
+                chunk = shape.token_chunk(
+                    filler_token(0),
+                    finish,
+                    None if shown_ids is None else shown_ids[0],
+                    chunk_prompt_ids,
+                )
+                await response.write(first + sse(chunk))
             if failure is FailureKind.DROP:
                 _drop_connection(request)
                 return response or _client_closed()
-            await self._decode(request, response, shape, gen.max_tokens, progress)
+            await self._decode(request, response, shape, gen.max_tokens, progress, shown_ids)
             output_tokens = progress.output_tokens
             if output_tokens < gen.max_tokens:
                 return response or _client_closed()
@@ -315,9 +353,14 @@ class SimPod:
             )
             usage_ = usage(started.prompt_tokens, output_tokens, started.cached_tokens)
             if response is None:
-                return web.json_response(
-                    shape.full(filler_text(output_tokens), "length", usage_), dumps=_dumps
+                body = shape.full(
+                    filler_text(output_tokens),
+                    "length",
+                    usage_,
+                    None if shown_ids is None else shown_ids[:output_tokens],
+                    prompt_ids,
                 )
+                return web.json_response(body, dumps=_dumps)
             tail = sse(shape.usage_chunk(usage_)) if gen.include_usage else b""
             await response.write(tail + SSE_DONE)
             await response.write_eof()
@@ -329,7 +372,15 @@ class SimPod:
             if task is not None:
                 self._in_flight.discard(task)
             self._start_waiters.pop(req_id, None)
-            self.engine.finish(req_id, progress.output_tokens, reason)
+            self.engine.finish(
+                req_id,
+                progress.output_tokens,
+                reason,
+                output_token_ids=output_ids[: progress.output_tokens],
+            )
+            # The output blocks it filled: vLLM announces them from the steps that filled
+            # them, before anything the freed slot lets start.
+            self._publish_kv_events()
             self._start_ready()
 
     async def _decode(
@@ -339,8 +390,11 @@ class SimPod:
         shape: ResponseShape,
         max_tokens: int,
         progress: _Progress,
+        token_ids: list[int] | None = None,
     ) -> None:
         """Produce tokens 2..max_tokens on the engine's schedule, counting them in `progress`.
+
+        With `token_ids` (`return_token_ids`), each streamed chunk carries its token's id.
 
         Each token is due one decode step (asked of the engine as the batch is now) after
         the previous one. Sleeping to absolute deadlines keeps the total right even when
@@ -363,7 +417,8 @@ class SimPod:
                 await asyncio.sleep(0)
             if response is not None:
                 finish = "length" if index == max_tokens - 1 else None
-                await response.write(sse(shape.token_chunk(filler_token(index), finish)))
+                token_id = None if token_ids is None else token_ids[index]
+                await response.write(sse(shape.token_chunk(filler_token(index), finish, token_id)))
             elif _client_gone(request):
                 return
             progress.output_tokens += 1
@@ -400,8 +455,9 @@ class SimPod:
         return web.Response(status=self.faults.health_status or 200)
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # Its AllBlocksCleared stays queued in the engine: like vLLM, the pod publishes it
+        # with its next batch of events (the next start or finish), not on its own.
         dropped = self.engine.reset_prefix_cache()
-        self._publish_kv_events()
         log.info("prefix cache reset dropped_blocks=%d", dropped)
         return web.Response(status=200)
 
