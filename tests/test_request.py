@@ -70,6 +70,7 @@ def test_other_paths_and_bodiless_requests_route_without_prompt():
         ("/v1/completions", b"\xff\xfe", None),
         ("/v1/completions", b"[1, 2]", None),
         ("/v1/completions", b"", None),
+        ("/v1/completions", b"[" * 200_000, None),
         ("/v1/completions", {"prompt": "x"}, "model"),
         ("/v1/completions", {"model": 7, "prompt": "x"}, "model"),
         ("/v1/completions", {"model": "m"}, "prompt"),

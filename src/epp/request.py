@@ -159,6 +159,8 @@ def parse_request(path: str, body: bytes, adapters: Mapping[str, str]) -> Infere
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"the body is not valid JSON: {exc}", reason="invalid-json") from None
+    except RecursionError:
+        raise _bad("the body is nested too deeply to parse", reason="invalid-json") from None
     if not isinstance(data, dict):
         raise _bad("the body must be a JSON object")
     model = data.get("model")
