@@ -105,3 +105,53 @@ def test_malformed_requests_are_400_with_openai_error(path, body, param):
     assert payload["error"]["code"] == 400 and payload["error"]["type"] == "BadRequestError"
     assert payload["error"]["param"] == param
     assert payload["error"]["message"]
+
+
+def _random_json(rng, depth=0):
+    kinds = ["str", "int", "float", "bool", "null", "list", "dict"] if depth < 4 else ["str", "int"]
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return "".join(rng.choice('ab \u00e9\U0001f600\\"') for _ in range(rng.randrange(6)))
+    if kind == "int":
+        return rng.choice([0, -1, 2**40, 7])
+    if kind == "float":
+        return rng.choice([0.5, -1e308, float("1e-9")])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = [
+        "model",
+        "prompt",
+        "messages",
+        "role",
+        "content",
+        "type",
+        "text",
+        "stream",
+        "cache_salt",
+    ]
+    return {rng.choice(keys): _random_json(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/other"])
+def test_random_bodies_are_parsed_or_rejected_never_crash(path):
+    import random
+
+    rng = random.Random(path)
+    outcomes = set()
+    for _ in range(3000):
+        value = _random_json(rng)
+        raw = json.dumps(value).encode()
+        if rng.random() < 0.2:
+            cut = rng.randrange(len(raw) + 1)
+            raw = raw[:cut] + bytes([rng.randrange(256)]) + raw[cut:]
+        try:
+            parse_request(path, raw, ADAPTERS)
+            outcomes.add("parsed")
+        except RequestRejected as rejected:
+            assert rejected.status == 400 and json.loads(rejected.body())["error"]["message"]
+            outcomes.add("rejected")
+    assert "rejected" in outcomes
