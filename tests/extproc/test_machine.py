@@ -243,3 +243,40 @@ def test_out_of_order_messages_are_protocol_violations():
     s.feed(headers_msg(mode=DUPLEX))
     with pytest.raises(ProtocolViolation):
         s.feed(headers_msg(mode=DUPLEX))
+
+
+def test_random_message_sequences_never_crash_or_leak_in_flight():
+    import random
+
+    rng = random.Random(11)
+    router, store, *_ = router_with(PODS)
+    bodies = [
+        body_of(),
+        b"{bad",
+        b"",
+        json.dumps({"model": "m", "messages": [{"role": "u", "content": "x"}]}).encode(),
+    ]
+    makers = [
+        lambda: headers_msg(mode=rng.choice([DUPLEX, BUFFERED, None]), eos=rng.random() < 0.2),
+        lambda: body_msg(rng.choice(bodies), rng.random() < 0.7),
+        lambda: pb.ProcessingRequest(request_trailers=pb.HttpTrailers()),
+        lambda: pb.ProcessingRequest(
+            response_headers=pb.HttpHeaders(end_of_stream=rng.random() < 0.3)
+        ),
+        lambda: pb.ProcessingRequest(
+            response_body=pb.HttpBody(body=b"x", end_of_stream=rng.random() < 0.5)
+        ),
+        lambda: pb.ProcessingRequest(response_trailers=pb.HttpTrailers()),
+        lambda: pb.ProcessingRequest(),
+    ]
+    for _ in range(1500):
+        s = stream(router, duplex=rng.random() < 0.5)
+        for _ in range(rng.randrange(1, 7)):
+            try:
+                replies = s.feed(rng.choice(makers)())
+            except ProtocolViolation:
+                break
+            assert all(isinstance(r, pb.ProcessingResponse) for r in replies)
+        s.close()
+        assert all(e.in_flight >= 0 for e in store.all())
+    assert sum(e.in_flight for e in store.all()) == 0
