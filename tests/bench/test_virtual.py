@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import structlog
@@ -81,8 +82,10 @@ def test_single_request_timing_matches_the_engine_model() -> None:
 
 
 def test_decode_slows_as_the_batch_fills() -> None:
-    engine = EngineConfig(max_num_seqs=4, batch_slowdown=1.0, prefill_overhead_s=0.0)
-    # Same prompt length, no reuse, all at once: four prefills end together, four decode
+    engine = EngineConfig(
+        max_num_seqs=4, batch_slowdown=1.0, prefill_overhead_s=0.0, prefill_per_token_s=0.0
+    )
+    # Same prompt length, no reuse, all at once, prefills that take no time: four decode
     # in lockstep and finish together.
     workload = workloads.with_rate(
         workloads.no_reuse(requests=4, prompt_tokens=64, output_tokens=101), 1e9
@@ -218,14 +221,74 @@ def test_multi_lora_runs_with_adapters_on_every_router() -> None:
     assert epp.pod_hit_rate is not None and epp.pod_hit_rate > 0
 
 
-def test_serial_prefill_what_if_queues_prefills_on_a_pod() -> None:
+def test_prefills_on_one_pod_queue_first_come_first_served() -> None:
     workload = workloads.no_reuse(requests=3, prompt_tokens=100, output_tokens=4, rate=1000.0)
     workload = workloads.with_rate(workload, 1e6)  # all three within a microsecond
-    parallel = _run(workload, "round_robin", pods=1)
-    serial = _run(workload, "round_robin", pods=1, serial_prefill=True)
+    one_pod = _run(workload, "round_robin", pods=1)
     prefill = FAST.prefill_overhead_s + 100 * FAST.prefill_per_token_s
-    assert max(o.ttft_s or 0 for o in parallel.outcomes) == pytest.approx(prefill, rel=1e-3)
-    assert max(o.ttft_s or 0 for o in serial.outcomes) == pytest.approx(3 * prefill, rel=1e-3)
+    ttfts = sorted(o.ttft_s or 0 for o in one_pod.outcomes)
+    assert ttfts == pytest.approx([prefill, 2 * prefill, 3 * prefill], rel=1e-3)
+    # Spread over three pods, nobody waits.
+    spread = _run(workload, "round_robin", pods=3)
+    assert max(o.ttft_s or 0 for o in spread.outcomes) == pytest.approx(prefill, rel=1e-3)
+
+
+def test_decode_steps_carry_a_prefill_chunk_while_a_prefill_runs() -> None:
+    # 1 ms per token of prefill and decode, chunks of 10 tokens (10 ms), no batch effect.
+    engine = EngineConfig(
+        max_num_seqs=4,
+        batch_slowdown=0.0,
+        prefill_overhead_s=0.0,
+        prefill_per_token_s=0.001,
+        decode_per_token_s=0.001,
+        max_num_batched_tokens=10,
+    )
+    workload = workloads.no_reuse(requests=2, prompt_tokens=100, output_tokens=101)
+    requests = (
+        replace(workload.requests[0], arrival_s=0.0),
+        replace(workload.requests[1], arrival_s=0.15, max_tokens=2),
+    )
+    workload = replace(workload, requests=requests)
+    first, second = _run(workload, "round_robin", pods=1, engine=engine).outcomes
+    # The first decodes from 0.1; 50 tokens by 0.15; during the second's prefill
+    # (0.15-0.25) each step is 1 ms + a 10 ms chunk: 100 / 11 tokens; then 1 ms each.
+    tokens_left = 100 - 50 - 0.1 / 0.011
+    assert first.latency_s == pytest.approx(0.25 + tokens_left * 0.001, rel=1e-6)
+    assert second.ttft_s == pytest.approx(0.1, rel=1e-6)
+
+
+def test_a_pod_reuses_a_prefix_still_in_prefill_once_it_is_computed() -> None:
+    # A herd on one pod: the first request computes the prefix; the others, started
+    # while it does, look it up when their own prefill begins, after it (FCFS).
+    workload = workloads.burst(
+        requests=4, prefix_tokens=256, question_tokens=16, output_tokens=4, window_s=0.0
+    )
+    herd = _run(workload, "round_robin", pods=1)
+    cached = sorted(o.cached_tokens for o in herd.outcomes)
+    assert cached[0] == 0 and all(c >= 256 for c in cached[1:])
+    what_if = replace(FAST, lookup_at_admission=True)
+    recomputed = _run(workload, "round_robin", pods=1, engine=what_if)
+    assert all(o.cached_tokens == 0 for o in recomputed.outcomes)
+    assert max(o.ttft_s or 0 for o in recomputed.outcomes) > max(
+        o.ttft_s or 0 for o in herd.outcomes
+    )
+
+
+def test_expected_ttft_what_if_routes_equal_cold_prompts_like_round_robin() -> None:
+    # With equal prompts and nothing to reuse, sending each request where the prefills
+    # queued so far end first is round robin in the order pods free up.
+    engine = replace(FAST, max_num_seqs=64)
+    workload = workloads.with_rate(
+        workloads.no_reuse(requests=200, prompt_tokens=200, output_tokens=20), 120.0
+    )
+    what_if = _run(workload, "epp_prefill", engine=engine)
+    again = _run(workload, "epp_prefill", engine=engine)
+    round_robin = _run(workload, "round_robin", engine=engine)
+    assert _key(what_if) == _key(again)
+    assert all(o.ok for o in what_if.outcomes)
+    ttfts = sorted(o.ttft_s or 0 for o in what_if.outcomes)
+    assert ttfts == pytest.approx(sorted(o.ttft_s or 0 for o in round_robin.outcomes))
+    assert what_if.extra["router_stats"]["prefill_weight"] == 0.5
 
 
 def test_kv_fraction_sizes_the_pods_from_distinct_prefix_blocks(small: workloads.Workload) -> None:

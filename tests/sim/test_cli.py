@@ -17,9 +17,13 @@ from epp.sim.kv_publisher import KvEventsConfig
 
 def test_flags_map_to_the_engine_in_seconds() -> None:
     args = build_parser().parse_args(
-        ["--lora-adapters", " a, b,,a ", "--prefill-per-token-ms", "0.5", "--max-num-seqs", "3"]
-    )
+        [
+            "--lora-adapters", " a, b,,a ", "--prefill-per-token-ms", "0.5",
+            "--max-num-seqs", "3", "--max-num-batched-tokens", "8192",
+        ]
+    )  # fmt: skip
     config = config_from_args(args)
+    assert config.engine.max_num_batched_tokens == 8192
     assert config.model == "sim-llama-8b"
     assert config.lora_adapters == ("a", "b")
     assert config.engine.prefill_per_token_s == pytest.approx(0.0005)

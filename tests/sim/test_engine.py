@@ -32,11 +32,13 @@ def common_prefix_length(a: list[BlockHash], b: list[BlockHash]) -> int:
 
 
 class Driver:
-    """Submits and starts requests with fresh ids, as a server would."""
+    """Submits and starts requests with fresh ids, as a server would, on a clock that
+    `serve` moves past each request's prefill (the next one finds the pod's prefill idle)."""
 
     def __init__(self, **config: object) -> None:
         self.engine = SimEngine(EngineConfig(**config))  # type: ignore[arg-type]
         self._ids = itertools.count()
+        self.clock = 0.0
 
     def submit(
         self,
@@ -50,18 +52,24 @@ class Driver:
         return req_id, self.engine.submit(req_id, hashes, len(toks), max_tokens, adapter)
 
     def run(
-        self, toks: array[int], max_tokens: int = 1, adapter: str | None = None, now: float = 0.0
+        self,
+        toks: array[int],
+        max_tokens: int = 1,
+        adapter: str | None = None,
+        now: float | None = None,
     ) -> StartedRequest:
         """Submit and start one request on an otherwise idle engine; leaves it running."""
+        self.clock = self.clock if now is None else max(self.clock, now)
         req_id, admission = self.submit(toks, max_tokens, adapter)
         assert admission is Admission.QUEUED
-        [started] = self.engine.start_ready(now)
+        [started] = self.engine.start_ready(self.clock if now is None else now)
         assert started.req_id == req_id
         return started
 
     def serve(self, toks: array[int], max_tokens: int = 1) -> StartedRequest:
-        """Run one request to completion."""
+        """Run one request to completion (the clock moves to the end of its prefill)."""
         started = self.run(toks, max_tokens)
+        self.clock += started.prefill_seconds
         self.engine.finish(started.req_id, max_tokens)
         return started
 
@@ -266,6 +274,131 @@ def test_decode_slows_as_the_batch_fills(running: int, expected: float) -> None:
         driver.submit(tokens(8, start=100 * i))
     driver.engine.start_ready(0.0)
     assert driver.engine.decode_step_seconds() == pytest.approx(expected)
+
+
+# -- prefill compute: shared, first come first served ----------------------------------
+
+# 1 ms per uncached token, 10 ms overhead, no lookup cost: a 100-token prefill takes 0.11 s.
+LANE = {"prefill_overhead_s": 0.01, "prefill_per_token_s": 0.001, "decode_per_token_s": 0.002}
+
+
+def test_concurrent_cold_prefills_queue_on_the_pods_compute() -> None:
+    driver = Driver(**LANE)
+    engine = driver.engine
+    first_id, _ = driver.submit(tokens(100, start=1000))
+    second_id, _ = driver.submit(tokens(100, start=2000))
+    first, second = engine.start_ready(0.0)
+    assert (first.req_id, second.req_id) == (first_id, second_id)
+    assert first.prefill_seconds == pytest.approx(0.11)
+    assert first.prefill_wait_seconds == 0.0
+    # The second one waits for the first, then takes as long again: twice the time.
+    assert second.prefill_wait_seconds == pytest.approx(0.11)
+    assert second.prefill_seconds == pytest.approx(0.22)
+    # A third one started later waits only for what is left.
+    driver.submit(tokens(100, start=3000))
+    [third] = engine.start_ready(0.2)
+    assert third.prefill_wait_seconds == pytest.approx(0.02)
+    assert third.prefill_seconds == pytest.approx(0.13)
+    assert engine.prefill_busy_until(0.2) == pytest.approx(0.33)
+    # On an idle pod nothing waits.
+    fourth = driver.run(tokens(100, start=4000), now=1.0)
+    assert (fourth.prefill_wait_seconds, fourth.prefill_seconds) == (0.0, pytest.approx(0.11))
+
+
+def test_a_cached_prompt_waits_its_turn_but_its_own_prefill_is_short() -> None:
+    driver = Driver(**LANE)
+    engine = driver.engine
+    driver.serve(tokens(100, start=500))  # cached from now on; the clock is at 0.11
+    now = driver.clock
+    driver.submit(tokens(100, start=1000))  # cold
+    cached_id, _ = driver.submit(tokens(100, start=500))
+    cold, cached = engine.start_ready(now)
+    assert cached.req_id == cached_id and cached.cached_tokens == 96
+    # It waits behind the cold one (FCFS), but its own part is 4 uncached tokens.
+    assert cached.prefill_wait_seconds == pytest.approx(cold.prefill_seconds)
+    own = cached.prefill_seconds - cached.prefill_wait_seconds
+    assert own == pytest.approx(0.01 + 4 * 0.001)
+    assert cached.prefill_seconds == pytest.approx(0.11 + 0.014)
+
+
+def test_blocks_are_reusable_only_once_their_prefill_is_over() -> None:
+    driver = Driver(**LANE)
+    engine = driver.engine
+    prompt = tokens(100)
+    hashes = hashes_of(prompt)
+    leader = driver.run(prompt)  # computes 6 blocks from 0 to 0.11
+    assert leader.prefill_seconds == pytest.approx(0.11)
+    assert engine.cached_prefix_blocks(hashes) == 6  # allocated and cached...
+    assert engine.cached_prefix_blocks(hashes, now=0.05) == 0  # ...but not computed yet
+    assert engine.cached_prefix_blocks(hashes, now=0.11) == 6
+    # A follower started while the leader computes them looks them up when its own
+    # prefill begins, after the leader's (FCFS): by then they are computed, so it
+    # reuses them, and only its own short part follows the wait.
+    follower = driver.run(prompt, now=0.05)
+    assert follower.cached_tokens == 96
+    assert follower.prefill_wait_seconds == pytest.approx(0.06)
+    assert follower.prefill_seconds == pytest.approx(0.06 + 0.014)
+
+
+def test_lookup_at_admission_what_if_recomputes_blocks_still_in_prefill() -> None:
+    driver = Driver(**LANE, lookup_at_admission=True)
+    engine = driver.engine
+    prompt = tokens(100)
+    driver.run(prompt)  # 0 -> 0.11
+    early = driver.run(prompt, now=0.05)
+    assert early.cached_tokens == 0  # the leader's blocks were not computed at 0.05
+    assert early.prefill_seconds == pytest.approx(0.06 + 0.11)
+    late = driver.run(prompt, now=0.12)
+    assert late.cached_tokens == 96  # computed by the leader at 0.11
+    assert engine.reusable_prefix_blocks(hashes_of(prompt), 0.12) == 6
+
+
+def test_decode_slows_while_a_prefill_is_in_progress() -> None:
+    # One chunk is 100 tokens x 1 ms = 0.1 s of prefill compute per step.
+    driver = Driver(**LANE, max_num_batched_tokens=100, batch_slowdown=0.0)
+    engine = driver.engine
+    driver.run(tokens(500))  # prefill 0 -> 0.51
+    itl = 0.002
+    assert engine.decode_step_seconds() == pytest.approx(itl)  # no clock: the batch alone
+    assert engine.decode_step_seconds(0.2) == pytest.approx(itl + 0.1)  # a full chunk
+    assert engine.decode_step_seconds(0.46) == pytest.approx(itl + 0.05)  # the last bit
+    assert engine.decode_step_seconds(0.51) == pytest.approx(itl)  # prefill over
+    # Prefills queued behind one another fill a step's chunk together.
+    driver.submit(tokens(30, start=1000))
+    driver.submit(tokens(30, start=2000))
+    engine.start_ready(1.0)  # 1.0 -> 1.04 -> 1.08
+    assert engine.decode_step_seconds(1.0) == pytest.approx(itl + 0.08)
+    assert engine.decode_step_seconds(1.05) == pytest.approx(itl + 0.03)
+
+
+def test_requests_queued_behind_prefills_are_waiting_on_the_metrics() -> None:
+    driver = Driver(**LANE)
+    engine = driver.engine
+    for start in (1000, 2000, 3000):
+        driver.submit(tokens(100, start=start))
+    engine.start_ready(0.0)  # prefills 0-0.11, 0.11-0.22, 0.22-0.33
+    assert (engine.num_running, engine.num_waiting) == (3, 0)
+    assert engine.num_prefill_queued(0.0) == 2
+    assert engine.num_prefill_queued(0.15) == 1
+    assert engine.num_prefill_queued(0.3) == 0
+
+
+def test_the_prefill_model_is_deterministic() -> None:
+    def replay() -> list[StartedRequest]:
+        driver = Driver(**LANE, max_num_seqs=3, num_gpu_blocks=64)
+        engine = driver.engine
+        started: list[StartedRequest] = []
+        now = 0.0
+        for i in range(12):
+            driver.submit(tokens(60 + 10 * (i % 3), start=100 * (i % 4)), max_tokens=4)
+            started += engine.start_ready(now)
+            if engine.num_running == 3:
+                engine.finish(started[len(started) - 3].req_id, 4)
+                started += engine.start_ready(now)
+            now += 0.04
+        return started
+
+    assert replay() == replay()
 
 
 # -- LoRA --------------------------------------------------------------------------------

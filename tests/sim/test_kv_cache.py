@@ -156,3 +156,25 @@ def test_evictions_are_recorded_when_asked() -> None:
 def test_pool_needs_a_block() -> None:
     with pytest.raises(ValueError):
         PrefixBlockPool(0)
+
+
+def test_blocks_not_computed_yet_are_reused_only_from_their_ready_time() -> None:
+    pool = PrefixBlockPool(20)
+    leader = pool.allocate(blocks(1, 2, 3), 0, anonymous=0)
+    assert leader is not None
+    pool.mark_ready_at(leader[1:], 5.0)  # block 1 is computed now, 2 and 3 at t=5
+    assert pool.leading_hits(blocks(1, 2, 3)) == 3  # no time: every cached copy
+    assert pool.leading_hits(blocks(1, 2, 3), at=4.0) == 1
+    assert pool.leading_hits(blocks(1, 2, 3), at=5.0) == 3
+    # A request looking up at t=4 reuses block 1 and stores its own copies of 2 and 3.
+    early = pool.allocate(blocks(1, 2, 3), 1, anonymous=0, at=4.0)
+    assert early is not None and early[0] == leader[0] and early[1:] != leader[1:]
+    assert pool.copies(BlockHash(2)) == 2
+    pool.mark_ready_at(early[1:], 6.0)  # computed after the leader's
+    with pytest.raises(ValueError, match="computed"):
+        pool.allocate(blocks(1, 2), 2, anonymous=0, at=4.0)
+    # Once the clock passes t=5 the ready times are forgotten: everything is computed.
+    pool.settle(5.0)
+    assert pool.leading_hits(blocks(1, 2, 3), at=5.0) == 3
+    late = pool.allocate(blocks(1, 2, 3), 3, anonymous=0, at=5.0)
+    assert late == leader  # the oldest copies

@@ -620,6 +620,37 @@ async def test_time_scale_speeds_up_wall_time_but_metrics_stay_in_engine_seconds
     assert latency.inter_token.total == pytest.approx(1.0)  # two steps of 0.5 s
 
 
+async def test_concurrent_prefills_share_the_pods_compute(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    # Two cold 200-token prompts: 0.2 s of prefill each, one after the other.
+    pod = await start(prefill_overhead_s=0.0, prefill_per_token_s=0.001)
+
+    async def timed(first_id: int) -> float:
+        began = time.monotonic()
+        prompt = list(range(first_id, first_id + 200))
+        status, _, _ = await post(http, pod, "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        assert status == 200
+        return time.monotonic() - began
+
+    async def gauges_midway() -> str:
+        await asyncio.sleep(0.1)
+        async with http.get(pod.url + "/metrics") as resp:
+            return await resp.text()
+
+    first, second, page = await asyncio.gather(timed(1000), timed(5000), gauges_midway())
+    assert sorted([first, second])[0] == pytest.approx(0.2, abs=0.08)
+    assert sorted([first, second])[1] == pytest.approx(0.4, abs=0.12)
+    # Midway, one prefill runs and the other one waits for the compute, as in vLLM.
+    base = 'engine="0",model_name="sim-llama-8b"'
+    assert f"vllm:num_requests_running{{{base}}} 1.0" in page.splitlines()
+    assert f"vllm:num_requests_waiting{{{base}}} 1.0" in page.splitlines()
+    # The wait counts as queue time, the request's own prefill as prefill time.
+    latency = pod.pod.latency
+    assert latency.prefill.total == pytest.approx(0.4, abs=0.1)
+    assert latency.queue.total == pytest.approx(0.2, abs=0.1)
+
+
 async def test_decode_paces_tokens_at_the_inter_token_latency(
     start: StartPod, http: aiohttp.ClientSession
 ) -> None:

@@ -151,7 +151,7 @@ class Oracle(_Stateless):
         for index, engine in enumerate(self.pods.engines):
             if queue_would_refuse(engine):
                 continue
-            cached = leading_cached_blocks(engine, request.hashes) if request.hashes else 0
+            cached = leading_cached_blocks(engine, request.hashes, now) if request.hashes else 0
             key = (-cached, engine.num_running + engine.num_waiting, index)
             if best is None or key < best:
                 best = key

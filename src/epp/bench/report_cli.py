@@ -64,6 +64,13 @@ def _describe(results: Sequence[RunResult]) -> list[str]:
             f"{engine.get('prefill_per_token_s', 0) * 1e6:g} µs/token, decode "
             f"{engine.get('decode_per_token_s', 0) * 1000:g} ms/token"
         )
+        if engine.get("max_num_batched_tokens"):
+            parts.append(
+                "prefills one after the other (first come, first served), decode steps "
+                f"carrying prefill chunks of {engine['max_num_batched_tokens']} tokens"
+            )
+        if engine.get("lookup_at_admission"):
+            parts.append("what-if: prefix looked up at admission")
         lines.append("Pods: " + ", ".join(parts) + ".")
     if extra.get("command"):
         lines.append(f"Command: `{extra['command']}`")

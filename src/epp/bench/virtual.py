@@ -8,22 +8,22 @@ Events, in virtual seconds:
 
 - arrival: the router picks a pod, the engine queues the request (or refuses it: a 429
   outcome, as the pod's HTTP server answers), then starts whatever can start;
-- first token: `prefill_seconds` after a request starts (queueing + prefill = TTFT);
+- first token: `prefill_seconds` after a request starts, as the engine computed it: the
+  wait for the pod's prefill compute (first come, first served) and the request's own
+  prefill (queueing + prefill wait + prefill = TTFT);
 - finish: the request's last token; the engine frees its slot and blocks and starts the
-  next waiting requests. A follow-up turn (`after`) is then sent `think_s` later.
+  next waiting requests. A follow-up turn (`after`) is then sent `think_s` later;
+- re-plan: a prefill that waited begins (the decode step time may change).
 
 Decoding is integrated per pod rather than token by token: every running request on a
-pod advances one token per `decode_step_seconds()`, which only changes when the pod's
-batch changes, so the pod keeps one decode clock (tokens produced since the start) and
-one pending "next finish" event, moved whenever the batch changes. This is the server's
-per-token schedule (`epp.sim.server`) up to at most one step per batch change, for two
-events per request instead of one per token.
-
-What-if, off by default (`serial_prefill=True`): each pod runs one prefill at a time, in
-the order requests start, as one GPU's compute is shared by every prefill (vLLM batches
-prefill chunks into the same steps, so concurrent prefills share its FLOPs). The engine
-model (and so `epp sim`) lets prefills of different requests overlap for free; this
-switch measures how much that choice matters. Decode is not slowed by prefills here.
+pod advances one token per `decode_step_seconds(now)`, which changes only when the
+pod's batch changes or a prefill begins or ends (a step taken during a prefill carries a
+chunk of it, see `epp.sim.engine`), so the pod keeps one decode clock (tokens produced
+since the start) and one pending "next finish" event, re-planned at each of those
+events. This is the server's per-token schedule (`epp.sim.server`) up to at most one
+step per change, for three events per request instead of one per token. (Within the
+last chunk of a prefill backlog, the step is taken as it was when the backlog last
+changed: the engine's chunk shrinks continuously there, the runner's does not.)
 
 TTFT and latency are measured from the moment the request is sent (routing costs no
 virtual time; the EPP's CPU per decision is measured separately), as a client measures.
@@ -41,6 +41,7 @@ from epp.bench.types import RequestOutcome, RunResult, Workload
 from epp.bench.virtual_epp import EppVirtualRouter
 from epp.bench.virtual_prepare import prepare
 from epp.bench.virtual_types import PreparedRequest, RouteChoice, VirtualPods, VirtualRouter
+from epp.bench.virtual_whatif import WHATIF_ROUTERS, PrefillAwareEppRouter
 from epp.config import EppConfig
 from epp.sim.engine import Admission, EngineConfig, SimEngine
 
@@ -49,6 +50,7 @@ ROUTERS = ("epp", "round_robin", "random", "least_outstanding", "consistent_hash
 _ARRIVAL = 0
 _FIRST_TOKEN = 1
 _FINISH = 2
+_REPLAN = 3
 # Decode progress is a float sum of step fractions; a target this close counts as reached.
 _TOKEN_EPSILON = 1e-6
 
@@ -63,6 +65,8 @@ def make_router(
 ) -> VirtualRouter:
     if name == "epp":
         return EppVirtualRouter(pods, epp_config, seed=seed, adapters=adapters)
+    if name == "epp_prefill":
+        return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "round_robin":
         return RoundRobin(len(pods))
     if name == "random":
@@ -73,7 +77,8 @@ def make_router(
         return ConsistentHash(pods.names)
     if name == "oracle":
         return Oracle(pods)
-    raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+    known = ", ".join((*ROUTERS, *WHATIF_ROUTERS))
+    raise ValueError(f"unknown router {name!r}; choose from {known}")
 
 
 @dataclass(slots=True)
@@ -105,12 +110,8 @@ class _Simulation:
         pods: VirtualPods,
         router: VirtualRouter,
         progress: Callable[[int], None] | None,
-        serial_prefill: bool = False,
     ) -> None:
         self.prepared = prepared
-        self.serial_prefill = serial_prefill
-        # Serial prefill: when each pod's single prefill lane is next free.
-        self.prefill_free_at = [0.0] * len(pods)
         self.requests = workload.requests
         self.pods = pods
         self.router = router
@@ -142,8 +143,11 @@ class _Simulation:
                 self._arrive(a, now)
             elif kind == _FIRST_TOKEN:
                 self._first_token(a, b, now)
-            else:
+            elif kind == _FINISH:
                 self._finish_due(a, b, now)
+            else:
+                self._advance(a, now)
+                self._schedule_finish(a, now)
         missing = [i for i, outcome in enumerate(self.outcomes) if outcome is None]
         if missing:
             raise RuntimeError(f"{len(missing)} requests never ended (first: {missing[0]})")
@@ -182,8 +186,8 @@ class _Simulation:
         self._advance(pod_index, now)
         target = pod.progress + remaining
         heapq.heappush(pod.targets, (target, index))
-        if pod.targets[0][1] == index:
-            self._schedule_finish(pod_index, now)
+        # A prefill just ended: the step may have changed even if the next finish did not.
+        self._schedule_finish(pod_index, now)
 
     def _finish_due(self, pod_index: int, version: int, now: float) -> None:
         pod = self.state[pod_index]
@@ -208,7 +212,7 @@ class _Simulation:
     def _schedule_finish(self, pod_index: int, now: float) -> None:
         """The batch (or the earliest target) changed: re-plan the next finish."""
         pod = self.state[pod_index]
-        pod.step_s = pod.engine.decode_step_seconds()
+        pod.step_s = pod.engine.decode_step_seconds(now)
         pod.version += 1
         if pod.targets:
             left = max(0.0, pod.targets[0][0] - pod.progress)
@@ -221,11 +225,9 @@ class _Simulation:
         for started in engine.start_ready(now):
             index = int(started.req_id[1:])
             self.flights[index].cached_tokens = started.cached_tokens
-            first_token = now + started.prefill_seconds
-            if self.serial_prefill:
-                first_token = max(now, self.prefill_free_at[pod_index]) + started.prefill_seconds
-                self.prefill_free_at[pod_index] = first_token
-            self._push(first_token, _FIRST_TOKEN, pod_index, index)
+            self._push(now + started.prefill_seconds, _FIRST_TOKEN, pod_index, index)
+            if started.prefill_wait_seconds > 0:
+                self._push(now + started.prefill_wait_seconds, _REPLAN, pod_index, 0)
         self._schedule_finish(pod_index, now)
 
     def _end(self, pod_index: int, index: int, now: float) -> None:
@@ -289,7 +291,6 @@ def run_virtual(
     prepared: Sequence[PreparedRequest] | None = None,
     epp_config: EppConfig | None = None,
     progress: Callable[[int], None] | None = None,
-    serial_prefill: bool = False,
 ) -> RunResult:
     """One router on one workload; `prepared` (from `prepare(workload)`) may be reused
     across routers and rates of the same prompts."""
@@ -313,7 +314,7 @@ def run_virtual(
     )
     chosen = make_router(router, fleet, seed=seed, epp_config=epp_config, adapters=adapters)
     wall_started = time.perf_counter()
-    outcomes = _Simulation(prepared, workload, fleet, chosen, progress, serial_prefill).run()
+    outcomes = _Simulation(prepared, workload, fleet, chosen, progress).run()
     wall_s = time.perf_counter() - wall_started
     first_sent = min((o.start_s for o in outcomes), default=0.0)
     last_end = max((o.start_s + o.latency_s for o in outcomes), default=0.0)
@@ -336,7 +337,6 @@ def run_virtual(
         extra={
             "seed": seed,
             "wall_s": wall_s,
-            "serial_prefill": serial_prefill,
             "pod_names": list(fleet.names),
             "engine": _engine_dict(engine_config),
             "prefix_cache_hits": hits,

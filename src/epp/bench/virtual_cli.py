@@ -28,6 +28,7 @@ from epp.bench.report import (
 from epp.bench.types import RunResult
 from epp.bench.virtual import ROUTERS, run_virtual
 from epp.bench.virtual_prepare import prepare, size_kv_for_fraction
+from epp.bench.virtual_whatif import WHATIF_ROUTERS
 from epp.config import EppConfig, load_config
 from epp.observability.logs import configure_logging
 from epp.sim import presets
@@ -50,10 +51,11 @@ def _floats(text: str) -> list[float]:
 
 def _routers(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in ROUTERS]
+    known = (*ROUTERS, *WHATIF_ROUTERS)
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown router(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ROUTERS)}"
+            f"unknown router(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}"
         )
     return names
 
@@ -77,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FIELD=VALUE",
         help="override one EngineConfig field, e.g. max_num_seqs=32 (repeatable)",
     )
-    parser.add_argument("--routers", type=_routers, default=list(ROUTERS), help="comma-separated")
+    parser.add_argument(
+        "--routers",
+        type=_routers,
+        default=list(ROUTERS),
+        help=f"comma-separated; what-ifs (not run by default): {', '.join(WHATIF_ROUTERS)}",
+    )
     parser.add_argument(
         "--rates", type=_floats, help="offered req/s, comma-separated (default: the workload's)"
     )
@@ -87,11 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="size each pod's KV so that all pods together hold this fraction of the "
         "workload's distinct prefix blocks (blocks in more than one prompt)",
-    )
-    parser.add_argument(
-        "--serial-prefill",
-        action="store_true",
-        help="what-if: one prefill at a time per pod (GPU compute shared); not `epp sim`'s model",
     )
     parser.add_argument("--epp-config", type=Path, help="EPP YAML config (weights, max_queue...)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON and PNGs")
@@ -125,14 +127,20 @@ def engine_config(preset: str | None, overrides: Sequence[str]) -> EngineConfig:
     else:
         config = EngineConfig()
     types = {f.name: f.type for f in fields(EngineConfig)}
-    changes: dict[str, float | int] = {}
+    changes: dict[str, float | int | bool] = {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or key not in types:
             raise ValueError(
                 f"--engine {item!r}: expected FIELD=VALUE with FIELD in {', '.join(types)}"
             )
-        changes[key] = int(value) if types[key] in ("int", int) else float(value)
+        kind = types[key]
+        if kind in ("bool", bool):
+            if value.lower() not in ("0", "1", "false", "true"):
+                raise ValueError(f"--engine {item!r}: expected {key}=true or {key}=false")
+            changes[key] = value.lower() in ("1", "true")
+        else:
+            changes[key] = int(value) if kind in ("int", int) else float(value)
     return replace(config, **changes)
 
 
@@ -152,8 +160,6 @@ def reproduce_command(args: argparse.Namespace) -> str:
     if args.kv_fraction is not None:
         parts.append(f"--kv-fraction {args.kv_fraction:g}")
     parts += [f"--engine {shlex.quote(item)}" for item in args.engine]
-    if args.serial_prefill:
-        parts.append("--serial-prefill")
     if args.epp_config:
         parts.append(f"--epp-config {shlex.quote(str(args.epp_config))}")
     parts.append(f"--out {shlex.quote(str(args.out))}")
@@ -256,7 +262,6 @@ def run_all(
                     prepared=prepared,
                     epp_config=epp_config,
                     progress=bar.update,
-                    serial_prefill=args.serial_prefill,
                 )
                 result.extra.update(
                     command=command,

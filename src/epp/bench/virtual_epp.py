@@ -29,6 +29,7 @@ from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected
 from epp.routing import RoutedRequest, Router
+from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
 from epp.sim.engine import SimEngine
 from epp.tokenize import ByteEstimateTokenizer
@@ -44,13 +45,20 @@ def pod_address(index: int) -> str:
     return f"10.{host // 65536}.{host // 256 % 256}.{host % 256}:8000"
 
 
-def scrape(engine: SimEngine, served_model: str, with_lora: bool) -> PodMetrics:
-    """What parsing the simulated pod's /metrics page would give, read off the engine."""
+def scrape(
+    engine: SimEngine, served_model: str, with_lora: bool, now: float | None = None
+) -> PodMetrics:
+    """What parsing the simulated pod's /metrics page would give, read off the engine.
+
+    With `now`, requests queued behind the pod's prefills count as waiting, as on the
+    page (`epp.sim.metrics_page`).
+    """
     config = engine.config
     counters = engine.counters
+    queued = 0 if now is None else engine.num_prefill_queued(now)
     return PodMetrics(
-        waiting=float(engine.num_waiting),
-        running=float(engine.num_running),
+        waiting=float(engine.num_waiting + queued),
+        running=float(engine.num_running - queued),
         kv_usage=engine.kv_cache_usage,
         prefix_queries=float(counters.prefix_cache_queries),
         prefix_hits=float(counters.prefix_cache_hits),
@@ -77,6 +85,7 @@ class EppVirtualRouter:
         *,
         seed: int = 0,
         adapters: dict[str, str] | None = None,
+        registry: ScorerRegistry | None = None,
     ) -> None:
         base = config or EppConfig()
         endpoints = [
@@ -95,7 +104,9 @@ class EppVirtualRouter:
         self.store = EndpointStore(self.config.datalayer, clock=self._clock)
         self.store.sync(self.config.endpoints)
         self.index = PrefixIndex(self.config.prefix.capacity_per_pod)
-        self.scheduler = Scheduler(self.config.scheduling, rng=random.Random(seed))
+        self.scheduler = Scheduler(
+            self.config.scheduling, registry=registry, rng=random.Random(seed)
+        )
         self.router = Router(
             self.config,
             self.store,
@@ -135,7 +146,7 @@ class EppVirtualRouter:
         served = self._pods.served_model
         for endpoint, engine in zip(self._endpoints, self._pods.engines, strict=True):
             assert endpoint is not None
-            self.store.scraped(endpoint, scrape(engine, served, self._with_lora))
+            self.store.scraped(endpoint, scrape(engine, served, self._with_lora, self._now))
 
     def route(self, request: PreparedRequest, now: float) -> RouteChoice:
         started = time.process_time()

@@ -70,12 +70,10 @@ class VirtualRouter(Protocol):
         ...
 
 
-def leading_cached_blocks(engine: SimEngine, hashes: Sequence[BlockHash]) -> int:
-    """How many leading blocks of a prompt the engine truly holds right now.
-
-    SimEngine has no public query for this; its block pool answers it (read-only).
-    """
-    return engine._pool.leading_hits(hashes)
+def leading_cached_blocks(engine: SimEngine, hashes: Sequence[BlockHash], now: float) -> int:
+    """How many leading blocks of a prompt a request sent to the engine at `now` would
+    reuse: every block cached there, computed before its own prefill begins (read-only)."""
+    return engine.reusable_prefix_blocks(hashes, now)
 
 
 def queue_would_refuse(engine: SimEngine) -> bool:

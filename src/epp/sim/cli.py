@@ -33,6 +33,7 @@ _ENGINE_FLAGS: tuple[tuple[str, str, float], ...] = (
     ("max_num_seqs", "max_num_seqs", 1),
     ("max_waiting", "max_waiting", 1),
     ("max_loras", "max_loras", 1),
+    ("max_num_batched_tokens", "max_num_batched_tokens", 1),
     ("prefill_overhead_ms", "prefill_overhead_s", 0.001),
     ("prefill_per_token_ms", "prefill_per_token_s", 0.001),
     ("prefill_per_cached_token_ms", "prefill_per_cached_token_s", 0.001),
@@ -93,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
             "/metrics in vLLM 0.33's format, /health, /v1/models, /reset_prefix_cache and "
             "runtime LoRA loading. It models a KV cache with prefix reuse and LRU eviction, "
             "a waiting queue, running slots, LoRA slots, and latency from uncached prompt "
-            "tokens; it can publish vLLM's KV-cache events over ZMQ and inject failures. "
+            "tokens, with prefills sharing the pod's compute first come first served and "
+            "slowing the decode steps they share; it can publish vLLM's KV-cache events "
+            "over ZMQ and inject failures. "
             "Engine flags default to the preset's values (--preset, default tiny) and "
             "override them one by one."
         ),
@@ -151,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         tiny.max_waiting,
     )
     _engine_flag(cap, "--max-loras", int, "LoRA adapters resident at once", tiny.max_loras)
+    _engine_flag(
+        cap,
+        "--max-num-batched-tokens",
+        int,
+        "token budget of one step: the prefill chunk a decode step carries while prefills run",
+        tiny.max_num_batched_tokens,
+    )
     lat = parser.add_argument_group("latency (simulated milliseconds; default: the preset's)")
     _engine_flag(
         lat,

@@ -2,9 +2,10 @@
 
 A pure model with no I/O and no clock of its own. Whoever drives it owns time: the HTTP
 server (`epp.sim.server`) turns the seconds it returns into asyncio sleeps, and a
-discrete-event benchmark can turn them into events in virtual time. The only time that
-enters is the `now` passed to `start_ready`, in engine seconds, used to know whether an
-adapter is still loading.
+discrete-event benchmark can turn them into events in virtual time. Time enters only as
+the `now` passed to `start_ready` (and to the queries that take one), in engine seconds,
+which must never go back: it says whether an adapter is still loading and where the
+pod's prefill compute stands.
 
 The driver's loop is:
 
@@ -12,20 +13,54 @@ The driver's loop is:
    `QUEUE_FULL`, 400 for `TOO_LONG`).
 2. `start_ready(now)` after every submit and finish: starts the waiting requests that get
    a running slot, their KV blocks and (if any) an adapter slot, and says for each how
-   many prompt tokens came from the prefix cache and how long its prefill takes.
+   many prompt tokens came from the prefix cache and when its prefill ends.
 3. The first output token is due `prefill_seconds` after the start, each further one
-   `decode_step_seconds()` after the previous (asked anew each step, as the batch changes).
+   `decode_step_seconds(t)` after the previous, asked anew for each step's start `t` (the
+   batch and the pod's prefills change).
 4. `finish(req_id, output_tokens)` when the request is done or abandoned; with
    `output_token_ids`, the full blocks its output filled are cached (see below).
 
-Latency follows the llm-d simulator's model: prefill = overhead + uncached prompt tokens x
-per-token cost + cached prompt tokens x lookup cost (+ adapter load), decode = one
-inter-token latency per token after the first, slowed as the batch fills. Each request's
-KV blocks are reserved when it starts, as many as vLLM's allocation grows to by its last
-step (prompt plus `max_tokens`, less the last output token, which is sampled but never
-fed back), so the engine never preempts (`preemptions` stays 0); vLLM grows allocations
-per step and preempts under pressure instead. `epp.sim.presets` has configurations for
-real GPUs and models.
+Latency. A request's own prefill takes `EngineConfig.prefill_seconds`: overhead +
+uncached prompt tokens x per-token cost + cached prompt tokens x lookup cost (the llm-d
+simulator's formula). Prefill is compute-bound and the pod's compute is shared: in vLLM
+one scheduler step carries at most `max_num_batched_tokens` tokens, running requests
+first and in order, so the prefill chunks of concurrent prompts are computed one after
+the other, oldest first. The engine models the pod's prefill compute as one first come,
+first served lane. A request started at `now` begins its prefill at
+
+    begin = max(now + adapter wait, end of the prefills started before it)
+    end   = begin + its own prefill time
+
+and `StartedRequest.prefill_seconds` is `end - now`: the wait for its turn (or its
+adapter, `prefill_wait_seconds`) plus its own prefill. Two cold prompts started together
+thus take one and two prefill times; a cached prompt behind a cold one waits for it, then
+takes its own short time. A request abandoned before its first token keeps its place
+(vLLM would stop computing it; the times given to the requests behind it stand).
+
+Decode is one inter-token latency per token after the first, ITL(batch) =
+`decode_per_token_s` x (1 + `batch_slowdown` x (running - 1) / `max_num_seqs`), as the
+batch fills. A step taken while a prefill is in progress also carries a prefill chunk,
+vLLM's chunked prefill: decodes and prefill tokens share the step's budget, and the step
+takes as long as its compute, so
+
+    decode step at t = ITL(batch) + min(W(t), max_num_batched_tokens x per-token cost)
+
+where W(t) is the prefill work left at t (the prefill in progress and those queued behind
+it, in seconds), and 0 when no prefill is in progress. A pod that prefills continuously
+decodes one token per chunk (0.45 s on `llama-8b-a100`, 2,048-token chunks), not one per
+ITL: that is how vLLM's decodes slow down under prefill load. Simplifications: the decode
+tokens' share of a step's budget (at most `max_num_seqs` of it) is not taken from the
+chunk, the prefill is not lengthened by the decode part of the steps it shares (one ITL
+per chunk, 2-9%), and the prefills of several prompts are not packed into one step.
+
+Each request's KV blocks are reserved when it starts, as many as vLLM's allocation grows
+to by its last step (prompt plus `max_tokens`, less the last output token, which is
+sampled but never fed back), so the engine never preempts (`preemptions` stays 0); vLLM
+grows allocations per step and preempts under pressure instead. A started request whose
+prefill has not begun holds its slot and blocks here, while vLLM, which has not
+scheduled it yet, counts it as waiting: `num_prefill_queued(now)` gives how many such
+requests there are, and the /metrics page reports them as waiting. `epp.sim.presets` has
+configurations for real GPUs and models.
 
 Prefix caching follows vLLM's block pool (`epp.sim.kv_cache`): a request reuses the
 cached blocks at the start of its prompt, at most `(prompt_tokens - 1) // block_size` of
@@ -40,6 +75,18 @@ not step, caches them all when the request finishes (they were reserved, so capa
 the same). The difference is one of timing only: an event subscriber hears of an output
 block when the request ends rather than when the block fills, and a prompt sent while
 the request still runs (quoting output streamed so far) cannot hit its output blocks yet.
+
+When a block becomes reusable: a prompt block is cached (and announced) when the request
+that computes it starts, and its KV is computed when that request's prefill ends; only
+then can another request reuse it (`cached_prefix_blocks(hashes, now)` sees the computed
+ones). A request looks its prefix up when its own prefill begins, which is when vLLM's
+scheduler first gives it a share of a step (a waiting request is looked up only once the
+running prefills leave budget over; vLLM v1 registers a block's hash when the step that
+computes it is scheduled, `KVCacheManager.allocate_slots`). Since prefills run first come,
+first served, every prefill started before it is over by then: a request started while
+another still computes the same prefix on the same pod waits for it and reuses it, as on
+vLLM. `EngineConfig.lookup_at_admission` is the pessimistic what-if where the lookup
+happens at the start instead, so such a request computes the prefix again.
 
 LoRA adapters have a rank; loading one costs `lora_load_s` x rank / 16 (see
 `EngineConfig.lora_load_seconds`). `load_adapter` / `unload_adapter` are vLLM's runtime
@@ -60,6 +107,7 @@ same leaves it queued until its next drain after a start or finish.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -112,9 +160,23 @@ class EngineConfig:
     prefill_per_cached_token_s: float = 0.0
     # Only reported (cache_config_info): the share of GPU memory the KV sizing assumed.
     gpu_memory_utilization: float = 0.9
+    # vLLM's token budget per step: a decode step taken while a prefill runs carries a
+    # chunk of up to this many prefill tokens (see `decode_step_seconds`). 2,048 is
+    # vLLM's default for an OpenAI server on an A100 or a card under 70 GiB.
+    max_num_batched_tokens: int = 2048
+    # What-if, off by default: look a prompt's cached prefix up when the request is
+    # admitted rather than when its prefill begins, so that a request admitted while
+    # another one still computes the blocks it needs computes them again.
+    lookup_at_admission: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_loras"):
+        for name in (
+            "block_size",
+            "num_gpu_blocks",
+            "max_num_seqs",
+            "max_loras",
+            "max_num_batched_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_waiting < 0:
@@ -147,6 +209,11 @@ class EngineConfig:
             + cached_tokens * self.prefill_per_cached_token_s
         )
 
+    @property
+    def prefill_chunk_seconds(self) -> float:
+        """Compute time of one full prefill chunk: `max_num_batched_tokens` uncached tokens."""
+        return self.max_num_batched_tokens * self.prefill_per_token_s
+
     def lora_load_seconds(self, rank: int = DEFAULT_LORA_RANK) -> float:
         """Time to load an adapter of `rank`: linear in rank, through zero.
 
@@ -162,13 +229,20 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StartedRequest:
-    """A request that just got a running slot: its first token is due after `prefill_seconds`."""
+    """A request that just got a running slot: its first token is due after `prefill_seconds`.
+
+    `prefill_seconds` runs from the start to the end of the request's prefill: the wait
+    for its turn on the pod's prefill compute (behind the prefills started before it)
+    or for its adapter, whichever is longer (`prefill_wait_seconds`), then its own
+    prefill (`EngineConfig.prefill_seconds` of its uncached and cached tokens).
+    """
 
     req_id: str
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the prefix cache
-    prefill_seconds: float  # includes `adapter_wait_seconds`
+    prefill_seconds: float  # includes `prefill_wait_seconds`
     adapter_wait_seconds: float
+    prefill_wait_seconds: float = 0.0  # until its own prefill compute begins
 
 
 @dataclass(slots=True)
@@ -211,6 +285,8 @@ class SimEngine:
         "_adapter_ranks",
         "_adapters",
         "_kv_events",
+        "_lane",
+        "_lane_free_at",
         "_next_adapter_id",
         "_pool",
         "_running",
@@ -233,6 +309,10 @@ class SimEngine:
         self._adapter_ranks: dict[str, int] = {}
         self._adapter_ids: dict[str, int] = {}
         self._next_adapter_id = 1
+        # The pod's prefill compute, first come first served: (begin, end, req_id) of each
+        # prefill not over yet, in start order, and when the last one ends.
+        self._lane: deque[tuple[float, float, str]] = deque()
+        self._lane_free_at = 0.0
         self._kv_events: list[KvEvent] | None = [] if kv_events else None
         if kv_events:
             self._pool.removed = []
@@ -301,7 +381,9 @@ class SimEngine:
         """Start waiting requests, oldest first, while slots and KV blocks last.
 
         A request whose KV blocks do not fit blocks the queue behind it (as in vLLM); one
-        whose adapter cannot get a slot is passed over, and keeps its place.
+        whose adapter cannot get a slot is passed over, and keeps its place. Each started
+        request's prefill is queued on the pod's prefill compute (module docstring).
+        `now` must never go back from one call to the next.
         """
         config = self.config
         free_slots = config.max_num_seqs - len(self._running)
@@ -309,6 +391,7 @@ class SimEngine:
         if free_slots <= 0 or not self._waiting:
             return started
         pool = self._pool
+        pool.settle(now)
         adapters = self._adapters
         block_size = config.block_size
         counters = self.counters
@@ -320,11 +403,15 @@ class SimEngine:
                 continue
             # Like vLLM, at least the last prompt token is computed to produce the first
             # output, so a fully cached prompt still recomputes its last block (into a
-            # new copy, see `epp.sim.kv_cache`).
+            # new copy, see `epp.sim.kv_cache`). Only blocks computed by the time of the
+            # lookup are reused: when the request's prefill begins (every prefill started
+            # before it has ended by then), or with `lookup_at_admission`, now.
+            lookup_at = now if config.lookup_at_admission else max(now, self._lane_free_at)
             hit_blocks = min(
-                pool.leading_hits(req.prompt_hashes), (req.prompt_tokens - 1) // block_size
+                pool.leading_hits(req.prompt_hashes, lookup_at),
+                (req.prompt_tokens - 1) // block_size,
             )
-            table = pool.allocate(req.prompt_hashes, hit_blocks, req.anonymous_blocks)
+            table = pool.allocate(req.prompt_hashes, hit_blocks, req.anonymous_blocks, lookup_at)
             if table is None:
                 break
             req.block_table = table
@@ -338,7 +425,15 @@ class SimEngine:
                 adapter_wait = adapters.activate(
                     req.adapter, now, config.lora_load_seconds(req.adapter_rank)
                 )
-            prefill = config.prefill_seconds(req.prompt_tokens, cached_tokens) + adapter_wait
+            compute = config.prefill_seconds(req.prompt_tokens, cached_tokens)
+            begin = max(now + adapter_wait, self._lane_free_at)
+            end = begin + compute
+            self._lane_free_at = end
+            if end > now:
+                self._lane.append((begin, end, req.req_id))
+                # The blocks it computes are reusable once its prefill is over.
+                pool.mark_ready_at(table[hit_blocks : len(req.prompt_hashes)], end)
+            wait = begin - now
             counters.prompt_tokens += req.prompt_tokens
             counters.prefix_cache_queries += req.prompt_tokens
             counters.prefix_cache_hits += cached_tokens
@@ -347,21 +442,66 @@ class SimEngine:
                     req_id=req.req_id,
                     prompt_tokens=req.prompt_tokens,
                     cached_tokens=cached_tokens,
-                    prefill_seconds=prefill,
+                    prefill_seconds=wait + compute,
                     adapter_wait_seconds=adapter_wait,
+                    prefill_wait_seconds=wait,
                 )
             )
         for request in started:
             self._running[request.req_id] = self._waiting.pop(request.req_id)
         return started
 
-    def decode_step_seconds(self) -> float:
-        """Inter-token latency for the batch as it is now (more running, slower steps)."""
+    def decode_step_seconds(self, now: float | None = None) -> float:
+        """Inter-token latency for the batch as it is now (more running, slower steps).
+
+        With `now`, a step taken while a prefill is in progress also carries a prefill
+        chunk: ITL(batch) + min(prefill work left at `now`, one chunk of
+        `max_num_batched_tokens` tokens) (module docstring). Without it, ITL(batch).
+        """
         config = self.config
         extra = max(0, len(self._running) - 1)
-        return config.decode_per_token_s * (
+        step = config.decode_per_token_s * (
             1.0 + config.batch_slowdown * extra / config.max_num_seqs
         )
+        if now is None:
+            return step
+        return step + self.prefill_in_step_seconds(now)
+
+    def prefill_in_step_seconds(self, now: float) -> float:
+        """Prefill compute a decode step taken at `now` carries: none when no prefill is in
+        progress, else the prefill work left (this one's and those queued behind it), at
+        most one chunk of `max_num_batched_tokens` uncached tokens."""
+        lane = self._lane
+        while lane and lane[0][1] <= now:
+            lane.popleft()
+        if not lane or lane[0][0] > now:
+            return 0.0
+        cap = self.config.prefill_chunk_seconds
+        work = 0.0
+        for begin, end, _ in lane:
+            work += end - max(begin, now)
+            if work >= cap:
+                return cap
+        return work
+
+    def prefill_busy_until(self, now: float) -> float:
+        """When the prefills started so far are all over (`now` if they already are)."""
+        return max(now, self._lane_free_at)
+
+    def num_prefill_queued(self, now: float) -> int:
+        """Running requests whose prefill has not begun by `now`.
+
+        vLLM has not scheduled a token of theirs yet, so they are still in its waiting
+        queue: /metrics counts them as waiting, not running.
+        """
+        running = self._running
+        count = 0
+        for begin, _, req_id in reversed(self._lane):
+            if begin <= now:
+                break
+            if req_id in running:
+                count += 1
+        return count
 
     def finish(
         self,
@@ -607,9 +747,19 @@ class SimEngine:
         free_slots = max(0, self.config.max_num_seqs - len(self._running))
         return len(self._waiting) >= self.config.max_waiting + free_slots
 
-    def cached_prefix_blocks(self, prompt_hashes: Sequence[BlockHash]) -> int:
-        """How many leading blocks of a prompt are in the cache now (read-only)."""
-        return self._pool.leading_hits(prompt_hashes)
+    def cached_prefix_blocks(
+        self, prompt_hashes: Sequence[BlockHash], now: float | None = None
+    ) -> int:
+        """How many leading blocks of a prompt are in the cache (read-only); with `now`,
+        only blocks whose prefill is over by then (their KV is computed)."""
+        return self._pool.leading_hits(prompt_hashes, now)
+
+    def reusable_prefix_blocks(self, prompt_hashes: Sequence[BlockHash], now: float) -> int:
+        """How many leading blocks of a prompt a request started at `now` would find
+        cached when it looks them up (read-only; before the last-token cap)."""
+        config = self.config
+        lookup_at = now if config.lookup_at_admission else max(now, self._lane_free_at)
+        return self._pool.leading_hits(prompt_hashes, lookup_at)
 
     def is_running(self, req_id: str) -> bool:
         return req_id in self._running

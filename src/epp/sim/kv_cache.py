@@ -30,12 +30,17 @@ can observe:
   use; the simulator resets anyway and detaches them.)
 - With `removed` set to a list, every eviction appends the evicted hash to it: the
   owner turns those into `BlockRemoved` events.
+- A block can be cached before its KV is computed (the owner allocates a request's blocks
+  when it starts, and computes them during its prefill): `mark_ready_at` records when
+  it will be. Lookups given a time (`leading_hits(hashes, at)`) reuse only copies ready
+  by then; lookups without one see every cached copy.
 
 No I/O and no clock: the owner decides when requests start and finish.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -55,6 +60,8 @@ class PrefixBlockPool:
         "_evictable",
         "_hash_of",
         "_next_id",
+        "_pending",
+        "_ready_at",
         "_refs",
         "num_blocks",
         "removed",
@@ -74,6 +81,10 @@ class PrefixBlockPool:
         # The cached blocks nobody holds, oldest (first to evict) first.
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._anonymous_in_use = 0
+        # Cached blocks whose KV is not computed yet -> the time it will be; and the same
+        # as a heap, to forget them once the owner's clock passes that time.
+        self._ready_at: dict[int, float] = {}
+        self._pending: list[tuple[float, int]] = []
         self._next_id = 0
         self._epoch = 0
         self.removed: list[BlockHash] | None = None
@@ -105,29 +116,75 @@ class PrefixBlockPool:
         """How many cached blocks hold `block`."""
         return len(self._copies.get(block, ()))
 
-    def leading_hits(self, hashes: Sequence[BlockHash]) -> int:
-        """How many blocks from the start of `hashes` are cached (the reusable prefix)."""
+    def leading_hits(self, hashes: Sequence[BlockHash], at: float | None = None) -> int:
+        """How many blocks from the start of `hashes` are cached (the reusable prefix);
+        with `at`, only copies whose KV is computed by then count."""
         copies = self._copies
         hits = 0
+        if at is None or not self._ready_at:
+            for block in hashes:
+                if block not in copies:
+                    break
+                hits += 1
+            return hits
         for block in hashes:
-            if block not in copies:
+            holders = copies.get(block)
+            if holders is None or self._ready_copy(holders, at) is None:
                 break
             hits += 1
         return hits
 
-    def allocate(self, hashes: Sequence[BlockHash], hits: int, anonymous: int) -> BlockTable | None:
+    def _ready_copy(self, holders: list[int], at: float | None) -> int | None:
+        """The oldest of `holders` computed by `at` (any copy when `at` is None)."""
+        ready_at = self._ready_at
+        if at is None or not ready_at:
+            return holders[0]
+        for block in holders:
+            ready = ready_at.get(block)
+            if ready is None or ready <= at:
+                return block
+        return None
+
+    def mark_ready_at(self, blocks: Sequence[int], at: float) -> None:
+        """The KV of these (newly allocated, cached) blocks is computed at time `at`."""
+        for block in blocks:
+            self._ready_at[block] = at
+            heapq.heappush(self._pending, (at, block))
+
+    def settle(self, now: float) -> None:
+        """Forget the ready times that `now` has passed (the owner's clock never goes back)."""
+        pending = self._pending
+        ready_at = self._ready_at
+        while pending and pending[0][0] <= now:
+            at, block = heapq.heappop(pending)
+            if ready_at.get(block) == at:
+                del ready_at[block]
+
+    def allocate(
+        self,
+        hashes: Sequence[BlockHash],
+        hits: int,
+        anonymous: int,
+        at: float | None = None,
+    ) -> BlockTable | None:
         """Blocks for a request, or None (pool unchanged) when they cannot all fit.
 
         The first `hits` hashes reuse their cached blocks (they must be cached: at most
-        `leading_hits(hashes)`); every later hash gets a new block, cached at once under
-        its hash (vLLM caches a request's full prompt blocks when it schedules them),
-        even when another copy exists; `anonymous` more blocks are reserved. Evicts
-        least recently released blocks only as far as needed. Returns the block table
-        (reused and new blocks, in `hashes` order) to give back to `release`.
+        `leading_hits(hashes, at)`, and the copy reused is the oldest one computed by
+        `at`); every later hash gets a new block, cached at once under its hash (vLLM
+        caches a request's full prompt blocks when it schedules them), even when another
+        copy exists; `anonymous` more blocks are reserved. Evicts least recently released
+        blocks only as far as needed. Returns the block table (reused and new blocks, in
+        `hashes` order) to give back to `release`.
         """
         copies = self._copies
         refs = self._refs
-        table = [copies[block][0] for block in hashes[:hits]]
+        table: list[int] = []
+        for block_hash in hashes[:hits]:
+            block = self._ready_copy(copies[block_hash], at)
+            if block is None:
+                raise ValueError("a reused block must be cached and computed by `at`")
+            table.append(block)
         new = len(hashes) - hits + anonymous
         # Cached blocks this request is about to pin can no longer be evicted for it.
         reused_evictable = sum(1 for block in set(table) if refs[block] == 0)
@@ -177,6 +234,7 @@ class PrefixBlockPool:
                 evictable[block] = None
             else:
                 del refs[block]
+                self._ready_at.pop(block, None)
         self._anonymous_in_use -= anonymous
 
     def reset(self) -> int:
@@ -189,6 +247,9 @@ class PrefixBlockPool:
         self._evictable.clear()
         self._hash_of.clear()
         self._copies.clear()
+        # Detached blocks are never looked up again: their ready times do not matter.
+        self._ready_at.clear()
+        self._pending.clear()
         self._epoch += 1
         return dropped
 
@@ -213,6 +274,7 @@ class PrefixBlockPool:
         for _ in range(count):
             block, _ = evictable.popitem(last=False)
             del refs[block]
+            self._ready_at.pop(block, None)
             block_hash = hash_of.pop(block)
             holders = copies[block_hash]
             if len(holders) == 1:

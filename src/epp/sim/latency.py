@@ -82,7 +82,7 @@ class RequestTimeline:
     """When one request reached each stage, in engine seconds on the driver's clock."""
 
     arrived: float  # submitted to the engine (joined the waiting queue)
-    scheduled: float  # got a running slot
+    scheduled: float  # first scheduled: its prefill began
     first_token: float
     finished: float  # last token out
     output_tokens: int

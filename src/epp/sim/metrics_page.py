@@ -200,6 +200,7 @@ def render_metrics_page(
     created_unix: float,
     latency: LatencyStats,
     lora_info: LoraInfoSeries | None = None,
+    now: float | None = None,
 ) -> str:
     """The whole /metrics page for one engine (`engine="0"`) serving `model_name`.
 
@@ -208,8 +209,14 @@ def render_metrics_page(
     Series about features the simulator does not have (a KV connector, multimodal
     inputs, sleep mode) are printed as a vLLM without those features prints them: zero,
     or "awake".
+
+    With `now` (engine seconds), requests that hold a slot but whose prefill has not
+    begun (queued behind other prefills on the pod's compute) count as waiting, as vLLM
+    counts a request no step has scheduled yet; without it, every started request runs.
     """
     base = {"engine": "0", "model_name": model_name}
+    queued = 0 if now is None else engine.num_prefill_queued(now)
+    waiting = engine.num_waiting + queued
     counters = engine.counters
     tokens = engine.request_stats
     config = engine.config
@@ -218,20 +225,20 @@ def render_metrics_page(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
         base,
-        engine.num_running,
+        engine.num_running - queued,
     )
     page.gauge(
         "vllm:num_requests_waiting",
         "Number of requests waiting to be processed.",
         base,
-        engine.num_waiting,
+        waiting,
     )
     deferred = engine.num_waiting_deferred
     page.gauges(
         "vllm:num_requests_waiting_by_reason",
         "Number of waiting requests by reason.",
         [
-            ({**base, "reason": "capacity"}, engine.num_waiting - deferred),
+            ({**base, "reason": "capacity"}, waiting - deferred),
             ({**base, "reason": "deferred"}, deferred),
         ],
     )

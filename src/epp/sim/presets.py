@@ -41,6 +41,11 @@ Shared assumptions:
 - H100 prefill is 2.5x the A100's, the middle of the spec's 2-3x; decode, which reads
   weights and KV from HBM every step, scales with bandwidth: x 2.04 / 3.35 = 0.609
   (*arithmetic*).
+- `max_num_batched_tokens` (the token budget of one scheduler step, which sets how much
+  prefill a decode step carries while prefills run): vLLM's defaults for an OpenAI
+  server, 2,048 on an A100 and 8,192 on an H100 (cards of 70 GiB or more that are not
+  A100s; `EngineArgs.get_batch_defaults` in vLLM's `engine/arg_utils.py`, where larger
+  budgets on A100s are said to lower throughput, vLLM PR #17885).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ H100_DECODE_FACTOR = A100_HBM_TBPS / H100_HBM_TBPS
 MAX_NUM_SEQS = 256
 MAX_WAITING = 1024
 MAX_LORAS = 4
+A100_MAX_NUM_BATCHED_TOKENS = 2048
+H100_MAX_NUM_BATCHED_TOKENS = 8192
 LORA_LOAD_RANK16_S = 0.2  # spec; rank 64 -> 0.8 s follows from EngineConfig.lora_load_seconds
 
 
@@ -143,6 +150,7 @@ def _a100(
         max_loras=MAX_LORAS,
         lora_load_s=LORA_LOAD_RANK16_S,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        max_num_batched_tokens=A100_MAX_NUM_BATCHED_TOKENS,
     )
 
 
@@ -162,6 +170,7 @@ def _h100(a100: EngineConfig) -> EngineConfig:
         max_loras=a100.max_loras,
         lora_load_s=a100.lora_load_s,
         gpu_memory_utilization=a100.gpu_memory_utilization,
+        max_num_batched_tokens=H100_MAX_NUM_BATCHED_TOKENS,
     )
 
 

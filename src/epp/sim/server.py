@@ -12,6 +12,12 @@ real overheads of HTTP and the event loop are magnified by the same factor.
 
 Requests are scheduled event by event, with no background task: every submit and every
 finish asks the engine which waiting requests can start now, and wakes their handlers.
+A started request's first token is due `prefill_seconds` later, which includes its wait
+for the pod's prefill compute (prefills run one after the other, first come first served,
+see `epp.sim.engine`); each decode step is asked of the engine for the time it starts, so
+tokens come slower while a prefill runs. /metrics counts a request still queued behind
+other prefills as waiting, and its queue time (`vllm:request_queue_time_seconds`) runs
+until its own prefill begins, as vLLM counts a request no step has scheduled yet.
 A handler that ends for any reason (done, client gone, cancelled) finishes its request in
 the engine, which frees its slot and unpins its KV blocks.
 
@@ -302,7 +308,9 @@ class SimPod:
                 )
                 await response.prepare(request)
             started = await waiter
-            scheduled = time.monotonic()
+            # vLLM's queue time ends when a step first schedules the request: when its
+            # prefill begins, after any wait behind the pod's other prefills.
+            scheduled = time.monotonic() + started.prefill_wait_seconds * scale
             log.debug(
                 "request started req_id=%s model=%s prompt_tokens=%d cached_tokens=%d "
                 "max_tokens=%d",
@@ -396,17 +404,21 @@ class SimPod:
 
         With `token_ids` (`return_token_ids`), each streamed chunk carries its token's id.
 
-        Each token is due one decode step (asked of the engine as the batch is now) after
-        the previous one. Sleeping to absolute deadlines keeps the total right even when
-        the event loop wakes a little late.
+        Each token is due one decode step after the previous one, asked of the engine for
+        the step's start (the previous token's deadline): the batch as it is, plus a
+        prefill chunk when a prefill is in progress on the pod then. Sleeping to absolute
+        deadlines keeps the total right even when the event loop wakes a little late.
         """
         engine = self.engine
         scale = self.config.time_scale
+        origin = self._clock_origin
         inter_token = self.latency.inter_token
         min_sleep = 0.0 if response is not None else _NON_STREAM_MIN_SLEEP_S
         deadline = time.monotonic()
         for index in range(1, max_tokens):
-            step = engine.decode_step_seconds()
+            # The step starts at the previous token's deadline (engine seconds), and
+            # carries a prefill chunk if a prefill is in progress then.
+            step = engine.decode_step_seconds((deadline - origin) / scale)
             # The engine's own step, which the deadlines below keep to on average.
             inter_token.observe(step)
             deadline += step * scale
@@ -504,6 +516,7 @@ class SimPod:
             created_unix=self.created_unix,
             latency=self.latency,
             lora_info=self.lora_info,
+            now=self.engine_now(),
         )
         return web.Response(body=page.encode(), headers={"Content-Type": CONTENT_TYPE})
 
