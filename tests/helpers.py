@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from epp.config import EppConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import PodMetrics
@@ -36,8 +38,11 @@ def config(**sections: dict) -> EppConfig:
     return EppConfig.model_validate(sections)
 
 
-def router_with(endpoint_configs: list[dict], **sections: dict):
-    """A real Router over a store holding these endpoints as freshly scraped, idle pods."""
+def router_with(
+    endpoint_configs: list[dict], *, clock: Callable[[], float] | None = None, **sections: dict
+):
+    """A real Router over a store holding these endpoints as freshly scraped, idle pods;
+    `clock` replaces the store's (monotonic) clock."""
     from epp.config import EndpointConfig
     from epp.datalayer.store import EndpointStore
     from epp.observability.metrics import EppMetrics
@@ -47,7 +52,7 @@ def router_with(endpoint_configs: list[dict], **sections: dict):
     from epp.tokenize import ByteEstimateTokenizer
 
     cfg = config(**sections)
-    store = EndpointStore(cfg.datalayer)
+    store = EndpointStore(cfg.datalayer) if clock is None else EndpointStore(cfg.datalayer, clock)
     store.sync([EndpointConfig.model_validate(c) for c in endpoint_configs])
     for e in store.all():
         store.scraped(e, PodMetrics(model="m"))

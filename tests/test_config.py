@@ -41,6 +41,13 @@ def test_example_config_loads_and_documents_the_defaults():
             ]
         },
         {"server": {"stream_chunk_bytes": 100_000}},
+        {"scheduling": {"prefill_estimate": {"overhead_s": -0.01}}},
+        {"scheduling": {"prefill_estimate": {"per_token_s": float("nan")}}},
+        {"scheduling": {"prefill_estimate": {"per_token_s": float("inf")}}},
+        {"scheduling": {"prefill_estimate": {"per_tokens_s": 0.0002}}},
+        # A cached token dearer than a computed one would make the scorer shun cache hits.
+        {"scheduling": {"prefill_estimate": {"per_token_s": 1e-6, "per_cached_token_s": 1e-5}}},
+        {"prefill_estimate": {"overhead_s": 0.01}},  # it lives under scheduling
     ],
 )
 def test_invalid_configs_fail_with_the_path(data):
@@ -60,3 +67,21 @@ def test_non_mapping_files_are_rejected(tmp_path):
     (tmp_path / "bad.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ValueError, match="mapping"):
         load_config(tmp_path / "bad.yaml")
+
+
+def test_prefill_estimate_defaults_and_enabling_the_scorer(tmp_path):
+    estimate = EppConfig().scheduling.prefill_estimate
+    # The spec's 8B on A100: 0.9 s per cold 4,096 tokens, 45 ms fully cached.
+    assert estimate.overhead_s + 4096 * estimate.per_token_s == pytest.approx(0.9, abs=0.002)
+    cached = estimate.overhead_s + estimate.per_token_s + 4095 * estimate.per_cached_token_s
+    assert cached == pytest.approx(0.045, abs=0.004)
+    (tmp_path / "epp.yaml").write_text(
+        "scheduling:\n"
+        "  weights: {cache: 0.30, load: 0.10, queue: 0.05, health: 0.025, adapter: 0.025,"
+        " prefill: 0.5}\n"
+        "  prefill_estimate: {overhead_s: 0.005, per_token_s: 0.0001, per_cached_token_s: 0}\n"
+    )
+    scheduling = load_config(tmp_path / "epp.yaml").scheduling
+    assert scheduling.weights["prefill"] == 0.5
+    assert scheduling.prefill_estimate.per_token_s == 0.0001
+    assert scheduling.prefill_estimate.per_cached_token_s == 0.0

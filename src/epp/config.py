@@ -20,6 +20,35 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PrefillEstimateConfig(Strict):
+    """Per-pod prefill cost, for the optional `prefill` scorer (expected time to first
+    token): a prompt's own prefill is estimated as
+
+        overhead_s + uncached tokens x per_token_s + cached tokens x per_cached_token_s
+
+    The defaults are the spec's Llama-3.1-8B on one A100 (the `llama-8b-a100` simulator
+    preset): a cold 4,096-token prompt prefills in 0.9 s (10 ms + 4,096 x 217 us), and a
+    fully cached one in 45 ms (the last block is recomputed; the rest costs ~7.7 us per
+    token to look up). They are only right for that model on that GPU: set them per
+    model/GPU, e.g. from the TTFT of single cold and fully cached requests on an idle pod.
+    Unused unless `prefill` has a weight in `scheduling.weights`.
+    """
+
+    overhead_s: float = Field(0.010, ge=0.0, allow_inf_nan=False)
+    per_token_s: float = Field(0.000217, ge=0.0, allow_inf_nan=False)
+    per_cached_token_s: float = Field(0.0000077, ge=0.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _cached_not_dearer(self) -> PrefillEstimateConfig:
+        # A cached token dearer than a computed one would make the scorer avoid cache hits.
+        if self.per_cached_token_s > self.per_token_s:
+            raise ValueError(
+                f"per_cached_token_s ({self.per_cached_token_s}) must not exceed "
+                f"per_token_s ({self.per_token_s})"
+            )
+        return self
+
+
 class SchedulingConfig(Strict):
     # Keys are scorer names in the registry (built-ins or registered custom scorers).
     weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
@@ -27,6 +56,8 @@ class SchedulingConfig(Strict):
     health_threshold: float = Field(0.3, ge=0.0, le=1.0, description="pods below are excluded")
     fallbacks: int = Field(3, ge=0, le=16, description="fallback endpoints after the primary")
     tie_epsilon: float = Field(1e-9, ge=0.0, description="scores closer than this are equal")
+    # Here rather than top level: scorer factories receive this section (see registry.py).
+    prefill_estimate: PrefillEstimateConfig = Field(default_factory=PrefillEstimateConfig)
 
     @field_validator("weights")
     @classmethod

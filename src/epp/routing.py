@@ -1,7 +1,9 @@
 """One routing decision from end to end, independent of the transport.
 
 parse body -> tokenize -> chained block hashes -> prefix index lookup -> scheduler ->
-record (approximate mode: the chosen pod now holds the prompt's blocks) -> metrics/log.
+record (approximate mode: the chosen pod now holds the prompt's blocks; with the
+`prefill` scorer on, the chosen pod's prefill lane grows by this prompt's estimated
+prefill) -> metrics/log.
 The ext_proc server calls `route` and `complete`; the simulators and tests can too.
 """
 
@@ -21,6 +23,7 @@ from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request import InferenceRequest, Prompt, RequestRejected, parse_request
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scorers.prefill import PrefillCost
 from epp.scheduling.types import Decision, SchedulingError, SchedulingRequest
 from epp.tokenize import Tokenizer
 
@@ -70,6 +73,13 @@ class Router:
         self._tokenizer = tokenizer
         self._metrics = metrics
         self._block_size = config.prefix.block_size
+        # The prefill lanes cost a clock read and an estimate per request: kept only while
+        # the `prefill` scorer, their only reader, has a weight.
+        self._prefill: PrefillCost | None = (
+            PrefillCost.from_config(scheduler.config.prefill_estimate)
+            if "prefill" in scheduler.weights
+            else None
+        )
         store.on_change(self._on_endpoint_change)
 
     def _on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
@@ -99,6 +109,8 @@ class Router:
         tokens = _tokens(request.prompt, self._tokenizer)
         seed = chain_seed(request.model or "", request.adapter, request.cache_salt)
         hashes = block_hashes(tokens, self._block_size, seed)
+        prefill = self._prefill
+        now = self._store.now() if prefill is not None else 0.0
         sched_request = SchedulingRequest(
             request_id=request_id,
             model=request.model,
@@ -108,6 +120,8 @@ class Router:
             prefix_match=self._index.match(hashes) if hashes else {},
             subset=subset,
             prompt_tokens=len(tokens),
+            block_size=self._block_size,
+            now=now,
         )
         try:
             decision = self._scheduler.schedule(sched_request, self._store.all())
@@ -125,6 +139,11 @@ class Router:
         if hashes:
             self._index.record(chosen.name, hashes)
         dispatch = self._store.dispatched(chosen)
+        if prefill is not None:
+            # The match the scorer saw (taken before `record`), not the one just recorded.
+            matched = sched_request.prefix_match.get(chosen.name, 0)
+            own = prefill.seconds(len(tokens), matched, self._block_size)
+            self._store.prefill_dispatched(chosen, own, now)
         elapsed_us = (time.perf_counter() - started) * 1e6
         self._observe(request, sched_request, decision, elapsed_us)
         return RoutedRequest(request_id, decision, request, len(tokens), dispatch)

@@ -12,9 +12,10 @@ import structlog
 from epp.bench import workloads
 from epp.bench.baselines import ConsistentHash
 from epp.bench.types import RunResult
-from epp.bench.virtual import ROUTERS, run_virtual
+from epp.bench.virtual import ROUTERS, make_router, run_virtual
 from epp.bench.virtual_prepare import distinct_prefix_blocks, prepare, size_kv_for_fraction
 from epp.bench.virtual_types import VirtualPods
+from epp.config import EppConfig
 from epp.sim.engine import EngineConfig, SimEngine
 
 FAST = EngineConfig(
@@ -289,6 +290,25 @@ def test_expected_ttft_what_if_routes_equal_cold_prompts_like_round_robin() -> N
     ttfts = sorted(o.ttft_s or 0 for o in what_if.outcomes)
     assert ttfts == pytest.approx(sorted(o.ttft_s or 0 for o in round_robin.outcomes))
     assert what_if.extra["router_stats"]["prefill_weight"] == 0.5
+
+
+def test_expected_ttft_what_if_is_the_epp_with_its_prefill_scorer_on() -> None:
+    # A thin configuration of the real thing: weights halved, `prefill` 0.5, and the
+    # scorer's cost model taken from the pods' engine.
+    pods = VirtualPods(("pod-0", "pod-1"), (SimEngine(FAST), SimEngine(FAST)), "m")
+    router = make_router("epp_prefill", pods, epp_config=EppConfig())
+    scheduling = router.config.scheduling  # type: ignore[attr-defined]
+    assert scheduling.weights == {
+        "cache": 0.30, "load": 0.10, "queue": 0.05, "health": 0.025, "adapter": 0.025,
+        "prefill": 0.5,
+    }  # fmt: skip
+    estimate = scheduling.prefill_estimate
+    assert (estimate.overhead_s, estimate.per_token_s, estimate.per_cached_token_s) == (
+        FAST.prefill_overhead_s,
+        FAST.prefill_per_token_s,
+        FAST.prefill_per_cached_token_s,
+    )
+    assert "prefill" in router.scheduler.weights  # type: ignore[attr-defined]
 
 
 def test_kv_fraction_sizes_the_pods_from_distinct_prefix_blocks(small: workloads.Workload) -> None:

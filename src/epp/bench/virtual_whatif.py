@@ -1,83 +1,44 @@
-"""What-if routers for the virtual benchmark: hypotheses about the EPP's scoring, tested
-without touching it (the EPP's scorer registry takes extra scorers by design).
+"""What-if routers for the virtual benchmark: EPP configurations not run by default.
 
-`epp_prefill`: the EPP plus one scorer, `prefill`, the expected time to first token on
-each pod as the EPP itself can estimate it. The EPP keeps, per pod, when the prefills it
-dispatched there will be over, assuming the pod prefills first come, first served:
-
-    own(pod)   = overhead + unmatched prompt tokens x per-token cost
-                 + matched prompt tokens x per-cached-token cost
-    ttft(pod)  = max(0, lane_end(pod) - now) + own(pod)
-    prefill    = min(ttft over the candidates) / ttft(pod)          (1 for the best pod)
-
-and on dispatch moves `lane_end(pod)` to max(now, lane_end(pod)) + own(pod). The match is
-the prefix index's (what the EPP already computes); the costs are the pod's per-token
-prefill figures, which an EPP would be configured with or learn from observed TTFTs (here
-they are taken from the engine configuration). With equal prompts and no reuse this is
-round robin in the order pods free up; with reuse it trades a cache hit against the
-prefills queued on the pod that holds it. The configured weights are scaled by
-1 - PREFILL_WEIGHT and `prefill` gets PREFILL_WEIGHT.
+`epp_prefill`: the EPP with its optional built-in `prefill` scorer turned on (expected
+time to first token per pod; formula in `epp.scheduling.scorers.prefill`). The configured
+weights are scaled by 1 - PREFILL_WEIGHT and `prefill` gets PREFILL_WEIGHT. The scorer's
+cost model (`scheduling.prefill_estimate`) is set from the simulated pods' own prefill
+costs, as an operator would set it from the model and GPU the pods run, so the estimate is
+exact for a pod that prefills only what the EPP sent it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from epp.bench.virtual_epp import EppVirtualRouter
-from epp.bench.virtual_types import PreparedRequest, RouteChoice, VirtualPods
+from epp.bench.virtual_types import VirtualPods
 from epp.config import EppConfig
-from epp.datalayer.endpoint import Endpoint
-from epp.routing import RoutedRequest
-from epp.scheduling.registry import ScorerRegistry
-from epp.scheduling.types import SchedulingRequest
 from epp.sim.engine import EngineConfig
 
 WHATIF_ROUTERS = ("epp_prefill",)
 PREFILL_WEIGHT = 0.5
 
 
-@dataclass(slots=True)
-class PrefillLanes:
-    """The EPP's estimate of each pod's prefill queue: when its dispatched prefills end."""
-
-    costs: EngineConfig
-    block_size: int = 16
-    now: float = 0.0
-    lane_end: dict[str, float] = field(default_factory=dict)  # pod name -> seconds
-    # own(pod) for the request being routed, kept for the dispatch that follows.
-    last: dict[str, float] = field(default_factory=dict)
-
-    def own_seconds(self, prompt_tokens: int, matched_blocks: int) -> float:
-        cached = min(max(prompt_tokens - 1, 0), matched_blocks * self.block_size)
-        return self.costs.prefill_seconds(prompt_tokens, cached)
-
-    def dispatched(self, pod: str) -> None:
-        start = max(self.now, self.lane_end.get(pod, 0.0))
-        self.lane_end[pod] = start + self.last.get(pod, 0.0)
-
-
-@dataclass(slots=True)
-class ExpectedTtftScorer:
-    lanes: PrefillLanes
-    name: str = "prefill"
-
-    def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
-        lanes = self.lanes
-        matched = request.prefix_match.get
-        own = {
-            e.name: lanes.own_seconds(request.prompt_tokens, matched(e.name, 0)) for e in candidates
-        }
-        lanes.last = own
-        now = lanes.now
-        ttft = [max(0.0, lanes.lane_end.get(e.name, 0.0) - now) + own[e.name] for e in candidates]
-        best = min(ttft)
-        return [best / t if t > 0 else 1.0 for t in ttft]
+def prefill_config(base: EppConfig, engine: EngineConfig, weight: float) -> EppConfig:
+    """`base` with `prefill` at `weight`, the other weights scaled to leave room for it,
+    and the prefill estimate taken from the engine's costs."""
+    weights = {name: value * (1 - weight) for name, value in base.scheduling.weights.items()}
+    weights["prefill"] = weights.get("prefill", 0.0) + weight
+    estimate = {
+        "overhead_s": engine.prefill_overhead_s,
+        "per_token_s": engine.prefill_per_token_s,
+        "per_cached_token_s": engine.prefill_per_cached_token_s,
+    }
+    scheduling = base.scheduling.model_dump()
+    scheduling.update(weights=weights, prefill_estimate=estimate)
+    # Validated again (model_copy would not): weights summing to 1, costs in range.
+    return EppConfig.model_validate({**base.model_dump(), "scheduling": scheduling})
 
 
 class PrefillAwareEppRouter(EppVirtualRouter):
-    """The EPP with the `prefill` scorer added (module docstring)."""
+    """The EPP with `prefill` at PREFILL_WEIGHT (module docstring)."""
 
     name = "epp_prefill"
 
@@ -90,29 +51,9 @@ class PrefillAwareEppRouter(EppVirtualRouter):
         adapters: dict[str, str] | None = None,
         weight: float | None = None,
     ) -> None:
-        weight = PREFILL_WEIGHT if weight is None else weight
-        base = config or EppConfig()
-        weights = {k: v * (1 - weight) for k, v in base.scheduling.weights.items()}
-        weights["prefill"] = weight
-        scheduling = base.scheduling.model_copy(update={"weights": weights})
-        self.lanes = PrefillLanes(pods.engines[0].config, block_size=base.prefix.block_size)
-        self.weight = weight
-        registry = ScorerRegistry()
-        registry.register("prefill", lambda _config: ExpectedTtftScorer(self.lanes))
-        super().__init__(
-            pods,
-            base.model_copy(update={"scheduling": scheduling}),
-            seed=seed,
-            adapters=adapters,
-            registry=registry,
-        )
-
-    def route(self, request: PreparedRequest, now: float) -> RouteChoice:
-        self.lanes.now = now
-        choice = super().route(request, now)
-        if isinstance(choice.ticket, RoutedRequest):
-            self.lanes.dispatched(choice.ticket.endpoint.name)
-        return choice
+        self.weight = PREFILL_WEIGHT if weight is None else weight
+        config = prefill_config(config or EppConfig(), pods.engines[0].config, self.weight)
+        super().__init__(pods, config, seed=seed, adapters=adapters)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "prefill_weight": self.weight}

@@ -34,6 +34,10 @@ class Endpoint:
     # (sent after that fetch began). A request that completed is no longer waiting, so it
     # leaves the set even if no scrape has happened since: fast requests must not pile up.
     unseen_dispatches: set[int] = field(default_factory=set)
+    # When the prefills this EPP sent the pod should be over (store clock, seconds),
+    # assuming the pod prefills first come, first served. Kept only while the `prefill`
+    # scorer has a weight (routing.py); 0.0: nothing sent yet.
+    prefill_lane_end: float = 0.0
 
     # Response path: moving average of 5xx answers.
     error_rate: float = 0.0

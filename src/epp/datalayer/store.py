@@ -70,6 +70,11 @@ class EndpointStore:
     def __len__(self) -> int:
         return len(self._by_name)
 
+    def now(self) -> float:
+        """The store's clock (monotonic, or virtual in benchmarks and tests): callers that
+        keep times on endpoints use it so that those times compare with the store's."""
+        return self._clock()
+
     # -- data-layer updates --------------------------------------------------------
     def scraped(
         self, endpoint: Endpoint, metrics: PodMetrics, dispatched_at_start: int | None = None
@@ -115,6 +120,12 @@ class EndpointStore:
         endpoint.unseen_dispatches.add(endpoint.dispatched_total)
         endpoint.queue_depth += 1
         return endpoint.dispatched_total
+
+    def prefill_dispatched(self, endpoint: Endpoint, seconds: float, now: float) -> None:
+        """A prefill of `seconds` was queued on the pod at `now`: it starts when the pod's
+        earlier prefills are over (first come, first served), or at once if they are."""
+        lane_end = endpoint.prefill_lane_end
+        endpoint.prefill_lane_end = (now if now > lane_end else lane_end) + seconds
 
     def completed(
         self, endpoint: Endpoint, status: int | None, dispatch: int | None = None

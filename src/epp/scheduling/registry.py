@@ -15,6 +15,7 @@ from epp.scheduling.scorers.cache import CacheScorer
 from epp.scheduling.scorers.cost import CostScorer
 from epp.scheduling.scorers.health import HealthScorer
 from epp.scheduling.scorers.load import LoadScorer
+from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.types import Scorer
 
@@ -26,7 +27,10 @@ BUILTIN_SCORERS: dict[str, ScorerFactory] = {
     "queue": lambda config: QueueScorer(max_queue=config.max_queue),
     "health": lambda config: HealthScorer(),
     "adapter": lambda config: AdapterScorer(),
+    # Optional, off unless given a weight. `prefill` reads the prefill lanes that the
+    # Router keeps only while the scorer has a weight.
     "cost": lambda config: CostScorer(),
+    "prefill": lambda config: PrefillScorer(PrefillCost.from_config(config.prefill_estimate)),
 }
 
 

@@ -13,7 +13,9 @@ from epp.prefix.hashing import BlockHash
 @dataclass(slots=True)
 class SchedulingRequest:
     """One request as scheduling sees it. `prefix_match` is produced once, before scoring,
-    by the prefix index (pod name -> leading blocks it holds); scorers only read it."""
+    by the prefix index (pod name -> leading blocks it holds); scorers only read it.
+    `now` is the data layer's clock at routing time, passed in because scheduling has no
+    clock of its own; the Router sets it only while the `prefill` scorer is on (else 0.0)."""
 
     request_id: str
     model: str | None = None
@@ -23,6 +25,8 @@ class SchedulingRequest:
     prefix_match: dict[str, int] = field(default_factory=dict)
     subset: frozenset[str] | None = None  # addresses the proxy allows, None = all
     prompt_tokens: int = 0
+    block_size: int = 16  # tokens per block of `block_hashes`: turns a match into tokens
+    now: float = 0.0
 
     @property
     def total_blocks(self) -> int:

@@ -1,0 +1,107 @@
+"""The optional `prefill` scorer: expected TTFT per pod, best / this pod's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import endpoint
+
+from epp.config import DEFAULT_WEIGHTS, PrefillEstimateConfig, SchedulingConfig
+from epp.scheduling.registry import BUILTIN_SCORERS
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
+from epp.scheduling.types import SchedulingRequest
+
+COST = PrefillCost.from_config(PrefillEstimateConfig())  # 8B on A100: 0.9 s per 4,096 cold
+NOW = 1000.0
+PROMPT = 4096  # 256 blocks of 16
+OWN_HOT = 0.010 + 1 * 0.000217 + 4095 * 0.0000077  # full match: only the last token computed
+OWN_COLD = 0.010 + 4096 * 0.000217
+BREAK_EVEN = OWN_COLD - OWN_HOT  # ~0.857 s of queued prefill on the hot pod
+
+
+def request(match: dict[str, int] | None = None, prompt: int = PROMPT) -> SchedulingRequest:
+    return SchedulingRequest(
+        request_id="r",
+        base_model="m",
+        block_hashes=list(range(prompt // 16)),
+        prefix_match=match or {},
+        prompt_tokens=prompt,
+        block_size=16,
+        now=NOW,
+    )
+
+
+def pod(name: str, lane_left: float = 0.0):
+    e = endpoint(name)
+    e.prefill_lane_end = NOW + lane_left
+    return e
+
+
+def test_idle_pods_without_a_match_tie_at_one():
+    assert PrefillScorer(COST).score(request(), [pod("a"), pod("b"), pod("c")]) == [1.0] * 3
+
+
+@pytest.mark.parametrize(
+    ("hot_lane_s", "winner"),
+    [
+        (0.0, "hot"),
+        (0.5, "hot"),
+        (BREAK_EVEN - 0.01, "hot"),
+        (BREAK_EVEN + 0.01, "idle"),
+        (3.0, "idle"),
+        (-5.0, "hot"),  # a lane that ended in the past is free, not "5 s early"
+    ],
+)
+def test_full_prefix_match_wins_until_its_queued_prefill_outweighs_the_hit(hot_lane_s, winner):
+    hot, idle = pod("hot", hot_lane_s), pod("idle")
+    hot_score, idle_score = PrefillScorer(COST).score(request({"hot": 256}), [hot, idle])
+    scores = {"hot": hot_score, "idle": idle_score}
+    loser = "idle" if winner == "hot" else "hot"
+    assert scores[winner] == 1.0
+    assert 0.0 < scores[loser] < 1.0
+    ttft_hot = max(0.0, hot_lane_s) + OWN_HOT
+    expected = min(ttft_hot, OWN_COLD) / max(ttft_hot, OWN_COLD)
+    assert scores[loser] == pytest.approx(expected)
+
+
+def test_the_last_prompt_token_is_never_counted_as_cached():
+    # 32 tokens, both blocks held: 31 cached, 1 computed (it produces the first token).
+    assert COST.seconds(32, 2, 16) == pytest.approx(0.010 + 0.000217 + 31 * 0.0000077)
+    assert COST.seconds(0, 0, 16) == pytest.approx(0.010)
+    assert COST.seconds(40, 99, 16) == COST.seconds(40, 3, 16)  # a match beyond the prompt
+
+
+def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one():
+    rng = random.Random(7)
+    zero = PrefillScorer(PrefillCost(0.0, 0.0, 0.0))
+    for _ in range(300):
+        prompt = rng.randrange(0, 20_000)
+        pods = [pod(f"p{i}", rng.uniform(-2.0, 10.0)) for i in range(rng.randrange(1, 9))]
+        match = {p.name: rng.randrange(0, prompt // 16 + 2) for p in pods if rng.random() < 0.5}
+        scores = PrefillScorer(COST).score(request(match, prompt), pods)
+        assert all(0.0 <= s <= 1.0 for s in scores) and max(scores) == 1.0
+        # Zero costs and every lane free: nothing to tell apart, nothing divided by zero.
+        idle = [pod(p.name, 0.0) for p in pods]
+        assert zero.score(request(match, prompt), idle) == [1.0] * len(idle)
+
+
+def test_registered_but_off_by_default_and_on_with_a_weight():
+    assert "prefill" in BUILTIN_SCORERS and "prefill" not in DEFAULT_WEIGHTS
+    assert "prefill" not in Scheduler(SchedulingConfig()).weights
+    weights = {name: w * 0.5 for name, w in DEFAULT_WEIGHTS.items()} | {"prefill": 0.5}
+    assert Scheduler(SchedulingConfig(weights=weights)).weights["prefill"] == 0.5
+
+
+@pytest.mark.parametrize(("hot_lane_s", "winner"), [(1.0, "hot"), (3.0, "idle")])
+def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s, winner):
+    # Composite: the cache factor (0.30) still favours the hot pod, so it loses only once
+    # its expected TTFT is ~2.5x the idle pod's (~2.2 s of queued prefill here).
+    weights = {name: w * 0.5 for name, w in DEFAULT_WEIGHTS.items()} | {"prefill": 0.5}
+    scheduler = Scheduler(SchedulingConfig(weights=weights), rng=random.Random(0))
+    hot, idle = pod("hot", hot_lane_s), pod("idle")
+    decision = scheduler.schedule(request({"hot": 256}), [hot, idle])
+    assert decision.primary.name == winner
+    expected = 1.0 if winner == "idle" else OWN_COLD / (hot_lane_s + OWN_HOT)
+    assert decision.factor("prefill") == pytest.approx(expected)
