@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo run test lint format clean deploy-configs
+.PHONY: setup demo run test lint format clean deploy-configs bench bench-virtual bench-overhead bench-live
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -26,6 +26,16 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/pytest $(ARGS)
+
+# Benchmarks (docs/benchmarks/): virtual time and EPP overhead here; live with the peers
+# below (it installs inference-perf, sglang-router and vllm-router under .bench/ first).
+bench: bench-virtual bench-overhead
+
+bench-virtual: $(STAMP)
+	tools/bench/virtual.sh
+
+bench-overhead: $(STAMP)
+	$(BIN)/epp bench overhead --out docs/benchmarks/overhead
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
