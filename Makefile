@@ -37,6 +37,15 @@ bench-virtual: $(STAMP)
 bench-overhead: $(STAMP)
 	$(BIN)/epp bench overhead --out docs/benchmarks/overhead
 
+# About 30 minutes on 2 cores; see docs/benchmarks/live.md.
+bench-live: $(STAMP)
+	$(BIN)/python -m epp.bench.bench_env
+	$(BIN)/epp bench live --repeats 2 --out docs/benchmarks/live
+	$(BIN)/epp bench live --client inference-perf --rates 8 \
+	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live
+	$(BIN)/epp bench live --workload multi-turn --rates 2 --repeats 2 \
+	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
