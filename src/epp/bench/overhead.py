@@ -386,7 +386,7 @@ def _markdown(
             f"{scrape.epp_cpu_cores * 100 / scrape.pods:.2f} |",
             "",
             "For comparison, the Go reference EPP's authors measured ~7.5 cores for 100 idle pods at "
-            "the same interval (../shared/docs/vllm.md).",
+            "the same interval.",
         ]
     return "\n".join(lines) + "\n"
 
