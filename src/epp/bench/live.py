@@ -55,13 +55,13 @@ from epp.sim.server import SimPodConfig
 
 ClientKind = Literal["ours", "inference-perf"]
 
-# Chosen so that on 2 cores the simulated GPUs fill up before the CPU does (see
-# docs/benchmarks/live.md for the measurement): 4 running slots per pod, a slow decode
-# (10 ms/token) so that a request holds its slot ~1 s while costing the CPU only ~100 SSE
-# chunks, and a prefill cost (0.2 ms/token) that makes a cache miss on a 1,800-token
-# prompt cost ~0.36 s of TTFT against ~0.07 s for a hit. 2,048 KV blocks per pod hold
-# 32k tokens: the 30 system prompts of shared-prefix-small (45k tokens) fit in the
-# cluster only if the router partitions them.
+# Chosen so that on 2 cores the simulated GPUs fill up long before the CPU does (measured:
+# docs/benchmarks/live.md): 4 running slots per pod and a slow decode (10 ms/token), so a
+# request holds its slot ~1.4 s while costing the CPU only ~100 SSE chunks; 0.2 ms per
+# uncached prompt token, so a miss on a 1,800-token prompt takes ~0.36 s of the pod's
+# shared prefill lane against ~0.07 s for a hit. 2,048 KV blocks per pod hold 32k tokens:
+# the 30 system prompts of shared-prefix-small (45k tokens) fit in the cluster only if the
+# router partitions them.
 DEFAULT_SIM_ARGS: tuple[str, ...] = (
     "--max-num-seqs", "4",
     "--num-gpu-blocks", "2048",

@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pods", type=int, default=defaults.pods)
     parser.add_argument(
+        "--epp-config",
+        type=Path,
+        default=None,
+        help="`epp serve --config` file for the EPP routers (e.g. other scorer weights)",
+    )
+    parser.add_argument(
         "--sim-args",
         default=" ".join(DEFAULT_SIM_ARGS),
         help="arguments for every `epp sim` pod",
@@ -165,6 +171,7 @@ def _reproduce_command(args: argparse.Namespace, settings: LiveSettings, commit:
         "--repeats", str(args.repeats),
         "--code", commit if args.code == "head" else args.code,
         "--seed", str(settings.seed),
+        *(["--epp-config", str(args.epp_config)] if args.epp_config else []),
         "--out", str(args.out),
     ]  # fmt: skip
     return " ".join(shlex.quote(p) for p in parts)
@@ -325,6 +332,7 @@ def main(argv: list[str]) -> int:
         drain_s=args.drain_s,
         max_in_flight=args.max_in_flight,
         seed=args.seed,
+        epp_args=("--config", str(args.epp_config.resolve())) if args.epp_config else (),
     )
     env = BenchEnv(default_bench_dir())
     if args.setup:
