@@ -787,7 +787,7 @@ def render(vllm: Capture, sim: Capture) -> str:
         lines.append(f.evidence)
         if f.router:
             lines += ["", f"*For the router:* {f.router}"]
-        if f.sim_change:
+        if f.sim_change and f.verdict == "differs":  # advice only while the difference stands
             lines += ["", f"*Simulator change:* {f.sim_change}"]
         lines.append("")
 
