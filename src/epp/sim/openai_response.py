@@ -111,13 +111,7 @@ class ResponseShape:
                 choice["token_ids"] = list(token_ids)
         else:
             body = self._envelope("text_completion")
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
+            choice = _text_choice(text, finish_reason)
             if token_ids is not None:
                 choice["prompt_token_ids"] = _ids(prompt_token_ids)
                 choice["token_ids"] = list(token_ids)
@@ -162,13 +156,7 @@ class ResponseShape:
             }
         else:
             body = self._envelope("text_completion")
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
+            choice = _text_choice(text, finish_reason)
             if prompt_token_ids is not None:
                 choice["prompt_token_ids"] = list(prompt_token_ids)
         if token_id is not None:
@@ -187,3 +175,14 @@ class ResponseShape:
 
 def _ids(token_ids: Sequence[int] | None) -> list[int] | None:
     return None if token_ids is None else list(token_ids)
+
+
+def _text_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+    """A completion choice, the same shape in a whole response and in a stream chunk."""
+    return {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
