@@ -82,6 +82,13 @@ class PrefixConfig(Strict):
     # When a pod reports its KV capacity (vllm:cache_config_info num_gpu_blocks), remember
     # no more blocks for it than it can hold: beyond that the memory is certainly stale.
     use_reported_capacity: bool = True
+    # Bounded work per request: at most this many blocks of a prompt (its head) are
+    # tokenized, hashed and looked up; the rest of the prompt is only counted (estimated).
+    # 8,192 blocks of 16 tokens cover a 128k-token prompt.
+    max_blocks_per_request: int = Field(8192, ge=1, le=1_000_000)
+    # One request records at most this fraction of a pod's capacity (its prompt's head),
+    # so a huge prompt cannot push everything else out of the index for that pod.
+    max_record_fraction: float = Field(0.25, gt=0.0, le=1.0, allow_inf_nan=False)
 
 
 class DataLayerConfig(Strict):

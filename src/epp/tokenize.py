@@ -6,12 +6,25 @@ is all that matters, so a byte-level estimate is enough: every 4 bytes of UTF-8 
 pseudo-token (the usual ~4 characters per token of English text). A real tokenizer (HF
 `tokenizers` with the model's chat template) plugs in through the same `Tokenizer`
 protocol, which precise mode (matching vLLM's own KV blocks) will need.
+
+Bounded work: the router hashes at most `prefix.max_blocks_per_request` blocks of a prompt,
+so it never needs more than that many tokens. `encode_prefix` / `encode_chat_prefix`
+encode at most `max_tokens` tokens from the prompt's start and estimate the token count of
+the rest (the scheduler accounts for the whole prompt's length), so a 32 MiB prompt costs
+no more to tokenize than a 128k-token one. The head they return is exactly the first
+`max_tokens` ids of the full encoding, so a long prompt shares its blocks with a short one.
+
+Strings from the request body are valid Unicode (the parser rejects unpaired surrogate
+escapes with a 400); the `surrogatepass` below is a second line of defence for callers
+that hand over strings from elsewhere: a stray surrogate hashes as its 3-byte form instead
+of raising.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,8 +37,27 @@ class ChatMessage:
     content: str
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """The first tokens of a prompt and the whole prompt's token count.
+
+    `ids` holds at most the `max_tokens` asked for; `total_tokens` >= len(ids) counts the
+    whole prompt: exact for the encoded part, an estimate for the rest (`exact` tells).
+    """
+
+    ids: array
+    total_tokens: int
+    exact: bool = True
+
+
 class Tokenizer(Protocol):
-    """What the router needs from a tokenizer."""
+    """What the router needs from a tokenizer.
+
+    `encode_prefix` / `encode_chat_prefix` must return the same leading ids as
+    `encode` / `encode_chat` and do work bounded by `max_tokens` (None: no bound), not by
+    the prompt's length. A tokenizer without them still works (`prompt_blocks` falls back
+    to a full encode, unbounded); `encode_head_by_slicing` builds them for any tokenizer.
+    """
 
     name: str
 
@@ -37,10 +69,64 @@ class Tokenizer(Protocol):
         """Token ids of a chat conversation rendered the way the engine renders it."""
         ...
 
+    def encode_prefix(self, text: str, max_tokens: int | None = None) -> Encoded:
+        """At most `max_tokens` leading ids of `encode(text)`, and its (estimated) length."""
+        ...
+
+    def encode_chat_prefix(
+        self, messages: Sequence[ChatMessage], max_tokens: int | None = None
+    ) -> Encoded:
+        """At most `max_tokens` leading ids of `encode_chat(messages)`, and its length."""
+        ...
+
 
 def token_array(ids: Sequence[int]) -> array:
     """Token ids as the uint32 array every tokenizer returns (raises on out-of-range ids)."""
     return array("I", ids)
+
+
+_GENERATION_PROMPT = "<|assistant|>\n"
+_TURN_OVERHEAD = len("<||>\n<|end|>\n")
+
+
+def _render(message: ChatMessage) -> str:
+    return f"<|{message.role}|>\n{message.content}<|end|>\n"
+
+
+def _pseudo_tokens(nbytes: int) -> int:
+    return -(-nbytes // BYTES_PER_PSEUDO_TOKEN)
+
+
+def encode_head_by_slicing(
+    encode: Callable[[str], array],
+    text: str,
+    max_tokens: int | None,
+    *,
+    chars_per_token: float = 4.0,
+    margin_tokens: int = 16,
+) -> Encoded:
+    """`encode_prefix` for any tokenizer with a plain `encode(text) -> array`.
+
+    Encodes a slice of the text's start large enough to yield `max_tokens` +
+    `margin_tokens` ids (growing it while it does not), keeps the first `max_tokens` (the
+    margin absorbs merges across the cut), and estimates the rest from the slice's
+    characters per token. Work is bounded by the slice, not by the text.
+    """
+    if max_tokens is None:
+        ids = encode(text)
+        return Encoded(ids, len(ids))
+    want = max(0, max_tokens) + margin_tokens
+    size = max(64, math.ceil(want * chars_per_token))
+    while True:
+        head = text[:size]
+        ids = encode(head)
+        if len(head) == len(text):
+            return Encoded(ids[:max_tokens], len(ids))
+        if len(ids) >= want:
+            per_char = len(ids) / len(head)
+            total = len(ids) + math.ceil((len(text) - len(head)) * per_char)
+            return Encoded(ids[:max_tokens], total, exact=False)
+        size *= 2
 
 
 class ByteEstimateTokenizer:
@@ -56,9 +142,58 @@ class ByteEstimateTokenizer:
         return self._encode_bytes(text.encode("utf-8", "surrogatepass"))
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> array:
-        rendered = "".join(f"<|{m.role}|>\n{m.content}<|end|>\n" for m in messages)
+        rendered = "".join(_render(m) for m in messages)
         # The generation prompt sits at the end, so it never shifts an earlier block.
-        return self.encode(rendered + "<|assistant|>\n")
+        return self.encode(rendered + _GENERATION_PROMPT)
+
+    def encode_prefix(self, text: str, max_tokens: int | None = None) -> Encoded:
+        if max_tokens is None:
+            ids = self.encode(text)
+            return Encoded(ids, len(ids))
+        limit = max(0, max_tokens) * BYTES_PER_PSEUDO_TOKEN
+        # Every character is at least one UTF-8 byte: `limit` characters give >= `limit`
+        # bytes whenever the text is longer, so the head's bytes are the full encoding's.
+        head = text[:limit]
+        raw = head.encode("utf-8", "surrogatepass")
+        ids = self._encode_bytes(raw[:limit])
+        if len(head) == len(text):
+            return Encoded(ids, _pseudo_tokens(len(raw)))
+        if text.isascii():  # O(1) in CPython: one byte per character
+            return Encoded(ids, _pseudo_tokens(len(text)))
+        sample = head or text[:256]  # bytes per character of the rest, from its start
+        ratio = len(sample.encode("utf-8", "surrogatepass")) / len(sample)
+        rest = math.ceil((len(text) - len(head)) * ratio)
+        return Encoded(ids, _pseudo_tokens(len(raw) + rest), exact=False)
+
+    def encode_chat_prefix(
+        self, messages: Sequence[ChatMessage], max_tokens: int | None = None
+    ) -> Encoded:
+        if max_tokens is None:
+            ids = self.encode_chat(messages)
+            return Encoded(ids, len(ids))
+        # Render only as many turns as the head needs (characters >= bytes / 4 tokens);
+        # the rest is counted, not rendered: its length in characters, scaled to bytes.
+        budget = max(0, max_tokens) * BYTES_PER_PSEUDO_TOKEN
+        pieces: list[str] = []
+        chars = 0
+        cut = len(messages)
+        for i, message in enumerate(messages):
+            if chars >= budget:
+                cut = i
+                break
+            piece = _render(message)
+            pieces.append(piece)
+            chars += len(piece)
+        if cut == len(messages):
+            pieces.append(_GENERATION_PROMPT)
+            return self.encode_prefix("".join(pieces), max_tokens)
+        head = self.encode_prefix("".join(pieces), max_tokens)
+        rest_chars = len(_GENERATION_PROMPT) + sum(
+            len(m.role) + len(m.content) + _TURN_OVERHEAD for m in messages[cut:]
+        )
+        bytes_per_char = head.total_tokens * BYTES_PER_PSEUDO_TOKEN / max(chars, 1)
+        rest = _pseudo_tokens(math.ceil(rest_chars * max(bytes_per_char, 1.0)))
+        return Encoded(head.ids, head.total_tokens + rest, exact=False)
 
     @staticmethod
     def _encode_bytes(raw: bytes) -> array:

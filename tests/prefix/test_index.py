@@ -23,7 +23,7 @@ def test_pod_that_drops_out_keeps_its_depth_and_others_continue():
 
 
 def test_lru_evicts_tail_first_and_respects_capacity():
-    index = PrefixIndex(4)
+    index = PrefixIndex(4, max_record_fraction=1.0)
     index.record("a", [1, 2, 3, 4])
     index.record("a", [10, 11])  # needs two slots: the oldest are the tail of the first prefix
     assert index.blocks("a") == 4
@@ -32,7 +32,7 @@ def test_lru_evicts_tail_first_and_respects_capacity():
 
 
 def test_recording_again_refreshes_recency():
-    index = PrefixIndex(4)
+    index = PrefixIndex(4, max_record_fraction=1.0)
     index.record("a", [1, 2])
     index.record("a", [5, 6])
     index.record("a", [1, 2])  # 1,2 most recent again

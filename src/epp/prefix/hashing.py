@@ -22,17 +22,24 @@ DEFAULT_BLOCK_SIZE = 16
 
 
 def chain_seed(model: str, adapter: str | None = None, cache_salt: str | None = None) -> int:
-    key = f"{model}\x00{adapter or ''}\x00{cache_salt or ''}".encode()
+    # The parser rejects unpaired surrogates; `surrogatepass` keeps any other caller from a
+    # UnicodeEncodeError (it changes nothing for valid strings).
+    key = f"{model}\x00{adapter or ''}\x00{cache_salt or ''}".encode("utf-8", "surrogatepass")
     return xxhash.xxh64_intdigest(key)
 
 
-def block_hashes(tokens: array, block_size: int, seed: int) -> list[BlockHash]:
-    """Hashes of every full block of `tokens` (uint32 array), each chained to the one before."""
+def block_hashes(
+    tokens: array, block_size: int, seed: int, max_blocks: int | None = None
+) -> list[BlockHash]:
+    """Hashes of the full blocks of `tokens` (uint32 array), each chained to the one before:
+    all of them, or the first `max_blocks`."""
     if tokens.typecode != "I":
         raise TypeError("tokens must be an array('I') of token ids")
     raw = memoryview(tokens).cast("B")
     step = block_size * tokens.itemsize
     full = len(tokens) // block_size
+    if max_blocks is not None:
+        full = min(full, max(0, max_blocks))
     digest = xxhash.xxh64_intdigest
     out: list[BlockHash] = []
     append = out.append

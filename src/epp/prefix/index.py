@@ -8,24 +8,49 @@ the length of the longest cached prefix, not by the size of the index.
 
 Each pod's blocks sit in an LRU bounded by a capacity (the pod's real KV size when known),
 so the index cannot grow without bound and forgets what the pod must have evicted too.
+
+No single request takes over a pod's memory: `record` keeps at most
+`max_record_fraction` of the pod's capacity (at least one block) from the prompt's head
+and drops the tail. A huge prompt therefore evicts at most that fraction of what the index
+held for the pod, and its head (the part other requests can share) is what is kept.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from epp.prefix.hashing import BlockHash
 
+if TYPE_CHECKING:
+    from epp.config import PrefixConfig
+
+
+DEFAULT_MAX_RECORD_FRACTION = 0.25
+
 
 class PrefixIndex:
-    def __init__(self, capacity_per_pod: int) -> None:
+    def __init__(
+        self, capacity_per_pod: int, max_record_fraction: float = DEFAULT_MAX_RECORD_FRACTION
+    ) -> None:
         if capacity_per_pod < 1:
             raise ValueError("capacity_per_pod must be at least 1")
+        if not 0.0 < max_record_fraction <= 1.0:
+            raise ValueError("max_record_fraction must be in (0, 1]")
         self.default_capacity = capacity_per_pod
+        self.max_record_fraction = max_record_fraction
         self._holders: dict[BlockHash, set[str]] = {}
         self._lru: dict[str, OrderedDict[BlockHash, None]] = {}
         self._capacity: dict[str, int] = {}
+
+    @classmethod
+    def from_config(cls, config: PrefixConfig) -> PrefixIndex:
+        return cls(config.capacity_per_pod, config.max_record_fraction)
+
+    def record_limit(self, pod: str) -> int:
+        """The most blocks one `record` call keeps for the pod (its prompt's head)."""
+        return max(1, int(self.capacity(pod) * self.max_record_fraction))
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Per pod, how many blocks from the start of `hashes` it holds without a gap."""
@@ -53,7 +78,13 @@ class PrefixIndex:
         return matched
 
     def record(self, pod: str, hashes: Sequence[BlockHash]) -> None:
-        """The pod now holds these blocks (it served, or reported, this prefix)."""
+        """The pod now holds these blocks (it served, or reported, this prefix).
+
+        Only the first `record_limit(pod)` blocks are kept: one prompt never pushes out
+        more than that share of what the index remembers for the pod."""
+        limit = self.record_limit(pod)
+        if len(hashes) > limit:
+            hashes = hashes[:limit]
         lru = self._lru.get(pod)
         if lru is None:
             lru = self._lru[pod] = OrderedDict()
