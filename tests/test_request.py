@@ -155,3 +155,130 @@ def test_random_bodies_are_parsed_or_rejected_never_crash(path):
             assert rejected.status == 400 and json.loads(rejected.body())["error"]["message"]
             outcomes.add("rejected")
     assert "rejected" in outcomes
+
+
+# -- hostile input: a 400 with a clear message, never another exception ----------------
+
+CHAT = "/v1/chat/completions"
+COMPLETION = "/v1/completions"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        (COMPLETION, rb'{"model": "\ud800", "prompt": "x"}'),
+        (COMPLETION, rb'{"model": "m\udc00", "prompt": "x"}'),
+        (COMPLETION, rb'{"model": "m", "prompt": "x", "cache_salt": "\ud800"}'),
+        (COMPLETION, rb'{"model": "m", "prompt": "a\udbffb"}'),
+        (COMPLETION, rb'{"model": "m", "prompt": ["\ud800"]}'),
+        (CHAT, rb'{"model": "m", "messages": [{"role": "\ud800", "content": "x"}]}'),
+        (CHAT, rb'{"model": "m", "messages": [{"role": "u", "content": "x\udfff"}]}'),
+        (
+            CHAT,
+            rb'{"model":"m","messages":[{"role":"u","content":[{"type":"text","text":"\ud800"}]}]}',
+        ),
+        (CHAT, rb'{"model": "m", "messages": [{"role": "u", "content": "x"}], "user": "\ud800"}'),
+    ],
+)
+def test_unpaired_surrogates_anywhere_are_a_400_naming_the_cause(path, raw):
+    with pytest.raises(RequestRejected) as err:
+        parse_request(path, raw, ADAPTERS)
+    assert err.value.status == 400 and err.value.reason == "invalid-json"
+    assert "surrogate" in err.value.message
+    json.loads(err.value.body())  # the answer itself encodes
+
+
+def test_paired_surrogates_are_one_character():
+    req = parse_request(COMPLETION, rb'{"model": "m\ud83d\ude00", "prompt": "x"}', ADAPTERS)
+    assert req.model == "m\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        (COMPLETION, b'{"model": "m", "prompt": "x", "temperature": NaN}', None),
+        (COMPLETION, b'{"model": "m", "prompt": "x", "temperature": Infinity}', None),
+        (COMPLETION, b'{"model": 1e999, "prompt": "x"}', None),
+        (COMPLETION, b'{"model": "m", "prompt": [' + b"9" * 5000 + b"]}", "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": [1, ' + b"9" * 30 + b"]}", "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": [[1], [2, -1]]}', "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": [[1], 2]}', "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": [1.5]}', "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": ["a", 1]}', "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": []}', "prompt"),
+        (COMPLETION, b'{"model": "m", "prompt": {"a": 1}}', "prompt"),
+        (CHAT, b'{"model": "m", "messages": {"role": "u"}}', "messages"),
+        (CHAT, b'{"model": "m", "messages": [null]}', "messages"),
+        (CHAT, b'{"model": "m", "messages": [{"role": "", "content": "x"}]}', "messages"),
+        (CHAT, b'{"model": "m", "messages": [{"role": "u", "content": {"a": 1}}]}', "messages"),
+        (
+            CHAT,
+            b'{"model": "m", "messages": [{"role": "u", "content": [{"type": "text"}]}]}',
+            "messages",
+        ),
+        (
+            CHAT,
+            b'{"model": "m", "messages": [{"role": "u", "content": "x"}], "stream": null}',
+            "stream",
+        ),
+        (CHAT, b'{"model": "m", "messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}", None),
+        (CHAT, b'{"model": "m", "messages": [{"role": "u", "content": "x"}]} trailing', None),
+    ],
+)
+def test_hostile_bodies_are_a_400(path, raw, param):
+    with pytest.raises(RequestRejected) as err:
+        parse_request(path, raw, ADAPTERS)
+    assert err.value.status == 400 and err.value.param == param and err.value.message
+
+
+def test_unknown_fields_are_skipped_whatever_they_hold():
+    raw = (
+        b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b', "tools": '
+        b'[{"a": [[[{"b": null}]]]}], "logit_bias": {"1": -100}}'
+    )
+    assert parse_request(COMPLETION, raw, ADAPTERS).prompt.text == "x"
+
+
+def test_media_parts_hash_as_their_json_and_accept_bytearray_bodies():
+    part = {"type": "image_url", "image_url": {"url": "data:x", "detail": "é"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    req = parse_request(CHAT, bytearray(json.dumps(body).encode()), ADAPTERS)
+    assert req.prompt.messages[0].content == json.dumps(part, sort_keys=True, separators=(",", ":"))
+
+
+def test_everything_accepted_can_be_encoded_downstream():
+    """What parse_request accepts never makes hashing, tokenizing or a metric label fail."""
+    import random
+
+    from epp.observability.metrics import EppMetrics
+    from epp.prefix.blocks import prompt_blocks
+    from epp.prefix.hashing import chain_seed
+    from epp.tokenize import ByteEstimateTokenizer
+
+    pieces = ['"\\ud800"', '"\\udfff"', '"\\ud83d\\ude00"', '"\\u0000"', '"\xc3\xa9"', '"x"']
+    pieces += ["NaN", "1e999", "9" * 400, "-1", "true", "null", "[]", "{}", '[1, "a"]']
+    rng = random.Random(7)
+    metrics = EppMetrics()
+    tokenizer = ByteEstimateTokenizer()
+    accepted = 0
+    for _ in range(2000):
+        value = lambda: rng.choice(pieces)  # noqa: E731
+        model, salt, role, content, prompt = (value() for _ in range(5))
+        if rng.random() < 0.5:
+            path = COMPLETION
+            raw = f'{{"model": {model}, "prompt": {prompt}, "cache_salt": {salt}}}'
+        else:
+            path = CHAT
+            raw = f'{{"model": {model}, "messages": [{{"role": {role}, "content": {content}}}]}}'
+        try:
+            req = parse_request(path, raw.encode("utf-8", "surrogatepass"), ADAPTERS)
+        except RequestRejected as rejected:
+            assert rejected.status == 400
+            continue
+        accepted += 1
+        seed = chain_seed(req.model or "", req.adapter, req.cache_salt)
+        prompt_blocks(req.prompt, tokenizer, 4, seed, max_blocks=8)
+        metrics.decisions.labels(req.model or "", "routed").inc()
+        json.dumps({"model": req.model, "salt": req.cache_salt}).encode()
+    assert accepted
+    metrics.exposition()

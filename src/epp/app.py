@@ -86,6 +86,7 @@ class EppService:
         self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         await self.scraper.start()
         self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
+        self._tasks.append(self.metrics.loop_lag.start())  # cancelled in stop() with the rest
         log.info(
             "epp_started",
             grpc=f"{self.config.server.grpc_host}:{self.grpc_port}",

@@ -64,3 +64,8 @@ def test_byte_estimate_is_four_bytes_per_token_and_chat_is_prefix_stable():
         len(tok.encode("".join(f"<|{m.role}|>\n{m.content}<|end|>\n" for m in turn1))) // 16
     )
     assert h2[:history_blocks] == h1[:history_blocks]
+
+
+def test_chain_seed_never_raises_on_unpaired_surrogates():
+    # The parser rejects them; a direct caller must still not get a UnicodeEncodeError.
+    assert chain_seed("\ud800", "a\udfff", "\udc00") != chain_seed("m")

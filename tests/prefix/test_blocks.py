@@ -1,0 +1,149 @@
+"""prompt_blocks: bounded work per request (at most max_blocks blocks tokenized, hashed,
+looked up and recorded), the whole prompt's token count kept for load accounting."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from epp.config import PrefixConfig
+from epp.prefix.blocks import PromptBlocks, encode_head, prompt_blocks
+from epp.prefix.hashing import block_hashes, chain_seed
+from epp.prefix.index import PrefixIndex
+from epp.request import Prompt
+from epp.tokenize import ByteEstimateTokenizer, ChatMessage, Encoded, encode_head_by_slicing
+
+TOK = ByteEstimateTokenizer()
+SEED = chain_seed("m")
+
+
+def test_default_cap_covers_a_128k_token_prompt():
+    config = PrefixConfig()
+    assert config.max_blocks_per_request * config.block_size >= 128 * 1024
+
+
+def test_long_text_prompt_hashes_only_its_head_but_counts_every_token():
+    text = "abcd" * (2 * 1024 * 1024)  # 8 MiB: 2M pseudo-tokens, 131,072 blocks
+    blocks = prompt_blocks(Prompt(text=text), TOK, 16, SEED, max_blocks=8192)
+    assert isinstance(blocks, PromptBlocks)
+    assert len(blocks.hashes) == 8192
+    assert blocks.prompt_tokens == 2 * 1024 * 1024 and blocks.exact
+    assert blocks.total_blocks == 131_072 and blocks.truncated
+    # The head is exactly what a full encode + hash would give: long and short prompts
+    # with the same start share blocks.
+    assert blocks.hashes == block_hashes(TOK.encode(text[: 8192 * 64]), 16, SEED)
+
+
+def test_the_tokenizer_encodes_no_more_than_the_head():
+    text = "é" * 1_000_000 + "x" * 1_000_000  # not ASCII: the rest is estimated
+    encoded = TOK.encode_prefix(text, 1000)
+    assert len(encoded.ids) == 1000
+    assert list(encoded.ids) == list(TOK.encode(text)[:1000])
+    exact = len(TOK.encode(text))
+    assert not encoded.exact and abs(encoded.total_tokens - exact) / exact < 0.5
+
+
+def test_short_prompts_are_unchanged_and_exact():
+    for prompt in (
+        Prompt(text="hello world" * 10),
+        Prompt(messages=(ChatMessage("system", "s" * 300), ChatMessage("user", "u"))),
+        Prompt(token_ids=array("I", range(100))),
+    ):
+        blocks = prompt_blocks(prompt, TOK, 16, SEED, max_blocks=8192)
+        if prompt.text is not None:
+            full = TOK.encode(prompt.text)
+        elif prompt.messages is not None:
+            full = TOK.encode_chat(prompt.messages)
+        else:
+            full = prompt.token_ids
+        assert blocks.prompt_tokens == len(full) and blocks.exact
+        assert blocks.hashes == block_hashes(full, 16, SEED)
+        assert not blocks.truncated
+
+
+def test_long_chat_renders_only_the_turns_the_head_needs():
+    history = tuple(ChatMessage("user" if i % 2 else "assistant", "t" * 1000) for i in range(5000))
+    blocks = prompt_blocks(Prompt(messages=history), TOK, 16, SEED, max_blocks=64)
+    full = TOK.encode_chat(history)
+    assert blocks.hashes == block_hashes(full, 16, SEED)[:64]
+    assert abs(blocks.prompt_tokens - len(full)) / len(full) < 0.01
+
+
+def test_token_id_prompts_are_cut_and_counted_exactly():
+    ids = array("I", range(100_000))
+    blocks = prompt_blocks(Prompt(token_ids=ids), TOK, 16, SEED, max_blocks=10)
+    assert blocks.hashes == block_hashes(ids, 16, SEED)[:10]
+    assert blocks.prompt_tokens == 100_000 and blocks.exact
+
+
+def test_no_prompt_has_no_blocks():
+    assert prompt_blocks(Prompt(), TOK, 16, SEED, 10) == PromptBlocks(0, [], 16)
+
+
+class _PlainTokenizer:
+    """A tokenizer with only the original protocol (no prefix methods)."""
+
+    name = "plain"
+
+    def encode(self, text: str) -> array:
+        return TOK.encode(text)
+
+    def encode_chat(self, messages) -> array:
+        return TOK.encode_chat(messages)
+
+
+def test_a_tokenizer_without_prefix_methods_still_gets_bounded_hashing():
+    text = "z" * 40_000
+    blocks = prompt_blocks(Prompt(text=text), _PlainTokenizer(), 16, SEED, max_blocks=5)
+    assert len(blocks.hashes) == 5 and blocks.prompt_tokens == 10_000
+    sliced = encode_head_by_slicing(_PlainTokenizer().encode, text, 80)
+    assert list(sliced.ids) == list(TOK.encode(text)[:80]) and sliced.total_tokens == 10_000
+
+
+class _SpyTokenizer(_PlainTokenizer):
+    def __init__(self) -> None:
+        self.asked: list[int | None] = []
+
+    def encode_prefix(self, text: str, max_tokens: int | None = None) -> Encoded:
+        self.asked.append(max_tokens)
+        return TOK.encode_prefix(text, max_tokens)
+
+
+def test_prompt_blocks_asks_the_tokenizer_for_the_head_only():
+    spy = _SpyTokenizer()
+    prompt_blocks(Prompt(text="a" * 1_000_000), spy, 16, SEED, max_blocks=100)
+    assert spy.asked == [1600]
+    assert len(encode_head(Prompt(text="a" * 1_000_000), spy, None).ids) == 250_000
+
+
+def test_block_hashes_max_blocks():
+    ids = array("I", range(160))
+    assert block_hashes(ids, 16, 1, max_blocks=3) == block_hashes(ids, 16, 1)[:3]
+    assert block_hashes(ids, 16, 1, max_blocks=0) == []
+
+
+def test_one_huge_prompt_does_not_evict_what_the_index_holds_for_the_pod():
+    index = PrefixIndex(1000)  # default rule: one request records <= 25% of capacity
+    others = [[hash((p, b)) for b in range(10)] for p in range(80)]  # 800 blocks
+    for prefix in others:
+        index.record("pod", prefix)
+    huge = [hash(("huge", b)) for b in range(50_000)]
+    index.record("pod", huge)
+    assert index.record_limit("pod") == 250
+    assert index.blocks("pod") == 1000
+    assert index.match(huge) == {"pod": 250}  # its head is kept
+    kept = sum(index.match(prefix).get("pod", 0) == 10 for prefix in others)
+    assert kept >= 75  # 50 blocks evicted at most: the 5 oldest prefixes
+
+
+def test_record_limit_follows_the_pods_reported_capacity():
+    index = PrefixIndex.from_config(PrefixConfig(capacity_per_pod=1000, max_record_fraction=0.5))
+    index.set_capacity("pod", 100)
+    index.record("pod", list(range(1000)))
+    assert index.blocks("pod") == 50 and index.match(list(range(1000))) == {"pod": 50}
+
+
+def test_record_fraction_is_validated():
+    with pytest.raises(ValueError):
+        PrefixIndex(10, max_record_fraction=0.0)
