@@ -34,6 +34,7 @@ from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 log = structlog.get_logger("epp.app")
 
 HEALTH_REFRESH_S = 0.25
+DRAIN_POLL_S = 0.05
 
 
 @dataclass
@@ -67,14 +68,20 @@ class EppService:
         self._tasks: list[asyncio.Task[None]] = []
         self._web_runner: web.AppRunner | None = None
 
+    # Set by drain(); a class default so that the wiring in __post_init__ need not know.
+    _draining = False
+
     @property
     def ready(self) -> bool:
+        if self._draining:
+            return False
         return len(self.store) > 0 and self.scraper.first_round.is_set()
 
     async def start(self) -> None:
         self.store.sync(self.config.endpoints)
         await self.health.set(live=True, ready=False)
         processor = ExternalProcessor(self.router, self.config.server, self.metrics)
+        self.routing_streams = processor.streams  # what drain() waits on
         self._grpc, self.grpc_port = build_grpc_server(processor, self.health, self.config.server)
         await self._grpc.start()
         self._web_runner = web.AppRunner(self._web_app(), access_log=None)
@@ -94,6 +101,29 @@ class EppService:
             endpoints=len(self.store),
             weights=self.scheduler.weights,
         )
+
+    async def drain(self) -> None:
+        """Stop being ready at once; keep routing until quiet or the drain timeout.
+
+        Readiness (/ready, gRPC `readiness` and the ext_proc service) goes NOT_SERVING so
+        that health-checking gateways and Kubernetes move new requests elsewhere, while
+        the gRPC server keeps answering new and open streams. It ends after
+        `server.drain_timeout_s`, or earlier once no routing stream has been open for
+        `server.drain_quiet_s` since readiness dropped. Requests already routed do not
+        depend on this process (the routing stream ends once routed); only the observer
+        streams, which fail open, are cut by the stop that follows."""
+        loop = asyncio.get_running_loop()
+        server = self.config.server
+        started = loop.time()
+        self._draining = True
+        await self.health.set(live=True, ready=False)
+        log.info("epp_draining", timeout_s=server.drain_timeout_s, quiet_s=server.drain_quiet_s)
+        streams = self.routing_streams
+        while (elapsed := loop.time() - started) < server.drain_timeout_s:
+            if min(streams.quiet_for(), elapsed) >= server.drain_quiet_s:
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        log.info("epp_drained", after_s=round(loop.time() - started, 3), open=streams.open)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         await self.health.set(live=False, ready=False)
@@ -159,15 +189,29 @@ class EppService:
         return app
 
     async def run_until_stopped(self) -> None:
-        stop = asyncio.Event()
+        """Serve until SIGTERM/SIGINT, then drain and stop; a second signal stops at once."""
+        signals = 0
+        stop, hurry = asyncio.Event(), asyncio.Event()
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            (stop if signals == 1 else hurry).set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         await self.start()
         try:
             await stop.wait()
+            drain = asyncio.ensure_future(self.drain())
+            hurried = asyncio.ensure_future(hurry.wait())
+            await asyncio.wait({drain, hurried}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (drain, hurried):
+                task.cancel()
         finally:
-            await self.stop()
+            # Short grace: routing streams still open finish; observers are cut (fail-open).
+            await self.stop(grace_s=1.0)
 
 
 def build_parser() -> argparse.ArgumentParser:

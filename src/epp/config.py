@@ -54,7 +54,7 @@ class SchedulingConfig(Strict):
     weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     max_queue: int = Field(20, ge=1, description="queue depth at which a pod is saturated")
     health_threshold: float = Field(0.3, ge=0.0, le=1.0, description="pods below are excluded")
-    fallbacks: int = Field(3, ge=0, le=16, description="fallback endpoints after the primary")
+    fallbacks: int = Field(0, ge=0, le=16, description="fallback endpoints after the primary")
     tie_epsilon: float = Field(1e-9, ge=0.0, description="scores closer than this are equal")
     # Here rather than top level: scorer factories receive this section (see registry.py).
     prefill_estimate: PrefillEstimateConfig = Field(default_factory=PrefillEstimateConfig)
@@ -112,6 +112,10 @@ class ServerConfig(Strict):
     # Used only when Envoy does not announce its body mode (protocol_config, Envoy < 1.34).
     assumed_body_mode: Literal["FULL_DUPLEX_STREAMED", "BUFFERED"] = "FULL_DUPLEX_STREAMED"
     stream_chunk_bytes: int = Field(62 * 1024, ge=1024, le=62 * 1024)
+    # SIGTERM: readiness and gRPC health go NOT_SERVING at once, routing goes on for up to
+    # drain_timeout_s, or until no routing stream has opened or been open for drain_quiet_s.
+    drain_timeout_s: float = Field(15.0, ge=0.0)
+    drain_quiet_s: float = Field(1.0, ge=0.0)
 
 
 class EndpointConfig(Strict):

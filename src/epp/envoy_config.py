@@ -16,10 +16,21 @@ from typing import Any, Literal
 import yaml
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+ROUTE_TOKEN_HEADER = "x-epp-route-token"
+REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"
+# Headers only the EPP may set: removed from every client request before any filter runs,
+# so a client can neither pick its pod when the EPP is bypassed (fail-open) nor complete
+# someone else's decision. A priority header the EPP trusts belongs here too (--strip-header).
+STRIPPED_HEADERS = (DESTINATION_HEADER, ROUTE_TOKEN_HEADER)
+# The observer filter tells the EPP its streams apart with this gRPC metadata.
+OBSERVER_METADATA = ("x-epp-stream", "observer")
+_EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED"]
 Mode = Literal["epp", "round_robin", "least_request"]
 PodCluster = Literal["override_host", "original_dst"]
 
+# A hung pod fails its attempt after this long without a byte (see render).
+UPSTREAM_IDLE_TIMEOUT_S = 120.0
 # A buffered request body must fit in the listener's buffer, or Envoy answers 413.
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
 
@@ -48,6 +59,21 @@ def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: 
             }
         }
     return cluster
+
+
+def _outlier_detection() -> dict[str, Any]:
+    """Eject a pod after consecutive 5xx / gateway failures (connect failure, reset, timeout).
+
+    The override_host policy still honours the EPP's choice of an ejected pod as primary
+    (measured on Envoy 1.40), so this does not fight the EPP; what it adds is Envoy's own
+    view for its retries and for fail-open balancing while the EPP catches up."""
+    return {
+        "consecutive_5xx": 5,
+        "consecutive_gateway_failure": 3,
+        "interval": "5s",
+        "base_ejection_time": "15s",
+        "max_ejection_percent": 50,
+    }
 
 
 def _override_host_cluster(pods: Sequence[str]) -> dict[str, Any]:
@@ -90,6 +116,7 @@ def _override_host_cluster(pods: Sequence[str]) -> dict[str, Any]:
             }
         ]
     }
+    cluster["outlier_detection"] = _outlier_detection()
     return cluster
 
 
@@ -105,24 +132,25 @@ def _original_dst_cluster() -> dict[str, Any]:
 
 
 def _ext_proc_filter(body_mode: BodyMode, message_timeout_s: float, fail_open: bool) -> dict:
+    """The routing filter: asks the EPP for the destination, then goes on without it.
+
+    The EPP ends the stream with OK once the destination is sent, which Envoy treats as
+    "processing complete": the response never waits for the EPP, and an EPP crash or
+    restart costs no request already routed. So nothing on the response path is sent."""
     duplex = body_mode == "FULL_DUPLEX_STREAMED"
     processing_mode = {
         "request_header_mode": "SEND",
         "request_body_mode": body_mode,
         # Duplex streaming requires trailers to be sent; buffered mode does not want them.
         "request_trailer_mode": "SEND" if duplex else "SKIP",
-        "response_header_mode": "SEND",
-        # The EPP needs to see each response end (in-flight counts), not its body: with the
-        # body sent, every streamed token would cross the gRPC stream. Measured on Envoy
-        # 1.40: with body NONE and trailers SEND, Envoy keeps the ext_proc stream open until
-        # the response ends (with trailers SKIP it closes it at the response headers).
+        "response_header_mode": "SKIP",
         "response_body_mode": "NONE",
-        "response_trailer_mode": "SEND",
+        "response_trailer_mode": "SKIP",
     }
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "@type": _EXT_PROC_TYPE,
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
             "message_timeout": f"{message_timeout_s}s",
@@ -132,6 +160,59 @@ def _ext_proc_filter(body_mode: BodyMode, message_timeout_s: float, fail_open: b
             "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
         },
     }
+
+
+def _observer_filter() -> dict:
+    """The second filter: tells the EPP how each routed request ended.
+
+    Observability mode (Envoy never waits for an answer) and fail-open (its loss never
+    fails a request). The request headers carry the route token the routing reply set, and
+    open the stream at once, so a request that never gets a response is reported too.
+    The response headers carry the status and, as attributes, the upstream that served.
+    Measured on Envoy 1.40: no trailers message comes when the upstream sends none, so the
+    end of this stream is the end of the response (trailers stay SEND for upstreams that
+    do send them)."""
+    return {
+        "name": "epp-observer",
+        "typed_config": {
+            "@type": _EXT_PROC_TYPE,
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": "epp"},
+                "initial_metadata": [{"key": OBSERVER_METADATA[0], "value": OBSERVER_METADATA[1]}],
+            },
+            "failure_mode_allow": True,
+            "observability_mode": True,
+            # Envoy closes its side this long after the request ends (measured: ~0.3 s by
+            # default); until then the EPP counts the request as in flight, which skews
+            # the very next decision for a back-to-back conversation.
+            "deferred_close_timeout": "0.01s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SEND",
+                "response_body_mode": "NONE",
+                "response_trailer_mode": "SEND",
+            },
+            "response_attributes": [
+                "upstream.address",
+                f"request.headers['{ROUTE_TOKEN_HEADER}']",
+            ],
+        },
+    }
+
+
+def _strip_headers(names: Sequence[str]) -> list[dict[str, Any]]:
+    """HCM early header mutation: runs before route selection and every HTTP filter."""
+    return [
+        {
+            "name": "envoy.http.early_header_mutation.header_mutation",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                "mutations": [{"remove": name} for name in names],
+            },
+        }
+    ]
 
 
 def render(
@@ -147,26 +228,39 @@ def render(
     message_timeout_s: float = 5.0,
     fail_open: bool = False,
     request_timeout_s: float = 600.0,
+    upstream_idle_timeout_s: float = UPSTREAM_IDLE_TIMEOUT_S,
     pod_cluster: PodCluster = "override_host",
+    strip_headers: Sequence[str] = (),
 ) -> str:
     """The Envoy bootstrap YAML for one listener in front of the pods."""
     http_filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     route: dict[str, Any] = {"cluster": "pods", "timeout": f"{request_timeout_s}s"}
+    stripped = [*STRIPPED_HEADERS, *(h.lower() for h in strip_headers)]
     if mode == "epp":
         if epp_port is None:
             raise ValueError("mode 'epp' needs epp_port")
         http_filters.append(_ext_proc_filter(body_mode, message_timeout_s, fail_open))
+        http_filters.append(_observer_filter())
+        # A pod that accepted the request but sends nothing (hung) fails this attempt after
+        # the idle timeout instead of holding the client for the whole request timeout.
+        # Idle means no byte at all: a non-streamed answer sends nothing until it is done,
+        # so this must exceed the longest non-streamed generation.
+        route["retry_policy"] = {
+            "retry_on": "connect-failure,refused-stream,reset-before-request",
+            "num_retries": 0,
+            "per_try_idle_timeout": f"{upstream_idle_timeout_s}s",
+        }
         if pod_cluster == "override_host":
             if not pods:
                 raise ValueError("pod_cluster 'override_host' needs the pod addresses")
             clusters.append(_override_host_cluster(pods))
-            # A refused connection moves on to the next address of the EPP's list.
-            route["retry_policy"] = {
-                "retry_on": "connect-failure,refused-stream,reset-before-request",
-                "num_retries": 3,
-            }
+            # A refused connection or a hung pod moves on to the next address of the
+            # EPP's list (scheduling.fallbacks > 0).
+            route["retry_policy"]["retry_on"] += ",gateway-error"
+            route["retry_policy"]["num_retries"] = 3
         else:
+            # ORIGINAL_DST reads one address; a retry would dial the same pod again.
             clusters.append(_original_dst_cluster())
         clusters.append(_static_cluster("epp", [f"{epp_host}:{epp_port}"], "ROUND_ROBIN", True))
     else:
@@ -200,6 +294,17 @@ def render(
         },
         "http_filters": http_filters,
     }
+    if mode == "epp":
+        hcm["early_header_mutation_extensions"] = _strip_headers(stripped)
+        # The id the EPP logs each decision under is Envoy's x-request-id. The routing
+        # stream has ended by the time the response comes, so Envoy echoes it itself.
+        virtual_host = hcm["route_config"]["virtual_hosts"][0]
+        virtual_host["response_headers_to_add"] = [
+            {
+                "header": {"key": REQUEST_ID_RESPONSE_HEADER, "value": "%REQ(x-request-id)%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
     bootstrap = {
         "admin": {"address": _socket(host, admin_port)},
         "static_resources": {
@@ -238,7 +343,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--body-mode", choices=["FULL_DUPLEX_STREAMED", "BUFFERED"], default="FULL_DUPLEX_STREAMED"
     )
-    parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="if the EPP cannot be reached, Envoy routes by itself (override_host: round "
+        "robin; original_dst: 503). See the README's failure modes.",
+    )
+    parser.add_argument(
+        "--upstream-idle-timeout",
+        type=float,
+        default=UPSTREAM_IDLE_TIMEOUT_S,
+        help="seconds without a byte from the pod before the attempt fails (a hung pod); "
+        "must exceed the longest non-streamed generation",
+    )
+    parser.add_argument(
+        "--strip-header",
+        action="append",
+        default=[],
+        help="also remove this client header before the EPP sees it (e.g. the "
+        "flow_control.priority_header the EPP trusts)",
+    )
     parser.add_argument(
         "--pod-cluster",
         choices=["override_host", "original_dst"],
@@ -258,7 +382,9 @@ def main(argv: list[str]) -> int:
             host=args.host,
             epp_host=args.epp_host,
             fail_open=args.fail_open,
+            upstream_idle_timeout_s=args.upstream_idle_timeout,
             pod_cluster=args.pod_cluster,
+            strip_headers=args.strip_header,
         ),
         end="",
     )

@@ -1,7 +1,11 @@
-"""One ext_proc stream (one HTTP request) as a state machine with no I/O.
+"""One routing ext_proc stream (one HTTP request) as a state machine with no I/O.
 
-`feed(ProcessingRequest) -> [ProcessingResponse]`: the server sends whatever comes back,
-in order. The machine follows the body mode Envoy announces (`protocol_config`):
+`feed(ProcessingRequest) -> Step`. A step carries the replies to send, in order, and may
+ask for a routing decision (`step.route`): the server then awaits `router.route(...)` and
+hands the outcome back with `routed(...)` or `rejected(...)`, which return the next step.
+Routing may wait (admission queue), so it cannot happen inside the synchronous `feed`.
+
+The machine follows the body mode Envoy announces (`protocol_config`):
 
 - FULL_DUPLEX_STREAMED: Envoy streams the body without waiting for the headers reply. The
   reply to request_headers is held until the body is complete; then come the headers
@@ -9,15 +13,21 @@ in order. The machine follows the body mode Envoy announces (`protocol_config`):
 - BUFFERED: Envoy waits for the headers reply before sending the body, so holding it
   would deadlock. Headers are answered at once; the destination rides on the body reply.
 - No body (headers with end_of_stream): route on headers alone.
+- Any other mode (NONE, STREAMED, BUFFERED_PARTIAL, unknown): a 500 that names the
+  setting, never a silent pass-through (the request would reach no chosen pod) or a hang.
 
-The response path is only watched: its end releases the request's in-flight slot.
+Once the destination (and every re-emitted body chunk) is out, the step says `finish`:
+the server ends the gRPC stream with OK, which Envoy treats as "processing complete" and
+the request goes on without the EPP. An EPP crash then costs only requests not yet
+routed. The response end is reported by a second, observing filter (observer.py).
 """
 
 from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -25,181 +35,245 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc import messages
 from epp.request import RequestRejected
-from epp.routing import RoutedRequest
 
 _DUPLEX = ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BodySendMode.BUFFERED
-_NONE = ProcessingMode.BodySendMode.NONE
+SUPPORTED_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
+UNSUPPORTED_BODY_MODE = "unsupported-body-mode"
+
+
+class _Endpoint(Protocol):
+    @property
+    def address(self) -> str: ...
+
+
+class _Decision(Protocol):
+    @property
+    def endpoints(self) -> list[_Endpoint]: ...
+
+
+class Routed(Protocol):
+    """What `RoutingService.route` returns (epp.routing.RoutedRequest)."""
+
+    @property
+    def token(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def decision(self) -> _Decision: ...
 
 
 class RoutingService(Protocol):
-    def route(
-        self, *, path: str, body: bytes, request_id: str, subset: frozenset[str] | None
-    ) -> RoutedRequest: ...
+    async def route(
+        self,
+        *,
+        path: str,
+        body: bytes,
+        request_id: str,
+        subset: frozenset[str] | None,
+        headers: Mapping[str, str],
+    ) -> Routed: ...
 
-    def complete(
-        self, routed: RoutedRequest, status: int | None, served_address: str | None = None
-    ) -> None: ...
+    def complete(self, token: str, status: int | None, served_address: str | None = None) -> None:
+        """Idempotent; unknown tokens are ignored; status None: ended without a response."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCall:
+    """The arguments of the `router.route` call the server must make."""
+
+    path: str
+    body: bytes
+    request_id: str
+    subset: frozenset[str] | None
+    headers: Mapping[str, str]
+
+
+@dataclass(slots=True)
+class Step:
+    replies: list[pb.ProcessingResponse] = field(default_factory=list)
+    route: RouteCall | None = None  # await router.route(...), then routed()/rejected()
+    finish: bool = False  # after the replies, end the gRPC stream with OK
+    problem: str | None = None  # a gateway misconfiguration the server logs at ERROR
 
 
 class Phase(enum.Enum):
     START = "start"
     BODY = "body"  # receiving the request body
-    ROUTED = "routed"  # destination sent; the request goes upstream
-    RESPONSE = "response"
-    DONE = "done"  # answered by us (immediate response) or response complete
+    ROUTING = "routing"  # waiting for the router's answer
+    ROUTED = "routed"  # destination sent: the stream is finished
+    DONE = "done"  # answered by us (immediate response)
 
 
 class ProtocolViolation(Exception):
     """Envoy sent something this phase cannot accept (a bug or an unsupported config)."""
 
 
+def _mode_name(mode: int) -> str:
+    try:
+        return ProcessingMode.BodySendMode.Name(mode)
+    except ValueError:
+        return f"unknown ({mode})"
+
+
 class ExtProcStream:
     def __init__(
         self,
-        router: RoutingService,
         *,
         max_body_bytes: int,
         chunk_bytes: int,
         assumed_duplex: bool = True,
         new_request_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
-        self._router = router
         self._max_body = max_body_bytes
         self._chunk = chunk_bytes
         self._duplex = assumed_duplex
         self._new_id = new_request_id
-        self._response_streamed = assumed_duplex
         self.phase = Phase.START
         self.request_id: str | None = None
-        self.routed: RoutedRequest | None = None
+        self.token: str | None = None  # set once routed
         self._path = "/"
+        self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
         self._body = bytearray()
-        self._status: int | None = None
-        self._served: str | None = None
+        self._route_on_body = False
+        self._headers_only = False
+        self._trailers = False
+        self._response_streamed = assumed_duplex
 
     # -- public ---------------------------------------------------------------------
-    def feed(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def feed(self, message: pb.ProcessingRequest) -> Step:
         kind = message.WhichOneof("request")
         if self.phase is Phase.START and message.HasField("protocol_config"):
-            config = message.protocol_config
-            self._duplex = config.request_body_mode == _DUPLEX
-            self._response_streamed = config.response_body_mode == _DUPLEX
+            mode = message.protocol_config.request_body_mode
+            if mode not in (_DUPLEX, _BUFFERED) and kind == "request_headers":
+                return self._unsupported(message, mode)
+            self._duplex = mode == _DUPLEX
+            self._response_streamed = message.protocol_config.response_body_mode == _DUPLEX
         handler = getattr(self, f"_on_{kind}", None)
         if handler is None:
             raise ProtocolViolation(f"unexpected ext_proc message {kind!r}")
         return handler(message)
 
-    def close(self) -> None:
-        """The stream ended (response done, client gone, Envoy reset): release the slot."""
-        if self.routed is not None:
-            self._router.complete(self.routed, self._status, self._served)
-        self.phase = Phase.DONE
+    def routed(self, result: Routed) -> Step:
+        """The router chose: send the destination (and the held body), then finish."""
+        if self.phase is not Phase.ROUTING:
+            raise ProtocolViolation(f"routing result in phase {self.phase.value}")
+        self.phase = Phase.ROUTED
+        self.token = result.token
+        destination = ",".join(e.address for e in result.decision.endpoints)
+        if self._route_on_body:
+            return Step([messages.route_on_body(destination, result.token)], finish=True)
+        replies = [messages.route_on_headers(destination, result.token)]
+        if self._duplex and not self._headers_only:
+            replies += self._held_body()
+        return Step(replies, finish=True)
+
+    def rejected(self, rejected: RequestRejected) -> Step:
+        if self.phase is not Phase.ROUTING:
+            raise ProtocolViolation(f"routing result in phase {self.phase.value}")
+        return Step([self._reject(rejected)], finish=True)
 
     # -- request path -----------------------------------------------------------------
-    def _on_request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_request_headers(self, message: pb.ProcessingRequest) -> Step:
         if self.phase is not Phase.START:
             raise ProtocolViolation("request_headers twice")
-        headers = messages.header_values(message.request_headers)
-        self._path = headers.get(":path", "/")
-        self.request_id = headers.get("x-request-id") or self._new_id()
+        self._headers = messages.header_values(message.request_headers)
+        self._path = self._headers.get(":path", "/")
+        self.request_id = self._headers.get("x-request-id") or self._new_id()
         self._subset = messages.subset_hint(message)
-        if message.request_headers.end_of_stream:
-            return [self._route(on_body=False)]
+        self._headers_only = message.request_headers.end_of_stream
+        if self._headers_only:
+            return self._ask_route(on_body=False)
         self.phase = Phase.BODY
         if self._duplex:
-            return []  # held until the body is complete
-        return [messages.continue_request_headers()]
+            return Step()  # held until the body is complete
+        return Step([messages.continue_request_headers()])
 
-    def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_request_body(self, message: pb.ProcessingRequest) -> Step:
         if self.phase is not Phase.BODY:
             raise ProtocolViolation(f"request_body in phase {self.phase.value}")
         chunk = message.request_body
         if len(self._body) + len(chunk.body) > self._max_body:
-            return [
-                self._reject(
-                    RequestRejected(
-                        413,
-                        f"the request body exceeds the EPP's limit of {self._max_body} bytes",
-                        reason="rejected-body-too-large",
-                    )
-                )
-            ]
+            too_large = RequestRejected(
+                413,
+                f"the request body exceeds the EPP's limit of {self._max_body} bytes",
+                reason="rejected-body-too-large",
+            )
+            return Step([self._reject(too_large)], finish=True)
         self._body += chunk.body
         if not chunk.end_of_stream:
-            return []
-        if not self._duplex:
-            return [self._route(on_body=True)]
-        return self._release_duplex(trailers=False)
+            return Step()
+        return self._ask_route(on_body=not self._duplex)
 
-    def _on_request_trailers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_request_trailers(self, message: pb.ProcessingRequest) -> Step:
         if self.phase is Phase.BODY and self._duplex:
-            return self._release_duplex(trailers=True)
-        return [messages.request_trailers()]
+            self._trailers = True
+            return self._ask_route(on_body=False)
+        return Step([messages.request_trailers()])
 
-    def _release_duplex(self, *, trailers: bool) -> list[pb.ProcessingResponse]:
-        first = self._route(on_body=False)
-        if first.HasField("immediate_response"):
-            return [first]
+    def _ask_route(self, *, on_body: bool) -> Step:
+        assert self.request_id is not None
+        self.phase = Phase.ROUTING
+        self._route_on_body = on_body
+        call = RouteCall(
+            path=self._path,
+            body=bytes(self._body),
+            request_id=self.request_id,
+            subset=self._subset,
+            headers=self._headers,
+        )
+        return Step(route=call)
+
+    def _held_body(self) -> list[pb.ProcessingResponse]:
         body = bytes(self._body)
         self._body = bytearray()
-        replies = [first]
         size = self._chunk
         pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
-        for n, piece in enumerate(pieces):
-            last = n == len(pieces) - 1
-            replies.append(messages.streamed_request_body(piece, last and not trailers))
-        if trailers:
+        replies = [
+            messages.streamed_request_body(piece, n == len(pieces) - 1 and not self._trailers)
+            for n, piece in enumerate(pieces)
+        ]
+        if self._trailers:
             replies.append(messages.request_trailers())
         return replies
-
-    def _route(self, *, on_body: bool) -> pb.ProcessingResponse:
-        assert self.request_id is not None
-        try:
-            routed = self._router.route(
-                path=self._path,
-                body=bytes(self._body),
-                request_id=self.request_id,
-                subset=self._subset,
-            )
-        except RequestRejected as rejected:
-            return self._reject(rejected)
-        self.routed = routed
-        self.phase = Phase.ROUTED
-        destination = ",".join(e.address for e in routed.decision.endpoints)
-        if on_body:
-            return messages.route_on_body(destination)
-        return messages.route_on_headers(destination)
 
     def _reject(self, rejected: RequestRejected) -> pb.ProcessingResponse:
         self.phase = Phase.DONE
         return messages.immediate(
-            rejected.status, rejected.body(), rejected.reason, self.request_id
+            rejected.status,
+            rejected.body(),
+            rejected.reason,
+            self.request_id,
+            retry_after_s=getattr(rejected, "retry_after_s", None),
         )
 
-    # -- response path --------------------------------------------------------------
-    def _on_response_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        headers = messages.header_values(message.response_headers)
-        status = headers.get(":status", "")
-        self._status = int(status) if status.isdigit() else None
-        self._served = messages.served_endpoint(message) or self._served
-        self.phase = Phase.RESPONSE
-        reply = messages.response_headers(self.request_id)
-        if message.response_headers.end_of_stream:
-            self.close()
-        return [reply]
+    def _unsupported(self, message: pb.ProcessingRequest, mode: int) -> Step:
+        headers = messages.header_values(message.request_headers)
+        self.request_id = headers.get("x-request-id") or self._new_id()
+        name = _mode_name(mode)
+        text = (
+            f"the gateway sends the request body to the endpoint picker in mode {name}; "
+            f"the endpoint picker supports only {' and '.join(SUPPORTED_BODY_MODES)} "
+            "(ext_proc processing_mode.request_body_mode)"
+        )
+        problem = RequestRejected(500, text, reason=UNSUPPORTED_BODY_MODE)
+        return Step([self._reject(problem)], finish=True, problem=name)
 
-    def _on_response_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    # -- response path --------------------------------------------------------------
+    # The routing filter's response modes are SKIP and the stream ends once routed, so
+    # none of these arrive with the generated configs. A hand-written config that still
+    # sends them gets a neutral answer (and the observer filter does the bookkeeping).
+    def _on_response_headers(self, message: pb.ProcessingRequest) -> Step:
+        return Step([messages.response_headers(self.request_id)])
+
+    def _on_response_body(self, message: pb.ProcessingRequest) -> Step:
         chunk = message.response_body
         if self._response_streamed:
-            reply = messages.streamed_response_body(chunk.body, chunk.end_of_stream)
-        else:
-            reply = messages.continue_response_body()
-        if chunk.end_of_stream:
-            self.close()
-        return [reply]
+            return Step([messages.streamed_response_body(chunk.body, chunk.end_of_stream)])
+        return Step([messages.continue_response_body()])
 
-    def _on_response_trailers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        self.close()
-        return [messages.response_trailers()]
+    def _on_response_trailers(self, message: pb.ProcessingRequest) -> Step:
+        return Step([messages.response_trailers()])

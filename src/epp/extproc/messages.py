@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -14,6 +15,8 @@ DESTINATION_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
+# Set on the routed request for the observer filter: it names the decision to complete.
+ROUTE_TOKEN_HEADER = "x-epp-route-token"
 REJECT_REASON_HEADER = "x-request-dropped-reason"
 REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"
 
@@ -67,23 +70,25 @@ def destination_metadata(destination: str) -> Struct:
     return metadata
 
 
-def _routing_common(destination: str) -> pb.CommonResponse:
+def _routing_common(destination: str, token: str | None) -> pb.CommonResponse:
+    headers = [_set(DESTINATION_HEADER, destination)]
+    if token:
+        headers.append(_set(ROUTE_TOKEN_HEADER, token))
     return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=[_set(DESTINATION_HEADER, destination)]),
-        clear_route_cache=True,
+        header_mutation=pb.HeaderMutation(set_headers=headers), clear_route_cache=True
     )
 
 
-def route_on_headers(destination: str) -> pb.ProcessingResponse:
+def route_on_headers(destination: str, token: str | None = None) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=_routing_common(destination)),
+        request_headers=pb.HeadersResponse(response=_routing_common(destination, token)),
         dynamic_metadata=destination_metadata(destination),
     )
 
 
-def route_on_body(destination: str) -> pb.ProcessingResponse:
+def route_on_body(destination: str, token: str | None = None) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=_routing_common(destination)),
+        request_body=pb.BodyResponse(response=_routing_common(destination, token)),
         dynamic_metadata=destination_metadata(destination),
     )
 
@@ -132,12 +137,23 @@ def response_trailers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
+def retry_after_value(seconds: float) -> str:
+    """HTTP retry-after is whole seconds; never 0, which would invite an instant retry."""
+    return str(max(1, math.ceil(seconds)))
+
+
 def immediate(
-    status: int, body: bytes, reason: str, request_id: str | None
+    status: int,
+    body: bytes,
+    reason: str,
+    request_id: str | None,
+    retry_after_s: float | None = None,
 ) -> pb.ProcessingResponse:
     headers = [_set("content-type", "application/json"), _set(REJECT_REASON_HEADER, reason)]
     if request_id:
         headers.append(_set(REQUEST_ID_RESPONSE_HEADER, request_id))
+    if retry_after_s is not None:
+        headers.append(_set("retry-after", retry_after_value(retry_after_s)))
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=HttpStatus(code=status),
@@ -146,3 +162,24 @@ def immediate(
             details=reason,
         )
     )
+
+
+# The observer filter's response_attributes (envoy_config.py), as Envoy 1.40 names them in
+# ProcessingRequest.attributes["envoy.filters.http.ext_proc"]: one key per expression.
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
+UPSTREAM_ADDRESS_ATTRIBUTE = "upstream.address"
+TOKEN_ATTRIBUTE = f"request.headers['{ROUTE_TOKEN_HEADER}']"
+
+
+def attribute(request: pb.ProcessingRequest, name: str) -> str | None:
+    """One attribute Envoy evaluated for this message, as a string; None when absent."""
+    attributes = request.attributes.get(ATTRIBUTES_NAMESPACE)
+    if attributes is None or name not in attributes.fields:
+        return None
+    value = attributes.fields[name]
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value or None
+    if kind == "number_value":
+        return str(int(value.number_value))
+    return None

@@ -1,10 +1,26 @@
-"""The grpc.aio ExternalProcessor service: a thin loop around ExtProcStream, plus the
-standard gRPC health service. Any failure inside one stream ends that stream with a 500
-ImmediateResponse (or a cancelled stream) and is counted; it never touches another."""
+"""The grpc.aio ExternalProcessor service, plus the standard gRPC health service.
+
+Two kinds of streams arrive on the same service:
+
+- routing streams (the first ext_proc filter): a thin loop around ExtProcStream that
+  awaits the router when the machine asks for it, sends the destination and ends the
+  stream with OK, so the request no longer depends on this process;
+- observer streams (the second, fail-open filter in observability mode): they carry the
+  route token and the response status, and end with the response: `router.complete`.
+
+The observer filter announces itself with gRPC metadata `x-epp-stream: observer` (set in
+the generated config); without it, a first message in observability mode or on the
+response path also marks an observer. Any failure inside one stream ends that stream
+with a 500 ImmediateResponse (or a cancelled stream) and is counted; it never touches
+another.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
@@ -14,59 +30,189 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.config import ServerConfig
 from epp.extproc import messages
-from epp.extproc.machine import ExtProcStream, Phase, RoutingService
+from epp.extproc.machine import ExtProcStream, Phase, RoutingService, Step
+from epp.extproc.observer import Completion, ObserverStream
 from epp.observability.metrics import EppMetrics
+from epp.request import RequestRejected
 
 log = structlog.get_logger("epp.extproc")
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+ROLE_METADATA = "x-epp-stream"
+OBSERVER_ROLE = "observer"
 INTERNAL_ERROR_BODY = (
     b'{"error": {"message": "internal error in the endpoint picker", '
     b'"type": "InternalServerError", "param": null, "code": 500}}'
 )
+_RESPONSE_PATH = frozenset({"response_headers", "response_body", "response_trailers"})
+
+
+class RoutingStreams:
+    """How many routing streams are open, and since when none is: what a drain waits on.
+
+    Observer streams are not counted: they last as long as a generation, and losing them
+    costs only bookkeeping (their filter fails open), never a request.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.open = 0
+        self._last_change = clock()
+
+    def opened(self) -> None:
+        self.open += 1
+        self._last_change = self._clock()
+
+    def closed(self) -> None:
+        self.open -= 1
+        self._last_change = self._clock()
+
+    def quiet_for(self) -> float:
+        """Seconds since the last routing stream opened or closed; 0 while one is open."""
+        return 0.0 if self.open else self._clock() - self._last_change
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, router: RoutingService, config: ServerConfig, metrics: EppMetrics):
+    def __init__(
+        self,
+        router: RoutingService,
+        config: ServerConfig,
+        metrics: EppMetrics,
+        streams: RoutingStreams | None = None,
+    ):
         self._router = router
         self._config = config
         self._metrics = metrics
+        self.streams = streams or RoutingStreams()
+        self._reported_modes: set[str] = set()
 
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+        iterator = aiter(request_iterator)
+        try:
+            first = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        observer = metadata.get(ROLE_METADATA) == OBSERVER_ROLE or (
+            first.observability_mode or first.WhichOneof("request") in _RESPONSE_PATH
+        )
+        handler = self._observe if observer else self._route
+        # aclosing: a reset stream must run the handler's cleanup now, not at GC time.
+        async with contextlib.aclosing(handler(first, iterator)) as replies:
+            async for reply in replies:
+                yield reply
+
+    # -- routing streams ----------------------------------------------------------------
+    async def _route(
+        self, first: pb.ProcessingRequest, rest: AsyncIterator[pb.ProcessingRequest]
+    ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = ExtProcStream(
-            self._router,
             max_body_bytes=self._config.max_body_bytes,
             chunk_bytes=self._config.stream_chunk_bytes,
             assumed_duplex=self._config.assumed_body_mode == "FULL_DUPLEX_STREAMED",
         )
+        finished = False
+        self.streams.opened()
         try:
-            async for message in request_iterator:
+            message: pb.ProcessingRequest | None = first
+            while message is not None:
                 try:
-                    replies = stream.feed(message)
+                    step = await self._advance(stream, message)
+                except asyncio.CancelledError:
+                    raise
                 except Exception:
                     self._metrics.streams_failed.inc()
                     log.exception(
                         "stream_failed", request_id=stream.request_id, phase=stream.phase.value
                     )
-                    if stream.phase in (Phase.START, Phase.BODY):
+                    if stream.phase in (Phase.START, Phase.BODY, Phase.ROUTING):
                         yield messages.immediate(
                             500, INTERNAL_ERROR_BODY, "internal-error", stream.request_id
                         )
                     return
-                for reply in replies:
+                for reply in step.replies:
                     yield reply
-                if replies and replies[-1].HasField("immediate_response"):
-                    return  # answered by us: Envoy sends nothing more on this stream
+                if step.finish:
+                    # Ending with OK: Envoy marks processing complete and goes on alone.
+                    finished = True
+                    return
+                message = await anext(rest, None)
         finally:
-            stream.close()
+            self.streams.closed()
+            if stream.token is not None and not finished:
+                # Routed, but the destination never fully reached Envoy (stream reset).
+                self._complete(Completion(stream.token, None, None))
+
+    async def _advance(self, stream: ExtProcStream, message: pb.ProcessingRequest) -> Step:
+        step = stream.feed(message)
+        if step.problem is not None:
+            self._report_unsupported(step.problem)
+        if step.route is None:
+            return step
+        call = step.route
+        try:
+            routed = await self._router.route(
+                path=call.path,
+                body=call.body,
+                request_id=call.request_id,
+                subset=call.subset,
+                headers=call.headers,
+            )
+        except RequestRejected as rejected:
+            return stream.rejected(rejected)
+        try:
+            return stream.routed(routed)
+        except BaseException:
+            self._complete(Completion(routed.token, None, None))
+            raise
+
+    def _report_unsupported(self, mode: str) -> None:
+        # Once per mode and process: a misconfigured gateway must not flood the log.
+        if mode in self._reported_modes:
+            return
+        self._reported_modes.add(mode)
+        log.error(
+            "unsupported_body_mode",
+            setting="processing_mode.request_body_mode",
+            mode=mode,
+            supported=["FULL_DUPLEX_STREAMED", "BUFFERED"],
+            answer="500 unsupported-body-mode to every request",
+        )
+
+    # -- observer streams ---------------------------------------------------------------
+    async def _observe(
+        self, first: pb.ProcessingRequest, rest: AsyncIterator[pb.ProcessingRequest]
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        observer = ObserverStream()
+        try:
+            message: pb.ProcessingRequest | None = first
+            while message is not None:
+                completion = observer.feed(message)
+                reply = observer.reply(message)
+                if completion is not None:
+                    self._complete(completion)
+                if reply is not None:
+                    yield reply
+                message = await anext(rest, None)
+        finally:
+            completion = observer.end()
+            if completion is not None:
+                self._complete(completion)
+
+    def _complete(self, completion: Completion) -> None:
+        try:
+            self._router.complete(completion.token, completion.status, completion.served_address)
+        except Exception:  # bookkeeping must never fail a stream
+            log.exception("complete_failed", status=completion.status)
 
 
 class HealthState:
-    """liveness: the process serves; readiness and the ext_proc service: endpoints known."""
+    """liveness: the process serves; readiness and the ext_proc service: endpoints known
+    (and not draining)."""
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
