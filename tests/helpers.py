@@ -28,6 +28,7 @@ def endpoint(
         labels=labels or {},
     )
     e.metrics = PodMetrics(waiting=waiting, kv_usage=kv, model=model, running_adapters=adapters)
+    e.adapters_seen = dict.fromkeys(adapters, 0.0)
     e.metrics_at = 0.0
     e.health = health
     e.refresh()
@@ -52,7 +53,7 @@ def router_with(
     from epp.tokenize import ByteEstimateTokenizer
 
     cfg = config(**sections)
-    store = EndpointStore(cfg.datalayer) if clock is None else EndpointStore(cfg.datalayer, clock)
+    store = EndpointStore.for_config(cfg) if clock is None else EndpointStore.for_config(cfg, clock)
     store.sync([EndpointConfig.model_validate(c) for c in endpoint_configs])
     for e in store.all():
         store.scraped(e, PodMetrics(model="m"))

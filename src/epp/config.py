@@ -49,13 +49,34 @@ class PrefillEstimateConfig(Strict):
         return self
 
 
+class BalanceConfig(Strict):
+    """The imbalance guard: a pod far busier than the least busy candidate leaves the
+    candidate set, whatever its cache match. "Far busier" means both more than `abs_requests`
+    more requests in flight and more than `ratio` times as many. Without it a popular
+    prefix funnels every new conversation to the pod that holds it (cache 0.60 outweighs
+    any load signal), and a fleet splits 3:1 while one pod idles. 0 disables a bound.
+    """
+
+    abs_requests: float = Field(2.0, ge=0.0)
+    ratio: float = Field(1.5, ge=1.0)
+    enabled: bool = True
+
+
 class SchedulingConfig(Strict):
     # Keys are scorer names in the registry (built-ins or registered custom scorers).
     weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     max_queue: int = Field(20, ge=1, description="queue depth at which a pod is saturated")
     health_threshold: float = Field(0.3, ge=0.0, le=1.0, description="pods below are excluded")
     fallbacks: int = Field(0, ge=0, le=16, description="fallback endpoints after the primary")
-    tie_epsilon: float = Field(1e-9, ge=0.0, description="scores closer than this are equal")
+    # Scores closer than this are equal, and the EPP's own load counts decide between them.
+    # Real gauges never tie exactly: a 0.2-weighted KV usage differing by 2% is 0.004,
+    # noise that must not outvote "this pod has three more requests in flight".
+    tie_epsilon: float = Field(0.005, ge=0.0, le=0.1, description="scores closer are equal")
+    # Requests a pod runs at once (vLLM's max_num_seqs). Dispatched requests count as
+    # waiting only beyond it. None: learned per pod from its metrics (the running count
+    # seen while requests wait); until then only the pod's reported waiting counts.
+    running_slots: int | None = Field(None, ge=1)
+    balance: BalanceConfig = Field(default_factory=lambda: BalanceConfig())
     # Here rather than top level: scorer factories receive this section (see registry.py).
     prefill_estimate: PrefillEstimateConfig = Field(default_factory=PrefillEstimateConfig)
 
@@ -100,6 +121,42 @@ class DataLayerConfig(Strict):
     failure_health_step: float = Field(0.25, gt=0.0, le=1.0)
     # Weight of each new response in the moving 5xx error rate seen on the response path.
     error_rate_alpha: float = Field(0.2, gt=0.0, le=1.0)
+    # The error rate decays towards 0 with this time constant, so a pod excluded for
+    # errors is tried again (an excluded pod gets no requests that could lower it).
+    error_decay_s: float = Field(10.0, gt=0.0)
+    # Hysteresis: a pod excluded below scheduling.health_threshold comes back only once its
+    # health reaches this, so a flapping pod does not oscillate on every scrape.
+    readmit_health: float = Field(0.5, ge=0.0, le=1.0)
+    # vLLM stops refreshing its gauges when every request was cancelled: gauges that show
+    # work while the pod generates nothing and the EPP has nothing in flight for this long
+    # are treated as frozen and ignored.
+    frozen_gauges_after_s: float = Field(5.0, gt=0.0)
+    # A dispatch that no completion ever settles (no response observer configured, a lost
+    # stream) is dropped after this long; the pod's own counts reconcile it sooner.
+    in_flight_ttl_s: float = Field(900.0, gt=0.0)
+    # Adapters a pod reported (vllm:lora_requests_info lists only adapters with requests)
+    # are remembered as resident for this long.
+    adapter_memory_s: float = Field(300.0, ge=0.0)
+
+
+class FlowControlConfig(Strict):
+    """Admission when every candidate pod is saturated (queue at max_queue).
+
+    Sheddable requests (priority < 0) get 429 at once; the others wait here, ordered by
+    priority then arrival, fair across models within a priority, until a pod has room,
+    their TTL passes (429 rejected-ttl-expired) or the queue is full (429)."""
+
+    enabled: bool = True
+    max_requests: int = Field(1000, ge=0)
+    max_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    ttl_s: float = Field(60.0, gt=0.0)
+    retry_after_s: float = Field(1.0, gt=0.0)
+    # Priority per model name (the name clients send); others get default_priority.
+    priorities: dict[str, int] = Field(default_factory=dict)
+    default_priority: int = 0
+    # A request header carrying an integer priority, honoured only when set here: clients
+    # can send any header, so the gateway must strip it from untrusted traffic.
+    priority_header: str | None = None
 
 
 class ServerConfig(Strict):
@@ -142,6 +199,7 @@ class EppConfig(Strict):
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
     datalayer: DataLayerConfig = Field(default_factory=DataLayerConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
     # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
     adapters: dict[str, str] = Field(default_factory=dict)
     endpoints: list[EndpointConfig] = Field(default_factory=list)

@@ -1,33 +1,52 @@
 """One routing decision from end to end, independent of the transport.
 
-parse body -> tokenize -> chained block hashes -> prefix index lookup -> scheduler ->
-record (approximate mode: the chosen pod now holds the prompt's blocks; with the
-`prefill` scorer on, the chosen pod's prefill lane grows by this prompt's estimated
-prefill) -> metrics/log.
-The ext_proc server calls `route` and `complete`; the simulators and tests can too.
+prepare: parse body -> tokenize -> chained block hashes -> model, adapter and priority.
+dispatch: prefix index lookup -> scheduler -> reserve the pod (its load figures include
+the request at once) -> record (approximate mode: the chosen pod now holds the prompt's
+blocks) -> metrics/log.
+When scheduling finds every candidate saturated, `route` hands the request to admission
+(scheduling/admission.py): refused if sheddable, else it waits and is dispatched as soon
+as a pod has room. `complete` (by the request's token) releases the reservation.
+
+The ext_proc server awaits `route` and calls `complete`; the virtual-time benchmark and
+tests call `route_now`, the same path without waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
+import secrets
 import time
-from array import array
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import structlog
 
 from epp.config import EppConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.store import EndpointStore
+from epp.observability.flow_metrics import FlowMetrics
 from epp.observability.metrics import EppMetrics
-from epp.prefix.hashing import block_hashes, chain_seed
+from epp.prefix.blocks import prompt_blocks
+from epp.prefix.hashing import BlockHash, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import InferenceRequest, Prompt, RequestRejected, parse_request
+from epp.request import InferenceRequest, RequestRejected, parse_request
+from epp.scheduling.admission import FlowQueue, Waiting, request_priority
+from epp.scheduling.models import resolve_model
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.scorers.prefill import PrefillCost
 from epp.scheduling.types import Decision, SchedulingError, SchedulingRequest
 from epp.tokenize import Tokenizer
 
 log = structlog.get_logger("epp.routing")
+
+SATURATED = "rejected-saturated"
+
+
+class Saturated(RequestRejected):
+    """Every candidate pod is saturated: admission decides (wait or refuse)."""
 
 
 @dataclass(slots=True)
@@ -36,7 +55,11 @@ class RoutedRequest:
     decision: Decision
     request: InferenceRequest
     prompt_tokens: int
-    dispatch: int = 0  # the endpoint's dispatch number, to settle its queue estimate
+    token: str = ""  # names this request in `complete`; unguessable
+    dispatch: int = 0  # the endpoint's dispatch number, to release its reservation
+    uncached_tokens: int = 0
+    priority: int = 0
+    waited_s: float = 0.0
     done: bool = False
 
     @property
@@ -44,14 +67,20 @@ class RoutedRequest:
         return self.decision.primary
 
 
-def _tokens(prompt: Prompt, tokenizer: Tokenizer) -> array:
-    if prompt.token_ids is not None:
-        return prompt.token_ids
-    if prompt.messages is not None:
-        return tokenizer.encode_chat(prompt.messages)
-    if prompt.text is not None:
-        return tokenizer.encode(prompt.text)
-    return array("I")
+@dataclass(slots=True)
+class PreparedRequest:
+    """A parsed, hashed request ready to be scheduled (now, or after waiting)."""
+
+    request_id: str
+    request: InferenceRequest
+    base_model: str | None
+    adapter: str | None
+    hashes: list[BlockHash]
+    prompt_tokens: int
+    subset: frozenset[str] | None
+    priority: int
+    size: int
+    started: float = field(default_factory=time.perf_counter)
 
 
 class Router:
@@ -72,7 +101,16 @@ class Router:
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._metrics = metrics
+        self._flow_metrics = FlowMetrics(metrics.registry)
         self._block_size = config.prefix.block_size
+        self._max_blocks = config.prefix.max_blocks_per_request
+        flow = config.flow_control
+        self._flow = flow
+        self._waiting: FlowQueue[tuple[PreparedRequest, asyncio.Future[RoutedRequest]]] = FlowQueue(
+            flow.max_requests, flow.max_bytes
+        )
+        self._open: dict[str, RoutedRequest] = {}
+        self._release_pending = False
         # The prefill lanes cost a clock read and an estimate per request: kept only while
         # the `prefill` scorer, their only reader, has a weight.
         self._prefill: PrefillCost | None = (
@@ -82,9 +120,11 @@ class Router:
         )
         store.on_change(self._on_endpoint_change)
 
+    # -- data-layer events ------------------------------------------------------
     def _on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         if event == "removed":
             self._index.remove_pod(endpoint.name)
+            self._forget(endpoint)
         elif event == "reset":
             self._index.clear_pod(endpoint.name)
             log.info("pod_cache_reset", pod=endpoint.name)
@@ -94,94 +134,312 @@ class Router:
                 # The pod's blocks may differ in size from ours: convert to our blocks.
                 ours = metrics.num_gpu_blocks * metrics.block_size // self._block_size
                 self._index.set_capacity(endpoint.name, ours)
+        if event in ("released", "updated", "added") and len(self._waiting):
+            self._schedule_release()
 
-    def route(
+    def _forget(self, endpoint: Endpoint) -> None:
+        for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
+            del self._open[token]
+
+    # -- the decision -------------------------------------------------------------
+    def prepare(
         self,
         *,
         path: str,
         body: bytes,
         request_id: str,
         subset: frozenset[str] | None = None,
-    ) -> RoutedRequest:
-        """Choose pods for one request. Raises RequestRejected with the answer otherwise."""
+        headers: Mapping[str, str] | None = None,
+    ) -> PreparedRequest:
+        """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
         started = time.perf_counter()
         request = parse_request(path, body, self._config.adapters)
-        tokens = _tokens(request.prompt, self._tokenizer)
-        seed = chain_seed(request.model or "", request.adapter, request.cache_salt)
-        hashes = block_hashes(tokens, self._block_size, seed)
+        base, adapter = resolve_model(request.model, self._config.adapters, self._store.all())
+        seed = chain_seed(request.model or "", adapter, request.cache_salt)
+        # Bounded work: at most prefix.max_blocks_per_request blocks are tokenized, hashed,
+        # looked up and recorded, whatever the prompt's size (prefix/blocks.py).
+        blocks = prompt_blocks(
+            request.prompt, self._tokenizer, self._block_size, seed, self._max_blocks
+        )
+        priority = request_priority(request.model, headers or {}, self._flow)
+        return PreparedRequest(
+            request_id, request, base, adapter, blocks.hashes, blocks.prompt_tokens, subset,
+            priority, len(body), started,
+        )  # fmt: skip
+
+    def dispatch(self, prepared: PreparedRequest) -> RoutedRequest:
+        """Choose the pod now and reserve it. Raises Saturated when every candidate is
+        saturated, RequestRejected for every other refusal."""
+        request = prepared.request
+        hashes = prepared.hashes
         prefill = self._prefill
         now = self._store.now() if prefill is not None else 0.0
         sched_request = SchedulingRequest(
-            request_id=request_id,
+            request_id=prepared.request_id,
             model=request.model,
-            base_model=request.base_model,
-            adapter=request.adapter,
+            base_model=prepared.base_model,
+            adapter=prepared.adapter,
             block_hashes=hashes,
             prefix_match=self._index.match(hashes) if hashes else {},
-            subset=subset,
-            prompt_tokens=len(tokens),
+            subset=prepared.subset,
+            prompt_tokens=prepared.prompt_tokens,
             block_size=self._block_size,
             now=now,
         )
         try:
             decision = self._scheduler.schedule(sched_request, self._store.all())
         except SchedulingError as exc:
-            self._metrics.decisions.labels(request.model or "", exc.reason).inc()
-            log.info(
-                "request_rejected",
-                request_id=request_id,
-                model=request.model,
-                status=exc.status,
+            kind = Saturated if exc.reason == SATURATED else RequestRejected
+            raise kind(
+                exc.status,
+                exc.message,
                 reason=exc.reason,
-            )
-            raise RequestRejected(exc.status, exc.message, reason=exc.reason) from None
+                param="model" if exc.status == 404 else None,
+            ) from None
         chosen = decision.primary
-        if hashes:
-            self._index.record(chosen.name, hashes)
-        dispatch = self._store.dispatched(chosen)
-        if prefill is not None:
-            # The match the scorer saw (taken before `record`), not the one just recorded.
-            matched = sched_request.prefix_match.get(chosen.name, 0)
-            own = prefill.seconds(len(tokens), matched, self._block_size)
-            self._store.prefill_dispatched(chosen, own, now)
-        elapsed_us = (time.perf_counter() - started) * 1e6
-        self._observe(request, sched_request, decision, elapsed_us)
-        return RoutedRequest(request_id, decision, request, len(tokens), dispatch)
+        matched = sched_request.prefix_match.get(chosen.name, 0)
+        uncached = max(0, prepared.prompt_tokens - matched * self._block_size)
+        seq = self._store.dispatched(chosen, uncached)
+        try:
+            if hashes:
+                self._index.record(chosen.name, hashes)
+            if prefill is not None:
+                # The match the scorer saw (taken before `record`), not the one just recorded.
+                own = prefill.seconds(prepared.prompt_tokens, matched, self._block_size)
+                self._store.prefill_dispatched(chosen, own, now)
+            token = secrets.token_hex(12)
+            routed = RoutedRequest(
+                prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
+                uncached, prepared.priority,
+            )  # fmt: skip
+            self._open[token] = routed
+        except BaseException:
+            self._store.completed(chosen, None, seq)  # nothing may leak a reservation
+            raise
+        try:
+            elapsed_us = (time.perf_counter() - prepared.started) * 1e6
+            self._observe(prepared, sched_request, decision, elapsed_us)
+        except Exception:  # metrics or logging must never cost a routed request
+            with contextlib.suppress(Exception):
+                log.exception("observe_failed", request_id=prepared.request_id)
+        return routed
 
+    def route_now(
+        self,
+        *,
+        path: str,
+        body: bytes,
+        request_id: str,
+        subset: frozenset[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RoutedRequest:
+        """Route without waiting: a saturated pool is a 429 (benchmarks, tests)."""
+        prepared = self.prepare(
+            path=path, body=body, request_id=request_id, subset=subset, headers=headers
+        )
+        try:
+            return self.dispatch(prepared)
+        except RequestRejected as exc:
+            self._count_rejection(prepared, exc)
+            raise
+
+    async def route(
+        self,
+        *,
+        path: str,
+        body: bytes,
+        request_id: str,
+        subset: frozenset[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RoutedRequest:
+        """Route one request, waiting in admission while the pool is saturated."""
+        prepared = self.prepare(
+            path=path, body=body, request_id=request_id, subset=subset, headers=headers
+        )
+        try:
+            if len(self._waiting) and prepared.priority <= self._top_waiting_priority():
+                # Others wait already: no overtaking them unless this one ranks higher.
+                raise Saturated(429, "requests are waiting for capacity", reason=SATURATED)
+            return self.dispatch(prepared)
+        except Saturated as exc:
+            return await self._admit(prepared, exc)
+        except RequestRejected as exc:
+            self._count_rejection(prepared, exc)
+            raise
+
+    # -- admission ------------------------------------------------------------------
+    def _top_waiting_priority(self) -> int:
+        return max((w.priority for w in self._waiting.candidates()), default=-(10**9))
+
+    def _refuse(self, prepared: PreparedRequest, message: str, reason: str) -> RequestRejected:
+        retry = self._flow.retry_after_s
+        rejected = RequestRejected(429, message, reason=reason, retry_after_s=retry)
+        self._count_rejection(prepared, rejected)
+        return rejected
+
+    async def _admit(self, prepared: PreparedRequest, saturated: Saturated) -> RoutedRequest:
+        flow = self._flow
+        outcomes = self._flow_metrics.outcomes
+        if not flow.enabled or prepared.priority < 0:
+            outcomes.labels("rejected-saturated").inc()
+            raise self._refuse(
+                prepared, "every endpoint is saturated; retry later", SATURATED
+            ) from None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[RoutedRequest] = loop.create_future()
+        now = loop.time()
+        waiting = Waiting(
+            (prepared, future),
+            prepared.priority,
+            prepared.request.model or "",
+            prepared.size,
+            now,
+            now + flow.ttl_s,
+        )
+        if not self._waiting.push(waiting):
+            outcomes.labels("rejected-saturated").inc()
+            raise self._refuse(
+                prepared, "every endpoint is saturated and the EPP's queue is full", SATURATED
+            ) from None
+        self._update_queue_gauges()
+        try:
+            routed = await asyncio.wait_for(asyncio.shield(future), flow.ttl_s)
+        except TimeoutError:
+            outcomes.labels("rejected-ttl-expired").inc()
+            self._flow_metrics.wait_seconds.observe(loop.time() - now)
+            raise self._refuse(
+                prepared,
+                f"no endpoint had capacity within {flow.ttl_s:g} s; retry later",
+                "rejected-ttl-expired",
+            ) from None
+        except asyncio.CancelledError:
+            outcomes.labels("cancelled").inc()
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.complete(future.result().token, None)  # routed, but nobody will send it
+            raise
+        finally:
+            self._waiting.remove(waiting)
+            if not future.done():
+                future.cancel()
+            self._update_queue_gauges()
+        routed.waited_s = loop.time() - now
+        self._flow_metrics.wait_seconds.observe(routed.waited_s)
+        outcomes.labels("dispatched").inc()
+        return routed
+
+    def _schedule_release(self) -> None:
+        if self._release_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test driving the store directly): nobody can be waiting
+        self._release_pending = True
+        loop.call_soon(self.release_waiting)
+
+    def release_waiting(self) -> int:
+        """Dispatch waiting requests while pods have room; returns how many went."""
+        self._release_pending = False
+        released = 0
+        blocked: set[str] = set()
+        for waiting in list(self._waiting.candidates()):
+            prepared, future = waiting.item
+            if future.done():
+                continue
+            if waiting.model in blocked:
+                continue
+            try:
+                routed = self.dispatch(prepared)
+            except Saturated:
+                blocked.add(waiting.model)
+                continue
+            except RequestRejected as exc:
+                self._waiting.remove(waiting)
+                self._flow_metrics.outcomes.labels("failed").inc()
+                future.set_exception(exc)
+                continue
+            self._waiting.remove(waiting)
+            future.set_result(routed)
+            released += 1
+        self._update_queue_gauges()
+        return released
+
+    def _update_queue_gauges(self) -> None:
+        size = len(self._waiting)
+        self._flow_metrics.queue_size.set(size)
+        self._flow_metrics.queue_bytes.set(self._waiting.bytes)
+        self._flow_metrics.saturated.set(1 if size else 0)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._open)
+
+    def tick(self) -> None:
+        """Periodic upkeep: retry the queue, forget reservations the store dropped."""
+        if len(self._waiting):
+            self.release_waiting()
+        stale = [t for t, r in self._open.items() if r.dispatch not in r.endpoint.open]
+        for token in stale:
+            self._open.pop(token, None)
+
+    # -- completion -----------------------------------------------------------------
     def complete(
-        self, routed: RoutedRequest, status: int | None, served_address: str | None = None
+        self, token: str | RoutedRequest, status: int | None, served_address: str | None = None
     ) -> None:
-        """The response finished (or the stream ended): release the in-flight slot once."""
-        if routed.done:
+        """The response finished (or the stream ended): release the reservation once."""
+        if isinstance(token, RoutedRequest):
+            token = token.token
+        routed = self._open.pop(token, None)
+        if routed is None or routed.done:
             return
         routed.done = True
         endpoint = routed.endpoint
         if served_address and served_address != endpoint.address:
-            # Envoy retried on a fallback: the primary refused, the fallback served.
+            # The gateway retried on a fallback: the primary refused, the fallback served.
             self._metrics.fallback_served.inc()
-            fallback = self._store.by_address(served_address)
             self._store.completed(endpoint, 503, routed.dispatch)
+            fallback = self._store.by_address(served_address)
             if fallback is not None:
-                fallback.in_flight += 1  # balanced by the completion below
-                self._store.completed(fallback, status)
+                self._store.record_status(fallback, status)
             return
         self._store.completed(endpoint, status, routed.dispatch)
 
+    # -- observation -----------------------------------------------------------------
+    def _count_rejection(self, prepared: PreparedRequest, exc: RequestRejected) -> None:
+        self._metrics.decisions.labels(self._model_label(prepared), exc.reason).inc()
+        log.info(
+            "request_rejected",
+            request_id=prepared.request_id,
+            model=prepared.request.model,
+            status=exc.status,
+            reason=exc.reason,
+        )
+
+    @staticmethod
+    def _model_label(prepared: PreparedRequest) -> str:
+        # The metric bounds the label itself (observability/labels.py): clients choose it.
+        return prepared.request.model or ""
+
     def _observe(
         self,
-        request: InferenceRequest,
+        prepared: PreparedRequest,
         sched: SchedulingRequest,
         decision: Decision,
         elapsed_us: float,
     ) -> None:
         m = self._metrics
+        request = prepared.request
         cache = decision.factor("cache")
         best = (
             max(sched.prefix_match.values(), default=0) / sched.total_blocks
             if sched.total_blocks
             else 0.0
         )
-        m.decisions.labels(request.model or "", "routed").inc()
+        m.decisions.labels(self._model_label(prepared), "routed").inc()
         m.latency_us.observe(elapsed_us)
         m.composite.observe(decision.score)
         m.candidates.observe(len(decision.candidates))
@@ -189,13 +447,15 @@ class Router:
         if cache is not None:
             m.cache_match.observe(cache)
         m.best_possible_match.observe(best)
-        if request.adapter and not decision.primary.has_adapter(request.adapter):
-            m.adapter_loads.labels(request.adapter).inc()
+        adapter = prepared.adapter
+        if adapter and not decision.primary.has_adapter(adapter):
+            m.adapter_loads.labels(adapter).inc()
         log.info(
             "request_routed",
             request_id=decision.request_id,
             model=request.model,
-            adapter=request.adapter,
+            adapter=adapter,
+            priority=prepared.priority,
             input_tokens=sched.prompt_tokens,
             pod=decision.primary.name,
             address=decision.primary.address,
@@ -209,3 +469,19 @@ class Router:
             log.debug(
                 "scoring_breakdown", request_id=decision.request_id, top=decision.breakdown(3)
             )
+
+
+def retry_after_header(seconds: float | None) -> str | None:
+    """The Retry-After value (whole seconds, at least 1) for a refusal, if any."""
+    if seconds is None:
+        return None
+    return str(max(1, math.ceil(seconds)))
+
+
+__all__ = [
+    "PreparedRequest",
+    "RoutedRequest",
+    "Router",
+    "Saturated",
+    "retry_after_header",
+]

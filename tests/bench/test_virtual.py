@@ -198,14 +198,17 @@ def test_full_queues_answer_429() -> None:
 
 def test_epp_refuses_with_429_when_every_pod_is_saturated() -> None:
     workload = workloads.burst(
-        requests=30, prefix_tokens=64, question_tokens=8, output_tokens=20, window_s=0.0
+        requests=60, prefix_tokens=64, question_tokens=8, output_tokens=20, window_s=0.5
     )
     tight = EngineConfig(max_num_seqs=1, max_waiting=100, num_gpu_blocks=512)
     result = _run(workload, "epp", pods=1, engine=tight)
     statuses = [o.status for o in result.outcomes]
-    # The saturation filter (max_queue 20) counts the EPP's own dispatches: 20 pass.
-    assert statuses.count(200) == 20
-    assert statuses.count(429) == 10
+    # Before the pod shows waiting requests nothing is refused (its slots are unknown);
+    # once a scrape shows 1 running and a queue, the slots are learned and every request
+    # beyond 1 running + 20 waiting (max_queue) is refused: the virtual runner has no
+    # admission queue (route_now).
+    assert statuses[0] == 200
+    assert statuses.count(429) > 0 and statuses.count(200) >= 21
     assert all(
         o.pod is None and o.error == "rejected-saturated"
         for o in result.outcomes
@@ -287,8 +290,12 @@ def test_expected_ttft_what_if_routes_equal_cold_prompts_like_round_robin() -> N
     round_robin = _run(workload, "round_robin", engine=engine)
     assert _key(what_if) == _key(again)
     assert all(o.ok for o in what_if.outcomes)
+    # Scores within the tie epsilon go to the pod with less in flight, not strictly the
+    # earliest lane: the same TTFTs to within a few percent.
     ttfts = sorted(o.ttft_s or 0 for o in what_if.outcomes)
-    assert ttfts == pytest.approx(sorted(o.ttft_s or 0 for o in round_robin.outcomes))
+    rr = sorted(o.ttft_s or 0 for o in round_robin.outcomes)
+    assert sum(ttfts) == pytest.approx(sum(rr), rel=0.03)
+    assert ttfts[-1] == pytest.approx(rr[-1], rel=0.1)
     assert what_if.extra["router_stats"]["prefill_weight"] == 0.5
 
 

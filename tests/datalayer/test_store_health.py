@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from epp.config import DataLayerConfig, EndpointConfig
@@ -61,54 +63,116 @@ def test_consecutive_failures_lower_health_and_a_success_restores_it():
     assert a.health == 1.0 and a.consecutive_failures == 0
 
 
-def test_stale_metrics_make_a_pod_unhealthy():
+def test_stale_metrics_make_a_pod_unhealthy_while_another_is_fresh():
     store, clock, _ = make_store(stale_after_s=1.0)
-    a = store.get("a")
+    a, b = store.get("a"), store.get("b")
     store.scraped(a, PodMetrics())
+    store.scraped(b, PodMetrics())
     clock.now += 0.9
     store.refresh_health()
     assert a.health == 1.0
     clock.now += 0.2
+    store.scraped(b, PodMetrics())  # b keeps answering, a went silent
     store.refresh_health()
-    assert a.health == 0.0
+    assert a.health == 0.0 and a.excluded and b.health == 1.0
+
+
+def test_when_every_pod_is_stale_nobody_is_excluded_and_old_gauges_are_ignored():
+    """The EPP's loop was blocked or the network partitioned: not the pods' fault. Stale
+    metrics must never freeze dispatch: health ignores staleness, and the old gauges
+    (here a full queue) stop counting, leaving the EPP's own counts."""
+    store, clock, _ = make_store(stale_after_s=1.0)
+    a, b = store.get("a"), store.get("b")
+    store.scraped(a, PodMetrics(waiting=50, kv_usage=0.99))
+    store.scraped(b, PodMetrics(waiting=50, kv_usage=0.99))
+    assert a.queue_depth == 50
+    clock.now += 5.0
+    store.refresh_health()
+    assert not store.staleness_counts
+    assert a.health == 1.0 and not a.excluded
+    assert a.queue_depth == 0 and a.kv_usage == 0.0
+    store.dispatched(a)
+    assert a.in_flight == 1 and a.concurrency == 1
 
 
 def test_response_errors_lower_health_gradually():
     store, _, _ = make_store(error_rate_alpha=0.5)
     a = store.get("a")
     store.scraped(a, PodMetrics())
-    store.dispatched(a)
-    store.completed(a, 500)
+    store.completed(a, 500, store.dispatched(a))
     assert a.health == pytest.approx(0.5)
     for _ in range(3):
-        store.dispatched(a)
-        store.completed(a, 200)
+        store.completed(a, 200, store.dispatched(a))
     assert a.health == pytest.approx(1 - 0.5**4)
     assert a.in_flight == 0
 
 
-def test_dispatch_counts_until_next_scrape_or_completion():
+def test_a_pod_excluded_for_errors_comes_back_after_the_error_rate_decays():
+    """It gets no requests while excluded, so only time can lower its error rate."""
+    store, clock, _ = make_store(error_decay_s=10.0, readmit_health=0.5)
+    a, b = store.get("a"), store.get("b")
+    for pod in (a, b):
+        store.scraped(pod, PodMetrics())
+    for _ in range(20):
+        store.completed(a, 500, store.dispatched(a))
+    assert a.excluded and a.health < 0.3
+    readmitted_after = None
+    for step in range(1, 200):
+        clock.now += 0.1
+        store.scraped(a, PodMetrics())
+        store.scraped(b, PodMetrics())
+        store.refresh_health()
+        if not a.excluded:
+            readmitted_after = step * 0.1
+            break
+    # 1 - 0.99 * exp(-t / 10) >= 0.5  =>  t = 10 * ln(0.99 / 0.5) = 6.8 s
+    assert readmitted_after == pytest.approx(6.8, abs=0.15)
+    assert a.health >= 0.5
+
+
+def test_hysteresis_keeps_a_recovering_pod_out_until_the_readmit_level():
+    store, clock, _ = make_store(error_decay_s=10.0, readmit_health=0.5)
+    a = store.get("a")
+    store.scraped(a, PodMetrics())
+    a.error_rate, a.error_at = 0.75, clock.now  # health 0.25: excluded
+    store.refresh_health()
+    assert a.excluded
+    clock.now += 10 * math.log(0.75 / 0.65)  # health 0.35: above 0.3, below 0.5
+    store.refresh_health()
+    assert 0.3 < a.health < 0.5 and a.excluded
+    clock.now += 10 * math.log(0.65 / 0.45)  # health 0.55
+    store.refresh_health()
+    assert not a.excluded
+    # Not excluded again until it falls below 0.3 (a single error takes it to ~0.44).
+    store.record_status(a, 500)
+    assert 0.3 < a.health < 0.5 and not a.excluded
+
+
+def test_dispatched_requests_wait_only_beyond_the_pods_free_slots():
     store, _, _ = make_store()
     a = store.get("a")
-    store.scraped(a, PodMetrics(waiting=2))
+    a.configured_slots = 4
+    store.scraped(a, PodMetrics(running=2, waiting=0))
     first = store.dispatched(a)
-    second = store.dispatched(a)
-    assert a.queue_depth == 4 and a.in_flight == 2
-    store.completed(a, 200, first)  # done before any scrape: no longer waiting
-    assert a.queue_depth == 3 and a.in_flight == 1
-    store.scraped(a, PodMetrics(waiting=3))  # the page now shows the second one
-    assert a.queue_depth == 3
-    store.completed(a, 200, second)
-    store.completed(a, None)  # an extra completion never goes below zero
-    assert a.queue_depth == 3 and a.in_flight == 0
+    store.dispatched(a)
+    assert (a.queue_depth, a.in_flight, a.concurrency) == (0, 2, 4)
+    store.dispatched(a)  # the fifth request on a 4-slot pod waits
+    assert a.queue_depth == 1
+    store.completed(a, 200, first)  # done before any scrape
+    assert a.queue_depth == 0 and a.in_flight == 2
+    store.completed(a, None, None)  # a stray completion changes nothing
+    assert a.in_flight == 2
 
 
-def test_counter_going_backwards_signals_engine_reset():
-    store, _, events = make_store()
+def test_slots_are_learned_from_the_running_count_while_requests_wait():
+    store, _, _ = make_store()
     a = store.get("a")
-    store.scraped(a, PodMetrics(prefix_queries=1000))
-    store.scraped(a, PodMetrics(prefix_queries=10))
-    assert ("reset", "a") in events
+    store.scraped(a, PodMetrics(running=3, waiting=0))
+    assert a.slots is None
+    store.scraped(a, PodMetrics(running=6, waiting=2))
+    assert a.slots == 6 and a.load == pytest.approx(1.0)
+    store.scraped(a, PodMetrics(running=3, waiting=0))
+    assert a.slots == 6 and a.load == pytest.approx(0.5)
 
 
 def test_requests_sent_during_a_scrape_stay_counted():
@@ -117,5 +181,54 @@ def test_requests_sent_during_a_scrape_stay_counted():
     store.dispatched(a)
     mark = a.dispatched_total  # the scrape starts here
     store.dispatched(a)  # sent while the page was in flight: not on it yet
-    store.scraped(a, PodMetrics(waiting=1), dispatched_at_start=mark)
-    assert a.unseen_dispatches == {2} and a.queue_depth == 2
+    store.scraped(a, PodMetrics(running=1), dispatched_at_start=mark)
+    assert a.concurrency == 2 and a.in_flight == 2
+
+
+def test_completions_nobody_reported_are_reconciled_from_the_pods_counts():
+    """Without a response observer the EPP never hears of completions: the pod holding
+    fewer requests than the EPP sent it (long enough ago) settles the difference."""
+    store, clock, events = make_store()
+    a = store.get("a")
+    for _ in range(5):
+        store.dispatched(a, tokens=100)
+    store.scraped(a, PodMetrics(running=5))
+    assert a.in_flight == 5  # too recent to judge
+    clock.now += 3.0
+    store.scraped(a, PodMetrics(running=2))
+    assert a.in_flight == 2 and a.in_flight_tokens == 200
+    assert ("released", "a") in events
+
+
+def test_in_flight_entries_expire_after_their_ttl():
+    store, clock, _ = make_store(in_flight_ttl_s=60.0)
+    a = store.get("a")
+    store.dispatched(a)
+    clock.now += 61
+    store.refresh_health()
+    assert a.in_flight == 0 and not a.open
+
+
+def test_frozen_gauges_stop_counting_when_the_pod_generates_nothing():
+    """vLLM stops refreshing gauges once every request is cancelled: a pod must not look
+    busy for ever."""
+    store, clock, _ = make_store(frozen_gauges_after_s=5.0)
+    a = store.get("a")
+    page = dict(running=8, waiting=30, kv_usage=0.99, generation_tokens=1000)
+    store.scraped(a, PodMetrics(**page))
+    assert a.queue_depth == 30
+    for _ in range(60):
+        clock.now += 0.1
+        store.scraped(a, PodMetrics(**page))
+    assert a.gauges_frozen and a.queue_depth == 0 and a.kv_usage == 0.0
+    page["generation_tokens"] = 1010  # it generates again: the gauges are real
+    store.scraped(a, PodMetrics(**page))
+    assert not a.gauges_frozen and a.queue_depth == 30
+
+
+def test_counter_going_backwards_signals_engine_reset():
+    store, _, events = make_store()
+    a = store.get("a")
+    store.scraped(a, PodMetrics(prefix_queries=1000))
+    store.scraped(a, PodMetrics(prefix_queries=10))
+    assert ("reset", "a") in events

@@ -8,6 +8,7 @@ import pytest
 from helpers import config, endpoint
 
 from epp.config import SchedulingConfig
+from epp.datalayer.endpoint import Dispatch
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.scorers.adapter import AdapterScorer
@@ -53,17 +54,39 @@ def test_each_queued_request_costs_one_twentieth(waiting, expected):
     ]
 
 
-def test_queue_counts_requests_sent_since_last_scrape():
+def test_queue_counts_requests_sent_since_last_scrape_beyond_free_slots():
     pod = endpoint("a", waiting=2)
-    pod.unseen_dispatches = {1, 2, 3}
+    pod.configured_slots = 4
+    pod.metrics.running = 4
+    for seq in (1, 2, 3):  # sent after the page: the pod's 4 slots are full, so they wait
+        pod.open[seq] = Dispatch(seq, 0, 0.0)
+        pod.dispatched_total = seq
+        pod.in_flight += 1
     pod.refresh()
     assert QueueScorer(max_queue=20).score(request(), [pod]) == [pytest.approx(0.75)]
+    pod.metrics.running = 1  # 3 free slots: the same 3 run at once, nothing more waits
+    pod.refresh()
+    assert QueueScorer(max_queue=20).score(request(), [pod]) == [pytest.approx(0.9)]
 
 
 def test_adapter_scorer():
     pods = [endpoint("a", adapters=frozenset({"sql"})), endpoint("b")]
     assert AdapterScorer().score(request(adapter="sql"), pods) == [1.0, 0.0]
     assert AdapterScorer().score(request(), pods) == [1.0, 1.0]
+
+
+def test_adapter_scorer_gives_partial_credit_for_a_free_adapter_slot():
+    resident = endpoint("a", adapters=frozenset({"sql"}))
+    room = endpoint("b", adapters=frozenset({"chat"}))
+    full = endpoint("c", adapters=frozenset({"chat", "math"}))
+    for pod in (resident, room, full):
+        pod.metrics.max_loras = 2
+        pod.refresh()
+    assert AdapterScorer().score(request(adapter="sql"), [resident, room, full]) == [
+        1.0,
+        0.5,
+        0.0,
+    ]
 
 
 def test_health_scorer_passes_health_through():
@@ -227,7 +250,7 @@ def test_equal_scores_go_to_the_pod_with_fewer_requests_in_flight():
     """Metrics lag: two idle-looking pods, one just given a request by this EPP."""
     busy, idle = endpoint("busy"), endpoint("idle")
     busy.in_flight = 1
-    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(1))
+    scheduler = Scheduler(SchedulingConfig(fallbacks=1), rng=random.Random(1))
     for _ in range(20):
         decision = scheduler.schedule(request(), [busy, idle])
         assert decision.primary is idle

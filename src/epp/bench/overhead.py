@@ -132,7 +132,7 @@ def in_process(
     )
 
     def route() -> None:
-        routed = router.route(path="/v1/chat/completions", body=body, request_id="bench")
+        routed = router.route_now(path="/v1/chat/completions", body=body, request_id="bench")
         router.complete(routed, 200)
 
     messages = request.prompt.messages

@@ -101,7 +101,7 @@ class EppVirtualRouter:
         self._pods = pods
         self._with_lora = bool(adapters)
         self._now = 0.0
-        self.store = EndpointStore(self.config.datalayer, clock=self._clock)
+        self.store = EndpointStore.for_config(self.config, clock=self._clock)
         self.store.sync(self.config.endpoints)
         self.index = PrefixIndex(self.config.prefix.capacity_per_pod)
         self.scheduler = Scheduler(
@@ -151,7 +151,7 @@ class EppVirtualRouter:
     def route(self, request: PreparedRequest, now: float) -> RouteChoice:
         started = time.process_time()
         try:
-            routed = self.router.route(
+            routed = self.router.route_now(
                 path=request.path,
                 body=request.body,
                 request_id=f"r{request.index}",

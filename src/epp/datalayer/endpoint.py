@@ -1,8 +1,21 @@
-"""One pod as the scheduler sees it: identity plus the freshest signals.
+"""One pod as the scheduler sees it: identity, the freshest scraped signals, and the EPP's
+own count of what it sent there.
 
 The data layer owns these objects and updates them in place (scrapes, dispatches,
 completions); the scheduler reads them synchronously within one decision. All of it runs
 on the event loop's thread, so a decision never sees a half-applied update.
+
+Load between scrapes. Metrics lag by up to a scrape interval, and every request of a burst
+would see the same snapshot (the field's herding bug). So each dispatch is reserved at
+pick time and `refresh()` re-derives the load figures at once:
+
+    concurrency = max(scraped running + waiting + dispatched since that page, in flight)
+    queue_depth = scraped waiting + dispatched beyond the pod's free running slots
+    busy        = concurrency / running slots                (0 while slots are unknown)
+
+A dispatched request is *waiting* only beyond what the pod can run: ten requests sent to
+an idle pod with 256 slots queue nowhere. Slots come from configuration, or are learned as
+the running count the pod reported while requests were waiting.
 """
 
 from __future__ import annotations
@@ -12,6 +25,15 @@ from dataclasses import dataclass, field
 from epp.datalayer.metrics_parser import PodMetrics
 
 
+@dataclass(slots=True)
+class Dispatch:
+    """One request the EPP sent to the pod and has not seen complete."""
+
+    seq: int
+    tokens: int  # prompt tokens the pod must compute (not in its cache, as far as we know)
+    at: float  # store clock
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     name: str
@@ -19,51 +41,85 @@ class Endpoint:
     metrics_url: str
     labels: dict[str, str] = field(default_factory=dict)
     configured_model: str | None = None
+    configured_slots: int | None = None
 
     # Scraped (vllm /metrics).
     metrics: PodMetrics | None = None
-    metrics_at: float | None = None  # monotonic time of the last good scrape
+    metrics_at: float | None = None  # store time of the last good scrape
     consecutive_failures: int = 0
     last_error: str | None = None
+    # False while the gauges cannot be trusted (stale page, frozen gauges): load then comes
+    # from the EPP's own counts only, so old numbers never keep a pod "full" for ever.
+    gauges_valid: bool = True
+    gauges_frozen: bool = False
+    progress_at: float | None = None  # last time the pod's generated-token counter moved
+    learned_slots: int | None = None
+    # adapter -> last time the pod reported it (running or waiting)
+    adapters_seen: dict[str, float] = field(default_factory=dict)
 
-    # Counted by the EPP itself: metrics lag by up to a scrape interval, and a burst of
-    # decisions inside that interval must see its own effect.
-    in_flight: int = 0
+    # Counted by the EPP itself.
+    open: dict[int, Dispatch] = field(default_factory=dict)  # seq -> dispatch, oldest first
     dispatched_total: int = 0  # sequence number of the last dispatch
-    # Dispatch numbers of requests still in flight that the last scraped page cannot show
-    # (sent after that fetch began). A request that completed is no longer waiting, so it
-    # leaves the set even if no scrape has happened since: fast requests must not pile up.
-    unseen_dispatches: set[int] = field(default_factory=set)
+    seen_through: int = 0  # dispatches up to this seq were sent before the last page's fetch
+    in_flight: int = 0
+    in_flight_tokens: int = 0
     # When the prefills this EPP sent the pod should be over (store clock, seconds),
     # assuming the pod prefills first come, first served. Kept only while the `prefill`
     # scorer has a weight (routing.py); 0.0: nothing sent yet.
     prefill_lane_end: float = 0.0
 
-    # Response path: moving average of 5xx answers.
+    # Response path: moving average of 5xx answers, decaying with time.
     error_rate: float = 0.0
+    error_at: float = 0.0
 
-    # Derived by the health model after every change.
+    # Derived by the health model after every change; `excluded` is its hysteresis state.
     health: float = 1.0
+    excluded: bool = False
 
     # Derived from the fields above by `refresh()` whenever one of them changes. Plain
     # attributes rather than properties: the scheduler reads each of them once per pod per
     # decision, and with 64+ pods property calls were a third of the scheduling time.
     model: str | None = None
-    queue_depth: float = 0.0  # last scraped waiting + what the EPP sent since that scrape
+    concurrency: float = 0.0
+    queue_depth: float = 0.0
     kv_usage: float = 0.0  # clamped to [0, 1]
-    adapters: frozenset[str] = frozenset()  # running or waiting LoRA adapters
+    load: float = 0.0  # max(KV usage, busy fraction), in [0, 1]
+    adapters: frozenset[str] = frozenset()  # adapters resident as far as we know
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         self.refresh()
 
+    @property
+    def slots(self) -> int | None:
+        return self.configured_slots or self.learned_slots
+
     def refresh(self) -> None:
         m = self.metrics
         self.model = self.configured_model or (m.model if m is not None else None)
-        waiting = m.waiting if m is not None else 0.0
-        self.queue_depth = waiting + len(self.unseen_dispatches)
-        usage = m.kv_usage if m is not None else 0.0
-        self.kv_usage = 0.0 if usage < 0.0 else 1.0 if usage > 1.0 else usage
-        self.adapters = (m.running_adapters | m.waiting_adapters) if m is not None else frozenset()
+        gauges = m is not None and self.gauges_valid and not self.gauges_frozen
+        running = m.running if gauges else 0.0  # type: ignore[union-attr]
+        waiting = m.waiting if gauges else 0.0  # type: ignore[union-attr]
+        unseen = 0
+        if self.dispatched_total > self.seen_through:
+            through = self.seen_through
+            unseen = sum(1 for seq in self.open if seq > through)
+        on_pod = running + unseen
+        self.concurrency = max(on_pod + waiting, float(self.in_flight))
+        slots = self.slots
+        if slots:
+            beyond = max(0.0, self.concurrency - waiting - slots)
+            self.queue_depth = waiting + beyond
+            busy = min(1.0, self.concurrency / slots)
+        else:
+            self.queue_depth = waiting
+            busy = 0.0
+        usage = m.kv_usage if gauges else 0.0  # type: ignore[union-attr]
+        usage = 0.0 if usage < 0.0 else 1.0 if usage > 1.0 else usage
+        self.kv_usage = usage
+        self.load = usage if usage > busy else busy
+        self.adapters = frozenset(self.adapters_seen)
+        self.max_loras = m.max_loras if m is not None else None
 
     def has_adapter(self, adapter: str) -> bool:
         return adapter in self.adapters

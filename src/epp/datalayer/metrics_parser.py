@@ -25,6 +25,7 @@ VLLM_METRICS: dict[str, str] = {
     "vllm:prefix_cache_hits_total": "prefix_hits",
     "vllm:gpu_prefix_cache_hits_total": "prefix_hits_old",
     "vllm:num_preemptions_total": "preemptions",
+    "vllm:generation_tokens_total": "generation_tokens",
 }
 LORA_INFO = "vllm:lora_requests_info"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -38,6 +39,7 @@ class PodMetrics:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     preemptions: float = 0.0
+    generation_tokens: float = 0.0
     model: str | None = None
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
@@ -154,6 +156,7 @@ def parse_vllm_metrics(page: str) -> PodMetrics:
     result.prefix_queries = sums.get("prefix_queries", 0.0)
     result.prefix_hits = sums.get("prefix_hits", 0.0)
     result.preemptions = sums.get("preemptions", 0.0)
+    result.generation_tokens = sums.get("generation_tokens", 0.0)
     result.seen = set(sums)
     return result
 

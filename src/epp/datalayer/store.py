@@ -5,23 +5,58 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from epp.config import DataLayerConfig, EndpointConfig
-from epp.datalayer.endpoint import Endpoint
-from epp.datalayer.health import compute_health
+from epp.config import DataLayerConfig, EndpointConfig, EppConfig
+from epp.datalayer.endpoint import Dispatch, Endpoint
+from epp.datalayer.health import (
+    compute_health,
+    decayed_error_rate,
+    is_stale,
+    update_exclusion,
+)
 from epp.datalayer.metrics_parser import PodMetrics
+
+EndpointListener = Callable[[str, Endpoint], None]
+
+# A request reaches the engine's counts some time after the EPP chose the pod (Envoy
+# connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
+# than this are compared with the pod's counts.
+RECONCILE_GRACE_S = 2.0
 
 
 class EndpointStore:
-    def __init__(self, config: DataLayerConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: DataLayerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        health_threshold: float = 0.3,
+        running_slots: int | None = None,
+    ):
         self._config = config
         self._clock = clock
+        self._threshold = health_threshold
+        self._slots = running_slots
         self._by_name: dict[str, Endpoint] = {}
         self._by_address: dict[str, Endpoint] = {}
-        self._listeners: list[Callable[[str, Endpoint], None]] = []
+        self._listeners: list[EndpointListener] = []
+        self._staleness_counts = True
+
+    @classmethod
+    def for_config(
+        cls, config: EppConfig, clock: Callable[[], float] = time.monotonic
+    ) -> EndpointStore:
+        """The store as the EPP's configuration asks: health hysteresis and pod slots."""
+        return cls(
+            config.datalayer,
+            clock,
+            health_threshold=config.scheduling.health_threshold,
+            running_slots=config.scheduling.running_slots,
+        )
 
     # -- membership -------------------------------------------------------------
-    def on_change(self, listener: Callable[[str, Endpoint], None]) -> None:
-        """listener(event, endpoint) with event in added / removed / updated / reset."""
+    def on_change(self, listener: EndpointListener) -> None:
+        """listener(event, endpoint) with event in added / removed / updated / reset /
+        released (in-flight work of the pod went down: room for queued requests)."""
         self._listeners.append(listener)
 
     def _emit(self, event: str, endpoint: Endpoint) -> None:
@@ -52,8 +87,9 @@ class EndpointStore:
                 metrics_url=config.resolved_metrics_url(),
                 labels=dict(config.labels),
                 configured_model=config.model,
+                configured_slots=self._slots,
             )
-            endpoint.health = compute_health(endpoint, self._clock(), self._config)
+            self._set_health(endpoint, self._clock())
             self._by_name[name] = endpoint
             self._by_address[config.address] = endpoint
             self._emit("added", endpoint)
@@ -75,6 +111,21 @@ class EndpointStore:
         keep times on endpoints use it so that those times compare with the store's."""
         return self._clock()
 
+    @property
+    def staleness_counts(self) -> bool:
+        """False while no pod has fresh metrics (see health.py): nobody is excluded for it."""
+        return self._staleness_counts
+
+    def _set_health(self, endpoint: Endpoint, now: float) -> None:
+        endpoint.health = compute_health(
+            endpoint, now, self._config, staleness_counts=self._staleness_counts
+        )
+        update_exclusion(endpoint, self._threshold, self._config.readmit_health)
+        valid = endpoint.metrics is not None and not is_stale(endpoint, now, self._config)
+        if valid != endpoint.gauges_valid:
+            endpoint.gauges_valid = valid
+            endpoint.refresh()
+
     # -- data-layer updates --------------------------------------------------------
     def scraped(
         self, endpoint: Endpoint, metrics: PodMetrics, dispatched_at_start: int | None = None
@@ -89,37 +140,99 @@ class EndpointStore:
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
-        # Sent before the fetch began: on this page (running or waiting) or already done.
-        endpoint.unseen_dispatches = {
-            seq for seq in endpoint.unseen_dispatches if seq > dispatched_at_start
-        }
+        endpoint.seen_through = dispatched_at_start
+        self._learn(endpoint, previous, metrics, now)
+        released = self._reconcile(endpoint, metrics, now)
         endpoint.refresh()
-        endpoint.health = compute_health(endpoint, now, self._config)
+        self._set_health(endpoint, now)
         # Counters going backwards mean the engine restarted: its cache is gone.
         if previous is not None and metrics.prefix_queries < previous.prefix_queries:
             self._emit("reset", endpoint)
         self._emit("updated", endpoint)
+        if released:
+            self._emit("released", endpoint)
+
+    def _learn(
+        self, endpoint: Endpoint, previous: PodMetrics | None, metrics: PodMetrics, now: float
+    ) -> None:
+        # Requests wait only when the pod cannot run more: the running count is its slots
+        # (or its KV room, which limits it just the same).
+        if metrics.waiting > 0 and metrics.running >= 1:
+            running = int(metrics.running)
+            if endpoint.learned_slots is None or running > endpoint.learned_slots:
+                endpoint.learned_slots = running
+        for adapter in metrics.running_adapters | metrics.waiting_adapters:
+            endpoint.adapters_seen[adapter] = now
+        memory = self._config.adapter_memory_s
+        for adapter, seen in list(endpoint.adapters_seen.items()):
+            if now - seen > memory:
+                del endpoint.adapters_seen[adapter]
+        # Frozen gauges: work shown, nothing generated, nothing of ours in flight.
+        if (
+            previous is None
+            or metrics.generation_tokens != previous.generation_tokens
+            or endpoint.progress_at is None
+        ):
+            endpoint.progress_at = now
+        busy_looking = metrics.running > 0 or metrics.waiting > 0 or metrics.kv_usage > 0
+        endpoint.gauges_frozen = (
+            busy_looking
+            and endpoint.in_flight == 0
+            and now - endpoint.progress_at > self._config.frozen_gauges_after_s
+        )
+
+    def _reconcile(self, endpoint: Endpoint, metrics: PodMetrics, now: float) -> bool:
+        """Completions nobody reported: the pod holds fewer requests than the EPP sent it
+        before this page was fetched, so the oldest of those are over. (Other routers'
+        traffic only adds to the pod's count, so this never releases a live request.)"""
+        through = endpoint.seen_through
+        before = [
+            d for d in endpoint.open.values() if d.seq <= through and now - d.at > RECONCILE_GRACE_S
+        ]
+        excess = len(before) - int(metrics.running + metrics.waiting)
+        if excess <= 0:
+            return False
+        for dispatch in before[:excess]:
+            self._release(endpoint, dispatch)
+        return True
 
     def scrape_failed(self, endpoint: Endpoint, error: str) -> None:
         endpoint.consecutive_failures += 1
         endpoint.last_error = error
-        endpoint.health = compute_health(endpoint, self._clock(), self._config)
+        self._set_health(endpoint, self._clock())
         self._emit("updated", endpoint)
 
     def refresh_health(self) -> None:
-        """Re-derive health from the clock (staleness grows even when nothing happens)."""
+        """Re-derive health from the clock (staleness grows, errors decay, in-flight
+        entries expire even when nothing happens)."""
         now = self._clock()
-        for endpoint in self._by_name.values():
-            endpoint.health = compute_health(endpoint, now, self._config)
+        endpoints = self._by_name.values()
+        scraped = [e for e in endpoints if e.metrics_at is not None]
+        self._staleness_counts = not scraped or any(
+            not is_stale(e, now, self._config) for e in scraped
+        )
+        ttl = self._config.in_flight_ttl_s
+        for endpoint in endpoints:
+            expired = [d for d in endpoint.open.values() if now - d.at > ttl]
+            for dispatch in expired:
+                self._release(endpoint, dispatch)
+            if expired:
+                endpoint.refresh()
+            self._set_health(endpoint, now)
+            if expired:
+                self._emit("released", endpoint)
 
     # -- request lifecycle ---------------------------------------------------------
-    def dispatched(self, endpoint: Endpoint) -> int:
-        """A request was sent to the pod; returns its dispatch number for `completed`."""
-        endpoint.in_flight += 1
+    def dispatched(self, endpoint: Endpoint, tokens: int = 0) -> int:
+        """A request was sent to the pod; returns its dispatch number for `completed`.
+        The pod's load figures include it at once, for the very next decision."""
         endpoint.dispatched_total += 1
-        endpoint.unseen_dispatches.add(endpoint.dispatched_total)
-        endpoint.queue_depth += 1
-        return endpoint.dispatched_total
+        seq = endpoint.dispatched_total
+        endpoint.open[seq] = Dispatch(seq, tokens, self._clock())
+        endpoint.in_flight += 1
+        endpoint.in_flight_tokens += tokens
+        endpoint.refresh()
+        return seq
 
     def prefill_dispatched(self, endpoint: Endpoint, seconds: float, now: float) -> None:
         """A prefill of `seconds` was queued on the pod at `now`: it starts when the pod's
@@ -127,15 +240,27 @@ class EndpointStore:
         lane_end = endpoint.prefill_lane_end
         endpoint.prefill_lane_end = (now if now > lane_end else lane_end) + seconds
 
-    def completed(
-        self, endpoint: Endpoint, status: int | None, dispatch: int | None = None
-    ) -> None:
-        endpoint.in_flight = max(0, endpoint.in_flight - 1)
-        if dispatch is not None and dispatch in endpoint.unseen_dispatches:
-            endpoint.unseen_dispatches.discard(dispatch)
-            endpoint.queue_depth -= 1
-        if status is not None:
-            failed = 1.0 if status >= 500 else 0.0
-            alpha = self._config.error_rate_alpha
-            endpoint.error_rate += alpha * (failed - endpoint.error_rate)
-            endpoint.health = compute_health(endpoint, self._clock(), self._config)
+    def _release(self, endpoint: Endpoint, dispatch: Dispatch) -> None:
+        if endpoint.open.pop(dispatch.seq, None) is not None:
+            endpoint.in_flight -= 1
+            endpoint.in_flight_tokens -= dispatch.tokens
+
+    def completed(self, endpoint: Endpoint, status: int | None, dispatch: int | None) -> None:
+        """The request numbered `dispatch` ended with `status` (None: no response seen)."""
+        entry = endpoint.open.get(dispatch) if dispatch is not None else None
+        if entry is not None:
+            self._release(endpoint, entry)
+            endpoint.refresh()
+        self.record_status(endpoint, status)
+        if entry is not None:
+            self._emit("released", endpoint)
+
+    def record_status(self, endpoint: Endpoint, status: int | None) -> None:
+        if status is None:
+            return
+        now = self._clock()
+        failed = 1.0 if status >= 500 else 0.0
+        current = decayed_error_rate(endpoint, now, self._config)
+        endpoint.error_rate = current + self._config.error_rate_alpha * (failed - current)
+        endpoint.error_at = now
+        self._set_health(endpoint, now)

@@ -26,11 +26,12 @@ class SubsetFilter:
 @dataclass(slots=True)
 class ModelFilter:
     """Pods serving the request's base model (an adapter runs on its base model's pods).
-    A pod whose model is not known yet is kept: better a 404 from it than no answer."""
+    A pod whose model is not known yet is kept: better a 404 from it than no answer. No
+    pod at all is a 404, as vLLM itself answers for a model it does not serve."""
 
     name: str = "model"
-    reject_status: int = 503
-    reject_reason: str = "rejected-no-endpoint-for-model"
+    reject_status: int = 404
+    reject_reason: str = "model-not-found"
 
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
         wanted = request.base_model
@@ -49,8 +50,10 @@ class HealthFilter:
     reject_reason: str = "rejected-no-healthy-endpoints"
 
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        # `excluded` carries the hysteresis (datalayer/health.py): a pod that fell below
+        # the threshold stays out until it has recovered well above it.
         threshold = self.threshold
-        return [e for e in candidates if e.health >= threshold]
+        return [e for e in candidates if e.health >= threshold and not e.excluded]
 
 
 @dataclass(slots=True)
@@ -66,3 +69,25 @@ class SaturationFilter:
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
         max_queue = self.max_queue
         return [e for e in candidates if e.queue_depth < max_queue]
+
+
+@dataclass(slots=True)
+class BalanceFilter:
+    """The imbalance guard: pods with both more than `abs_requests` more requests in flight
+    from this EPP and more than `ratio` times as many as the least busy candidate leave the
+    set. It never empties the set (the least busy pod always stays). It counts the EPP's
+    own dispatches, which are exact and current, not the pods' gauges: those lag, and they
+    already weigh in through the load and queue factors. See config.BalanceConfig."""
+
+    abs_requests: float = 2.0
+    ratio: float = 1.5
+    name: str = "balance"
+    reject_status: int = 429
+    reject_reason: str = "rejected-saturated"
+
+    def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        if len(candidates) < 2:
+            return candidates
+        least = min(e.in_flight for e in candidates)
+        limit = max(least + self.abs_requests, least * self.ratio)
+        return [e for e in candidates if e.in_flight <= limit]

@@ -1,7 +1,8 @@
 """Max-score picker: the best composite score wins.
 
-Among pods whose scores are equal, the one with the fewest requests in flight from this
-EPP wins, and only then chance. Scraped metrics lag by up to one interval, so two idle
+Among pods whose scores are equal (within `scheduling.tie_epsilon`, 0.005: real gauges
+never tie exactly), the one with the least work in flight from this EPP wins (requests,
+then uncached prompt tokens), and only then chance. Scraped metrics lag by up to one interval, so two idle
 pods can look identical while one of them has just been given a cold prefill; the EPP's
 own in-flight count sees that at once. Without this a cold-start burst can stack two
 prefix groups on one pod and leave another idle (seen in the demo). Pure ties are broken

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 
 from epp.config import SchedulingConfig
 from epp.datalayer.endpoint import Endpoint
-from epp.scheduling.filters import HealthFilter, ModelFilter, SaturationFilter, SubsetFilter
+from epp.scheduling.filters import (
+    BalanceFilter,
+    HealthFilter,
+    ModelFilter,
+    SaturationFilter,
+    SubsetFilter,
+)
 from epp.scheduling.picker import MaxScorePicker
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.types import Decision, Filter, Picker, SchedulingError, SchedulingRequest
@@ -28,6 +34,8 @@ class Scheduler:
             HealthFilter(threshold=config.health_threshold),
             SaturationFilter(max_queue=config.max_queue),
         ]
+        if config.balance.enabled:
+            self.filters.append(BalanceFilter(config.balance.abs_requests, config.balance.ratio))
         self.profile = (registry or ScorerRegistry()).build(config)
         self.weights = {scorer.name: weight for scorer, weight in self.profile}
         self.picker = picker or MaxScorePicker(rng, config.tie_epsilon)
@@ -60,8 +68,10 @@ class Scheduler:
             else:
                 totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         assert totals is not None  # the config guarantees at least one scorer
-        in_flight = [e.in_flight for e in candidates]
-        chosen = self.picker.pick(totals, 1 + self.config.fallbacks, in_flight)
+        # Equal scores: the pod with the least work in flight from this EPP (requests, then
+        # uncached prompt tokens) wins; see picker.py.
+        tiebreak = [e.in_flight + e.in_flight_tokens * 1e-9 for e in candidates]
+        chosen = self.picker.pick(totals, 1 + self.config.fallbacks, tiebreak)
         return Decision(
             request_id=request.request_id,
             endpoints=[candidates[i] for i in chosen],
@@ -77,7 +87,7 @@ class Scheduler:
 def _explain(filter_name: str, request: SchedulingRequest) -> str:
     return {
         "subset": "no endpoint of the pool is in the proxy's subset for this request",
-        "model": f"no endpoint serves model {request.base_model!r}",
+        "model": f"The model `{request.model}` does not exist.",
         "health": "no healthy endpoint is available",
         "saturation": "every endpoint's queue is full; retry later",
     }.get(filter_name, f"filter {filter_name!r} removed every endpoint")

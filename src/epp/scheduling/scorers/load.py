@@ -1,8 +1,12 @@
-"""load = 1 - KV-cache usage (weight 0.20).
+"""load = 1 - the pod's utilisation (weight 0.20), utilisation being the larger of
 
-The spec's signal is GPU utilisation; vLLM does not export it, and its KV-cache usage
-(`vllm:kv_cache_usage_perc`: blocks held by running requests / all blocks) is the usual
-stand-in: it rises with batch size and context length, which is what slows a pod."""
+- KV-cache usage (`vllm:kv_cache_usage_perc`: blocks held by running requests / all
+  blocks), the usual stand-in for GPU utilisation, which vLLM does not export: it rises
+  with batch size and context length, which is what slows a pod;
+- the busy fraction: requests on the pod (scraped, plus what the EPP sent since) / its
+  running slots, which moves at once with every dispatch (datalayer/endpoint.py).
+
+An idle pod scores 1 and a pod at 80% utilisation 0.2, whichever signal says so."""
 
 from __future__ import annotations
 
@@ -18,4 +22,4 @@ class LoadScorer:
     name: str = "load"
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
-        return [1.0 - e.kv_usage for e in candidates]  # kv_usage is kept within [0, 1]
+        return [1.0 - e.load for e in candidates]  # load is kept within [0, 1]

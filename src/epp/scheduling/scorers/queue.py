@@ -2,7 +2,9 @@
 1/maxQueue, 0.05 at the default 20).
 
 queueDepth is the pod's last scraped `vllm:num_requests_waiting` plus the requests this
-EPP sent it since that scrape: a burst inside one 50 ms scrape interval sees itself."""
+EPP sent it beyond its free running slots (datalayer/endpoint.py): a burst inside one
+50 ms scrape interval sees itself, and a pod with free slots is not charged for work it
+starts at once."""
 
 from __future__ import annotations
 
