@@ -48,7 +48,7 @@ class EppService:
     def __post_init__(self) -> None:
         config = self.config
         self.metrics = EppMetrics()
-        self.store = EndpointStore(config.datalayer)
+        self.store = EndpointStore.for_config(config)
         self.index = PrefixIndex(config.prefix.capacity_per_pod)
         self.scheduler = Scheduler(config.scheduling, self.registry)
         self.router = Router(
@@ -143,6 +143,7 @@ class EppService:
         was_ready = False
         while True:
             self.store.refresh_health()
+            self.router.tick()  # retry waiting requests, forget settled reservations
             if self.ready != was_ready:
                 was_ready = self.ready
                 await self.health.set(live=True, ready=was_ready)
