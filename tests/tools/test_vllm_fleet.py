@@ -1,0 +1,153 @@
+"""The pure helpers of tools/vllm_fleet (no vLLM, no processes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "vllm_fleet"))
+
+import summary
+
+VLLM_PAGE = """\
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny-llama"} 1344.0
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 1888.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny-llama"} 1.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny-llama"} 4.0
+vllm:num_requests_running{engine="0",model_name="tiny-llama"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0
+vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0"} 1.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 5.0
+"""
+
+
+def test_parse_metrics_sums_label_sets_and_filters() -> None:
+    parsed = summary.parse_metrics(VLLM_PAGE)
+    assert summary.metric_sum(parsed, "vllm:request_success_total") == 5.0
+    assert summary.metric_sum(parsed, "vllm:request_success_total", finished_reason="stop") == 1.0
+    assert summary.metric_sum(parsed, "vllm:request_success_total", finished_reason="x") is None
+    assert summary.metric_sum(parsed, "vllm:absent") is None
+    labels, value = parsed["vllm:e2e_request_latency_seconds_bucket"][0]
+    assert labels["le"] == "+Inf" and value == 5.0
+
+
+def test_engine_snapshot_and_deltas() -> None:
+    before = summary.engine_snapshot(VLLM_PAGE)
+    assert before["vllm:prefix_cache_hits_total"] == 1344.0
+    assert before["vllm:num_requests_running"] == 2.0
+    after = dict(before, **{"vllm:prefix_cache_hits_total": 1400.0})
+    deltas = summary.counter_deltas(before, after)
+    assert deltas["vllm:prefix_cache_hits_total"] == 56.0
+    assert deltas["vllm:prefix_cache_queries_total"] == 0.0
+    assert "vllm:num_requests_running" not in deltas  # gauges are not deltas
+
+
+def test_percentile_interpolates() -> None:
+    assert summary.percentile([], 50) is None
+    assert summary.percentile([3.0], 99) == 3.0
+    assert summary.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert summary.percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    assert summary.percentile(list(range(101)), 90) == pytest.approx(90.0)
+
+
+def _request(conv: int, turn: int, group: int, server: str, ttft: float, ok: bool = True):
+    return {
+        "conversation": conv,
+        "turn": turn,
+        "system_prompt": group,
+        "server": server,
+        "ok": ok,
+        "ttft_s": ttft if ok else None,
+        "latency_s": ttft + 0.1,
+        "prompt_tokens": 100,
+        "cached_tokens": 50 if turn else 0,
+        "error": None if ok else "HTTP 503: x",
+    }
+
+
+def _run(router: str, repeat: int, requests: list[dict], load: str = "low") -> dict:
+    return {
+        "router": router,
+        "load": load,
+        "concurrency": 2,
+        "repeat": repeat,
+        "wall_s": 1.0,
+        "servers": ["vllm-0", "vllm-1"],
+        "requests": requests,
+        "engine_deltas": {
+            "vllm-0": {
+                "vllm:prefix_cache_hits_total": 30.0,
+                "vllm:prefix_cache_queries_total": 100.0,
+            },
+            "vllm-1": {
+                "vllm:prefix_cache_hits_total": 10.0,
+                "vllm:prefix_cache_queries_total": 100.0,
+            },
+        },
+        "engine_peaks": {"vllm-0": {"waiting": 2.0, "running": 4.0}},
+    }
+
+
+def test_summarize_run_splits_conversations_and_counts_moves() -> None:
+    requests = [
+        # conversation 0 stays on vllm-0; conversation 1 starts on vllm-1 and moves once;
+        # conversation 2 on vllm-0 fails at turn 1.
+        _request(0, 0, 0, "vllm-0", 0.01),
+        _request(0, 1, 0, "vllm-0", 0.02),
+        _request(1, 0, 1, "vllm-1", 0.03),
+        _request(1, 1, 1, "vllm-0", 0.04),
+        _request(2, 0, 0, "vllm-0", 0.05),
+        _request(2, 1, 0, "vllm-0", 0.0, ok=False),
+    ]
+    s = summary.summarize_run(_run("epp", 0, requests))
+    assert s["ok"] == 5 and s["failed"] == 1
+    assert s["requests_per_server"] == {"vllm-0": 4, "vllm-1": 1}
+    assert s["conversations_per_server"] == {"vllm-0": 2, "vllm-1": 1}
+    assert s["split_conversations"] == 1
+    assert s["moved_turns"] == 1
+    assert s["groups_per_server"] == {
+        "0": {"vllm-0": 2, "vllm-1": 0},
+        "1": {"vllm-0": 0, "vllm-1": 1},
+    }
+    assert s["ttft_ms"]["p50"] == 30.0 and s["ttft_ms"]["max"] == 50.0
+    assert s["engine_hit_rate"] == pytest.approx(0.2)
+    assert s["engine"]["vllm-0"]["hit_rate"] == pytest.approx(0.3)
+    assert s["client_cached_ratio"] == pytest.approx(100 / 500)
+    assert s["engine_peak_waiting"] == {"vllm-0": 2.0, "vllm-1": None}
+    assert s["failure_samples"] == ["HTTP 503: x"]
+
+
+def test_even_split_and_labels() -> None:
+    assert summary.is_even_split({"a": 32, "b": 32})
+    assert summary.is_even_split({"a": 33, "b": 32})  # odd total: off by one is even
+    assert not summary.is_even_split({"a": 33, "b": 31})
+    assert not summary.is_even_split({"a": 48, "b": 16})
+    assert summary.is_even_split({"a": 33, "b": 31}, tolerance=2)
+    assert summary.split_label({"a": 48, "b": 16}) == "48/16"
+
+
+def test_verdicts_pairs_by_load_and_repeat() -> None:
+    even = [_request(c, 0, 0, f"vllm-{c % 2}", 0.01 * (c + 1)) for c in range(4)]
+    uneven = [_request(c, 0, 0, "vllm-0" if c else "vllm-1", 0.02 * (c + 1)) for c in range(4)]
+    summaries = [
+        summary.summarize_run(_run("epp", 0, uneven)),
+        summary.summarize_run(_run("round_robin", 0, even)),
+        summary.summarize_run(_run("round_robin", 1, even)),
+        summary.summarize_run(_run("epp", 1, even)),
+        summary.summarize_run(_run("epp", 2, even)),  # no partner: not a pair
+    ]
+    v = summary.verdicts(summaries)
+    assert v["epp_runs"] == 3
+    assert v["epp_uneven_request_splits"] == 1
+    assert v["epp_request_splits"] == ["3/1", "2/2", "2/2"]
+    assert v["pairs"] == 2
+    assert v["epp_worse_ttft_max"] == 1
+    table = summary.runs_table(summaries)
+    assert "| 1 | low (2) | epp | 3/1 |" in table
+    assert "20.0% (30.0% / 10.0%)" in table
+    agg = summary.aggregate_table(summaries)
+    assert "| low (2) | epp | 3 | 2/3 |" in agg
