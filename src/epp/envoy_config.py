@@ -268,6 +268,10 @@ def render(
             raise ValueError(f"mode {mode!r} needs the pod addresses")
         lb = "ROUND_ROBIN" if mode == "round_robin" else "LEAST_REQUEST"
         clusters.append(_static_cluster("pods", pods, lb, False))
+    stream_idle_s = request_timeout_s
+    if "retry_policy" in route:
+        attempts = route["retry_policy"]["num_retries"] + 1
+        stream_idle_s = min(request_timeout_s, upstream_idle_timeout_s * attempts + 5.0)
     http_filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -279,7 +283,12 @@ def render(
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llm",
-        "stream_idle_timeout": f"{request_timeout_s}s",
+        # No byte either way for this long ends the request. It also bounds the one hang
+        # fail-open cannot cure: in FULL_DUPLEX_STREAMED the body is already inside the
+        # ext_proc filter when an EPP stops answering (measured on Envoy 1.40: neither
+        # message_timeout nor the gRPC timeout ends such a request).
+        # It must outlast every attempt's own idle timeout, or no retry could happen.
+        "stream_idle_timeout": f"{stream_idle_s}s",
         "route_config": {
             "name": "llm",
             "virtual_hosts": [

@@ -1,0 +1,120 @@
+"""What each gateway setting needs from the EPP, through a real Envoy, the real `epp serve`
+and simulated pods: ORIGINAL_DST (the GIE guides' config), override_host with fallbacks,
+hung pods, and body modes the EPP does not support."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+from e2e.harness import chat_body, http, rig
+
+from epp.demo.stack import free_ports
+from epp.envoy_config import render
+
+pytestmark = pytest.mark.e2e
+HANG = ["--failure-rate", "1", "--failure-kinds", "hang"]
+
+
+def envoy_for(r, **kwargs) -> tuple[str, int]:
+    listen, admin = free_ports(2)
+    config = render(
+        mode="epp", listen_port=listen, admin_port=admin, epp_port=r.epp_grpc_port,
+        pods=r.pods, **kwargs,
+    )  # fmt: skip
+    return config, listen
+
+
+def test_gie_original_dst_config_with_default_epp_settings_serves_every_request(tmp_path):
+    """`epp envoy-config --pod-cluster original_dst`: one address per request. With the
+    old default of 3 fallbacks every request got 503 (the cluster cannot read a list)."""
+    with rig(tmp_path) as r:
+        r.start_pods(3)
+        r.start_epp()  # default settings
+        r.start_envoy(*envoy_for(r, pod_cluster="original_dst"))
+        statuses = [
+            http(f"{r.envoy_url}/v1/chat/completions", chat_body(f"topic {i % 10}"))[0]
+            for i in range(40)
+        ]
+        assert statuses == [200] * 40
+
+
+def test_original_dst_with_a_fallback_list_is_503_which_is_why_the_default_is_0(tmp_path):
+    with rig(tmp_path) as r:
+        r.start_pods(2)
+        r.start_epp({"scheduling": {"fallbacks": 1}})
+        r.start_envoy(*envoy_for(r, pod_cluster="original_dst"))
+        status, _, body = http(f"{r.envoy_url}/v1/chat/completions", chat_body("lists"))
+        assert status == 503, body
+
+
+def test_override_host_walks_the_fallback_list_when_the_primary_is_gone(tmp_path):
+    """A crashed primary: Envoy moves on to the next address of the EPP's list."""
+    with rig(tmp_path) as r:
+        r.start_pods(3)
+        r.start_epp({"scheduling": {"fallbacks": 2}})
+        r.start_envoy(*envoy_for(r))
+        body = chat_body("fallbacks")
+        _, headers, _ = http(f"{r.envoy_url}/v1/chat/completions", body)
+        home = headers["x-sim-pod"]
+        next(p for p in r.procs if p.name == home).signal(signal.SIGKILL)
+        served = [http(f"{r.envoy_url}/v1/chat/completions", body) for _ in range(3)]
+        assert [s for s, _, _ in served] == [200, 200, 200]
+        assert home not in {h["x-sim-pod"] for _, h, _ in served}
+
+
+def test_hung_pod_fails_over_within_the_idle_timeout_and_the_epp_counts_it(tmp_path):
+    """The observer filter reports the pod that served (upstream.address), so the EPP's
+    epp_fallback_served_total counts the failover."""
+    with rig(tmp_path) as r:
+        r.start_pods(2, lambda i: HANG if i == 0 else [])
+        r.start_epp({"scheduling": {"fallbacks": 1}})
+        r.start_envoy(*envoy_for(r, upstream_idle_timeout_s=2.0))
+        for i in range(4):
+            started = time.monotonic()
+            status, headers, _ = http(
+                f"{r.envoy_url}/v1/chat/completions", chat_body(f"hang {i}"), timeout=60
+            )
+            assert status == 200 and headers["x-sim-pod"] == "pod-1"
+            assert time.monotonic() - started < 10  # not the 600 s request timeout
+        time.sleep(0.3)
+        assert r.epp_metric("epp_fallback_served_total") >= 1
+
+
+def test_hung_pod_behind_original_dst_answers_504_within_the_idle_timeout(tmp_path):
+    with rig(tmp_path) as r:
+        r.start_pods(1, lambda i: HANG)
+        r.start_epp()
+        r.start_envoy(*envoy_for(r, pod_cluster="original_dst", upstream_idle_timeout_s=2.0))
+        started = time.monotonic()
+        status, _, _ = http(f"{r.envoy_url}/v1/chat/completions", chat_body("hang"), timeout=60)
+        assert status == 504 and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("mode", ["STREAMED", "BUFFERED_PARTIAL"])
+def test_unsupported_body_mode_through_envoy_is_a_clear_500(tmp_path, mode):
+    """A hand-written config with a body mode the EPP cannot route on: a defined answer
+    and an ERROR log naming the setting, not a pass-through to an unchosen pod."""
+    with rig(tmp_path) as r:
+        r.start_pods(1)
+        r.start_epp()
+        config, listen = envoy_for(r)
+        tree = yaml.safe_load(config)
+        hcm = tree["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ext_proc = hcm["typed_config"]["http_filters"][0]["typed_config"]
+        ext_proc["processing_mode"]["request_body_mode"] = mode
+        ext_proc["processing_mode"]["request_trailer_mode"] = "SKIP"
+        r.start_envoy(yaml.safe_dump(tree), listen)
+        status, headers, body = http(f"{r.envoy_url}/v1/chat/completions", chat_body("modes"))
+        assert status == 500 and headers["x-request-dropped-reason"] == "unsupported-body-mode"
+        assert mode in json.loads(body)["error"]["message"]
+        errors = [
+            json.loads(line)
+            for line in r.epp.log.read_text().splitlines()
+            if '"unsupported_body_mode"' in line
+        ]
+        assert errors and errors[0]["level"] == "error" and errors[0]["mode"] == mode
+        assert errors[0]["setting"] == "processing_mode.request_body_mode"
