@@ -282,3 +282,41 @@ def test_everything_accepted_can_be_encoded_downstream():
         json.dumps({"model": req.model, "salt": req.cache_salt}).encode()
     assert accepted
     metrics.exposition()
+
+
+# -- bounded work: only the head of a huge prompt is decoded, the rest counted ----------
+
+
+def test_a_huge_token_id_prompt_keeps_its_head_and_counts_the_rest():
+    ids = [(i * 7919) % 100_000 for i in range(50_000)]
+    raw = json.dumps({"model": "m", "prompt": ids}).replace(",", " , ").encode()
+    req = parse_request(COMPLETION, raw, ADAPTERS, max_prompt_tokens=1000)
+    assert list(req.prompt.token_ids) == ids[:1000]
+    assert req.prompt.omitted_tokens == 49_000
+    full = parse_request(COMPLETION, raw, ADAPTERS, max_prompt_tokens=10**9)
+    assert list(full.prompt.token_ids) == ids and full.prompt.omitted_tokens == 0
+
+
+@pytest.mark.parametrize("tail", ['"x"', "[1]", '{"a": 1}'])
+def test_a_token_id_tail_that_is_not_numbers_is_a_400(tail):
+    raw = ('{"model": "m", "prompt": [' + "1, " * 5000 + tail + "]}").encode()
+    with pytest.raises(RequestRejected) as err:
+        parse_request(COMPLETION, raw, ADAPTERS, max_prompt_tokens=100)
+    assert err.value.param == "prompt"
+
+
+def test_a_huge_conversation_keeps_its_first_turns_and_estimates_the_rest():
+    from epp.prefix.blocks import prompt_blocks
+    from epp.tokenize import ByteEstimateTokenizer
+
+    turns = [{"role": "user", "content": f"turn {i} " + "x" * 50} for i in range(20_000)]
+    raw = json.dumps({"model": "m", "messages": turns}).encode()
+    head = parse_request(CHAT, raw, ADAPTERS, max_prompt_tokens=2000).prompt
+    full = parse_request(CHAT, raw, ADAPTERS, max_prompt_tokens=10**9).prompt
+    assert len(full.messages) == 20_000 and full.omitted_tokens == 0
+    assert 0 < len(head.messages) < 1000 and head.messages == full.messages[: len(head.messages)]
+    tok = ByteEstimateTokenizer()
+    cut = prompt_blocks(head, tok, 16, 1, max_blocks=100)
+    whole = prompt_blocks(full, tok, 16, 1, max_blocks=100)
+    assert cut.hashes == whole.hashes
+    assert abs(cut.prompt_tokens - whole.prompt_tokens) / whole.prompt_tokens < 0.15

@@ -165,7 +165,11 @@ class ServerConfig(Strict):
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9090, ge=0, le=65535)
     max_grpc_message_bytes: int = Field(64 * 1024 * 1024, ge=4 * 1024 * 1024)
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    # Larger bodies get 413. The default keeps the worst event-loop pause of one body at
+    # the limit (decode, parse, tokenize, hash, lookup, record) under 50 ms on 2 cores even
+    # for the costliest shape, ~100k tiny chat turns (docs/benchmarks/pause.md); a plain
+    # text prompt costs ~2 ms per MiB. Raise it only with that trade in mind.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
     # Used only when Envoy does not announce its body mode (protocol_config, Envoy < 1.34).
     assumed_body_mode: Literal["FULL_DUPLEX_STREAMED", "BUFFERED"] = "FULL_DUPLEX_STREAMED"
     stream_chunk_bytes: int = Field(62 * 1024, ge=1024, le=62 * 1024)

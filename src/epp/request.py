@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 import msgspec
 
-from epp.tokenize import ChatMessage
+from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ChatMessage
+
+# Routing hashes at most prefix.max_blocks_per_request (8,192) blocks of 16 tokens: the
+# parser keeps that much of a prompt by default (see Prompt).
+DEFAULT_MAX_PROMPT_TOKENS = 8192 * 16
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -67,11 +73,19 @@ class RequestRejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """Exactly one of text, token_ids or messages is set (none for bodiless requests)."""
+    """Exactly one of text, token_ids or messages is set (none for bodiless requests).
+
+    Bounded work: a token-id prompt or a conversation far longer than routing can use
+    (`max_prompt_tokens` of `parse_request`) keeps only its head: the first
+    `max_prompt_tokens` ids, or the first turns covering at least that many pseudo-tokens.
+    `omitted_tokens` counts the rest: exactly for ids, estimated for turns (their JSON
+    bytes / 4). The rest is checked as JSON, not as ids or turns: the engine validates it.
+    """
 
     text: str | None = None
     token_ids: array | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    omitted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,7 @@ def _bad(
 # Python objects; every other field is validated as JSON and skipped. `prompt` and
 # `messages` stay raw here and are decoded with their own typed decoders, so that type and
 # range checks of every element happen in C and each error names its parameter.
-class _Body(msgspec.Struct):
+class _Body(msgspec.Struct, gc=False):
     model: Any = None
     cache_salt: Any = None
     stream: Any = msgspec.UNSET
@@ -106,7 +120,7 @@ class _Body(msgspec.Struct):
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     role: Annotated[str, msgspec.Meta(min_length=1)]
     # None: assistant turns with tool calls carry no content.
     content: str | list[Any] | None = None
@@ -118,6 +132,8 @@ _PROMPT_TEXTS = msgspec.json.Decoder(list[str])
 _PROMPT_IDS = msgspec.json.Decoder(list[TokenId])
 _PROMPT_ID_LISTS = msgspec.json.Decoder(list[list[TokenId]])
 _MESSAGES = msgspec.json.Decoder(list[_Message])
+_MESSAGE_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+_JSON_TURN_EXTRA = 12
 # A JSON string escape of a UTF-16 surrogate (\ud800-\udfff): legal only in pairs.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -137,7 +153,33 @@ def _is_null(raw: msgspec.Raw) -> bool:
     return len(raw) == 0 or (len(raw) == 4 and bytes(raw) == b"null")
 
 
-def _completion_prompt(raw: msgspec.Raw) -> Prompt:
+def _token_ids_head(raw: msgspec.Raw, max_ids: int) -> Prompt:
+    """A flat list of token ids: decode (and validate) its first `max_ids` ids, count the
+    rest. The rest must look like numbers (no strings, lists or objects); the engine
+    validates their values."""
+    view = memoryview(raw)
+    if len(view) <= max_ids * 2:  # cannot hold more than max_ids ids
+        return Prompt(token_ids=array("I", _PROMPT_IDS.decode(raw)))
+    size = max(64, max_ids * 12)
+    while True:
+        chunk = bytes(view[:size])
+        cut = chunk.rfind(b",") if size < len(view) else -1
+        if cut < 0:  # the whole list fits: no head to cut
+            return Prompt(token_ids=array("I", _PROMPT_IDS.decode(raw)))
+        ids = _PROMPT_IDS.decode(chunk[:cut] + b"]")
+        if len(ids) > max_ids:
+            break
+        size *= 2
+    # The head ends at the comma after id number `len(ids)`; the tail follows it.
+    tail = view[cut + 1 :]
+    tail_bytes = bytes(tail)
+    if any(tail_bytes.find(c) >= 0 for c in (b'"', b"[", b"{")):
+        raise _bad("'prompt' token ids must be integers in [0, 2^32)", "prompt")
+    count = len(ids) + tail_bytes.count(b",") + 1
+    return Prompt(token_ids=array("I", ids[:max_ids]), omitted_tokens=count - max_ids)
+
+
+def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     if _is_null(raw):
         raise _bad("a completion request needs 'prompt'", "prompt")
     head = bytes(memoryview(raw)[:64]).lstrip()
@@ -151,9 +193,13 @@ def _completion_prompt(raw: msgspec.Raw) -> Prompt:
                 # A batch of prompts is one request to one pod; its first prompt leads.
                 return Prompt(text=_PROMPT_TEXTS.decode(raw)[0])
             if first == b"[":
-                return Prompt(token_ids=array("I", _PROMPT_ID_LISTS.decode(raw)[0]))
+                ids = _PROMPT_ID_LISTS.decode(raw)[0]
+                return Prompt(
+                    token_ids=array("I", ids[:max_tokens]),
+                    omitted_tokens=max(0, len(ids) - max_tokens),
+                )
             if first.isdigit() or first == b"-":
-                return Prompt(token_ids=array("I", _PROMPT_IDS.decode(raw)))
+                return _token_ids_head(raw, max_tokens)
         except msgspec.ValidationError as exc:
             if first != b'"':
                 raise _bad(
@@ -187,25 +233,35 @@ def _content_text(content: str | list[Any] | None, index: int) -> str:
     return "\n".join(parts)
 
 
-def _chat_prompt(raw: msgspec.Raw) -> Prompt:
+def _chat_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     if _is_null(raw):
         raise _bad("a chat request needs a non-empty 'messages' list", "messages")
     try:
-        messages = _MESSAGES.decode(raw)
+        raws = _MESSAGE_RAWS.decode(raw)
+    except msgspec.ValidationError:
+        raise _bad("a chat request needs a non-empty 'messages' list", "messages") from None
+    if not raws:
+        raise _bad("a chat request needs a non-empty 'messages' list", "messages")
+    # The head: the first turns whose JSON holds twice the bytes of `max_tokens`
+    # pseudo-tokens (escapes make JSON longer than its text), decoded and validated at once.
+    ends = list(accumulate(map(len, raws)))
+    keep = min(len(raws), bisect_left(ends, 2 * BYTES_PER_PSEUDO_TOKEN * max_tokens) + 1)
+    head = raw if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
+    try:
+        messages = _MESSAGES.decode(head)
     except msgspec.ValidationError as exc:
         # "Expected `object`, got `str` - at `$[0]`" -> "... at `messages[0]`"
         detail = str(exc).replace("`$", "`messages")
         raise _bad(f"invalid 'messages': {detail}", "messages") from None
-    if not messages:
-        raise _bad("a chat request needs a non-empty 'messages' list", "messages")
-    return Prompt(
-        messages=tuple(
-            ChatMessage(m.role, m.content)
-            if type(m.content) is str
-            else ChatMessage(m.role, _content_text(m.content, i))
-            for i, m in enumerate(messages)
-        )
-    )
+    turns = [ChatMessage(m.role, m.content) if type(m.content) is str else None for m in messages]
+    for i, turn in enumerate(turns):
+        if turn is None:  # content None or a list of parts: the uncommon case
+            message = messages[i]
+            turns[i] = ChatMessage(message.role, _content_text(message.content, i))
+    # A turn's JSON ({"role": "", "content": ""}, ~24 bytes) is ~12 bytes longer than its
+    # rendering (<||>\n<|end|>\n, 13): subtract that per omitted turn.
+    omitted_bytes = max(0, ends[-1] - ends[keep - 1] - _JSON_TURN_EXTRA * (len(raws) - keep))
+    return Prompt(messages=tuple(turns), omitted_tokens=-(-omitted_bytes // BYTES_PER_PSEUDO_TOKEN))
 
 
 def kind_of(path: str) -> RequestKind:
@@ -218,7 +274,11 @@ def kind_of(path: str) -> RequestKind:
 
 
 def parse_request(
-    path: str, body: bytes | bytearray | memoryview, adapters: Mapping[str, str]
+    path: str,
+    body: bytes | bytearray | memoryview,
+    adapters: Mapping[str, str],
+    *,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
 ) -> InferenceRequest:
     """Parse an OpenAI request body; `adapters` maps adapter names to their base model.
 
@@ -255,9 +315,9 @@ def parse_request(
         raise _bad("'stream' must be a boolean", "stream")
     try:
         if kind == "completion":
-            prompt = _completion_prompt(data.prompt)
+            prompt = _completion_prompt(data.prompt, max_prompt_tokens)
         elif kind == "chat":
-            prompt = _chat_prompt(data.messages)
+            prompt = _chat_prompt(data.messages, max_prompt_tokens)
         else:
             prompt = Prompt()
     except msgspec.DecodeError as exc:  # the raw value was validated already: defensive

@@ -9,6 +9,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "virtual": ("epp.bench.virtual_cli", "replay a workload over simulated pods in virtual time"),
     "live": ("epp.bench.live_cli", "real Envoy + EPP + simulated pods, peers and baselines"),
     "overhead": ("epp.bench.overhead", "EPP hot-path cost in process and through Envoy"),
+    "pause": ("epp.bench.pause", "event-loop pauses from large bodies (in process and live)"),
+    "pressure": ("epp.bench.pressure", "bursts and the thundering herd through the real stack"),
     "report": ("epp.bench.report_cli", "rebuild docs/benchmarks/ from saved JSON results"),
 }
 

@@ -68,7 +68,11 @@ def prompt_blocks(
     """
     encoded = encode_head(prompt, tokenizer, max_blocks * block_size)
     hashes = block_hashes(encoded.ids, block_size, seed, max_blocks)
-    return PromptBlocks(encoded.total_tokens, hashes, block_size, encoded.exact)
+    # The parser may have kept only the prompt's head: add what it counted of the rest
+    # (exact for token ids, estimated for chat turns).
+    omitted = prompt.omitted_tokens
+    exact = encoded.exact and (omitted == 0 or prompt.token_ids is not None)
+    return PromptBlocks(encoded.total_tokens + omitted, hashes, block_size, exact)
 
 
 def _cut(ids: array, max_tokens: int | None) -> Encoded:
