@@ -134,13 +134,16 @@ _PROMPT_ID_LISTS = msgspec.json.Decoder(list[list[TokenId]])
 _MESSAGES = msgspec.json.Decoder(list[_Message])
 _MESSAGE_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _JSON_TURN_EXTRA = 12
-# A JSON string escape of a UTF-16 surrogate (\ud800-\udfff): legal only in pairs.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff) is legal only as a high-low pair.
+_UNPAIRED_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 
 
 def _invalid_json(body: bytes, exc: Exception) -> RequestRejected:
     message = f"the body is not valid JSON: {exc}"
-    if _SURROGATE_ESCAPE.search(body):
+    if _UNPAIRED_SURROGATE.search(body):
         # msgspec reports a lone high surrogate as "truncated": name the real cause.
         message += (
             " (strings must be valid Unicode: an unpaired UTF-16 surrogate escape such as"

@@ -405,9 +405,10 @@ def main(argv: list[str]) -> int:
         config_yaml = None
         if args.max_body_mib is not None:
             config_yaml = f"server:\n  max_body_bytes: {int(args.max_body_mib * MIB)}\n"
+        sizes = list(dict.fromkeys(float(s) for s in args.sizes.split(",")))
         phases, info = asyncio.run(
             live(
-                [float(s) for s in args.sizes.split(",")],
+                sizes,
                 rate=args.rate,
                 phase_s=args.phase_s,
                 big_per_phase=args.big_per_phase,
