@@ -151,3 +151,11 @@ def test_verdicts_pairs_by_load_and_repeat() -> None:
     assert "20.0% (30.0% / 10.0%)" in table
     agg = summary.aggregate_table(summaries)
     assert "| low (2) | epp | 3 | 2/3 |" in agg
+
+
+def test_reply_mismatches() -> None:
+    a = {"requests": [dict(_request(0, 0, 0, "vllm-0", 0.01), reply_sha="x")]}
+    b = {"requests": [dict(_request(0, 0, 0, "vllm-1", 0.01), reply_sha="y")]}
+    c = {"requests": [dict(_request(1, 0, 0, "vllm-1", 0.01), reply_sha="z")]}
+    assert summary.reply_mismatches([a, a, c]) == (0, 2)
+    assert summary.reply_mismatches([a, b, c]) == (1, 2)

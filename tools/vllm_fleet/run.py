@@ -400,6 +400,9 @@ def one_run(
     children: Children, logs: Path, src: EppSource,
 ) -> dict[str, Any]:  # fmt: skip
     tag = f"r{repeat}-{load}-{router}"
+    for e in engines:
+        if not e.child.alive():
+            raise RuntimeError(f"{e.name} died; log {e.child.log}:\n{e.child.tail()}")
     reset_caches(engines)
     stack = RouterStack(router, engines, children, logs, src)
     try:
@@ -474,6 +477,9 @@ def render_tables(result: dict[str, Any]) -> str:
         f"max {v['epp_worse_ttft_max']}/{v['pairs']}, p99 {v['epp_worse_ttft_p99']}/{v['pairs']}, "
         f"p90 {v['epp_worse_ttft_p90']}/{v['pairs']}, p50 {v['epp_worse_ttft_p50']}/{v['pairs']}",
         f"Failures: EPP {v['epp_failures']}, round robin {v['round_robin_failures']}",
+        "Replies that differ between runs (same conversation and turn): {} of {} turns".format(
+            *summary.reply_mismatches(result["runs"])
+        ),
         f"Unknown model name: direct to vLLM -> {direct.get('status')}; "
         + "; ".join(f"via {k} -> {', '.join(sorted(s))}" for k, s in sorted(probes.items())),
     ]

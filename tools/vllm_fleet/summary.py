@@ -260,6 +260,16 @@ def verdicts(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def reply_mismatches(runs: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    """(turns whose reply differs between runs, turns compared): were histories the same?"""
+    seen: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for run in runs:
+        for r in run["requests"]:
+            if r.get("ok") and r.get("reply_sha"):
+                seen[(r["conversation"], r["turn"])].add(r["reply_sha"])
+    return sum(1 for v in seen.values() if len(v) > 1), len(seen)
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "-"

@@ -4,14 +4,19 @@ Text is made of the words the tiny model's tokenizer was trained on
 (`tools/vllm_check/build_model.py`), so one word is about one real token and the sizes
 below are close to real token counts (the run records vLLM's own `prompt_tokens`).
 
-Replies are sampled with a per-request seed (conversation, turn), so for a given prompt
-the engine returns the same text whichever server answers: every router faces the same
-histories, turn after turn.
+Replies are greedy (temperature 0) with a frequency penalty (plain greedy decoding of
+the random model repeats one newline, which the chat template trims away), so for a given
+prompt the engine returns the same text whichever server answers: every router faces the
+same histories, turn after turn (each record keeps a hash of its reply to check this).
+Per-request `seed` is not used: vLLM 0.32's CPU runner crashes the engine with
+`RuntimeError: CPU Generator does not use offset` when a seeded request's sampled token
+is discarded during a chunked prefill.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import sys
@@ -102,8 +107,8 @@ def request_body(workload: Workload, conv: Conversation, turn: int, replies: lis
         "max_tokens": workload.spec.max_tokens,
         # Every request generates exactly max_tokens, reproducibly.
         "ignore_eos": True,
-        "temperature": 1.0,
-        "seed": workload.spec.seed * 100_003 + conv.conversation * 101 + turn,
+        "temperature": 0.0,
+        "frequency_penalty": 1.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -124,6 +129,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     output_tokens: int | None = None
+    reply_sha: str | None = None
     error: str | None = None
 
     @property
@@ -183,7 +189,11 @@ async def _send(
         rec.latency_s = time.monotonic() - start
     if rec.error is None and not done:
         rec.error = "stream ended before [DONE]"
-    return "".join(parts) if rec.error is None else None
+    if rec.error is not None:
+        return None
+    reply = "".join(parts)
+    rec.reply_sha = hashlib.sha256(reply.encode()).hexdigest()[:12]
+    return reply
 
 
 async def run_workload(
