@@ -196,24 +196,24 @@ def test_full_queues_answer_429() -> None:
         assert all(o.ttft_s is None and o.output_tokens == 0 and o.pod for o in refused)
 
 
-def test_epp_refuses_with_429_when_every_pod_is_saturated() -> None:
+def test_a_saturated_pool_holds_normal_requests_and_sheds_only_sheddable_ones() -> None:
+    """Admission in virtual time (the live EPP's queue, scheduling/admission.py): once a
+    scrape shows the single 1-slot pod saturated, normal requests wait in the EPP and are
+    all served; sheddable ones (priority < 0) get 429 at once."""
     workload = workloads.burst(
         requests=60, prefix_tokens=64, question_tokens=8, output_tokens=20, window_s=0.5
     )
     tight = EngineConfig(max_num_seqs=1, max_waiting=100, num_gpu_blocks=512)
-    result = _run(workload, "epp", pods=1, engine=tight)
-    statuses = [o.status for o in result.outcomes]
-    # Before the pod shows waiting requests nothing is refused (its slots are unknown);
-    # once a scrape shows 1 running and a queue, the slots are learned and every request
-    # beyond 1 running + 20 waiting (max_queue) is refused: the virtual runner has no
-    # admission queue (route_now).
-    assert statuses[0] == 200
-    assert statuses.count(429) > 0 and statuses.count(200) >= 21
-    assert all(
-        o.pod is None and o.error == "rejected-saturated"
-        for o in result.outcomes
-        if o.status == 429
-    )
+    prepared = prepare(workload, tight.block_size)
+    held = _run(workload, "epp", pods=1, engine=tight, prepared=prepared)
+    assert all(o.status == 200 for o in held.outcomes)
+    assert held.extra["router_stats"]["waited_in_epp"] > 0
+    mixed = tuple(replace(p, priority=-1 if p.index % 2 else 0) for p in prepared)
+    shed = _run(workload, "epp", pods=1, engine=tight, prepared=mixed)
+    refused = [o for o in shed.outcomes if o.status != 200]
+    assert refused and all(o.index % 2 == 1 for o in refused)
+    assert all(o.error == "rejected-saturated" for o in refused)
+    assert all(o.status == 200 for o in shed.outcomes if o.index % 2 == 0)
 
 
 def test_multi_lora_runs_with_adapters_on_every_router() -> None:

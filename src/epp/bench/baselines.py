@@ -48,6 +48,9 @@ class _Stateless:
     def complete(self, choice: RouteChoice, status: int) -> None:
         return None
 
+    def release(self, now: float, final: bool = False) -> list[tuple[int, RouteChoice]]:
+        return []  # nothing is ever held
+
     def stats(self) -> dict[str, object]:
         return {}
 
@@ -104,6 +107,9 @@ class LeastOutstanding:
     def complete(self, choice: RouteChoice, status: int) -> None:
         assert choice.pod is not None
         self.in_flight[choice.pod] -= 1
+
+    def release(self, now: float, final: bool = False) -> list[tuple[int, RouteChoice]]:
+        return []  # nothing is ever held
 
     def stats(self) -> dict[str, object]:
         return {}

@@ -40,7 +40,13 @@ from epp.bench.baselines import ConsistentHash, LeastOutstanding, Oracle, Random
 from epp.bench.types import RequestOutcome, RunResult, Workload
 from epp.bench.virtual_epp import EppVirtualRouter
 from epp.bench.virtual_prepare import prepare
-from epp.bench.virtual_types import PreparedRequest, RouteChoice, VirtualPods, VirtualRouter
+from epp.bench.virtual_types import (
+    WAITING,
+    PreparedRequest,
+    RouteChoice,
+    VirtualPods,
+    VirtualRouter,
+)
 from epp.bench.virtual_whatif import WHATIF_ROUTERS, PrefillAwareEppRouter
 from epp.config import EppConfig
 from epp.sim.engine import Admission, EngineConfig, SimEngine
@@ -119,6 +125,7 @@ class _Simulation:
         self.state = [_Pod(engine) for engine in pods.engines]
         self.zero_decode = [e.config.decode_per_token_s == 0 for e in pods.engines]
         self.flights: dict[int, _Flight] = {}
+        self.arrived: dict[int, float] = {}  # held by the router: index -> arrival time
         self.outcomes: list[RequestOutcome | None] = [None] * len(prepared)
         self.followers: dict[int, list[int]] = {}
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -136,7 +143,13 @@ class _Simulation:
     def run(self) -> list[RequestOutcome]:
         heap = self.heap
         tick = self.router.tick
-        while heap:
+        now = 0.0
+        while True:
+            if not heap:
+                # Nothing left in flight: whatever the router still holds is answered now.
+                if not self._release(now, final=True):
+                    break
+                continue
             now, _, kind, a, b = heapq.heappop(heap)
             tick(now)
             if kind == _ARRIVAL:
@@ -148,6 +161,7 @@ class _Simulation:
             else:
                 self._advance(a, now)
                 self._schedule_finish(a, now)
+            self._release(now)
         missing = [i for i, outcome in enumerate(self.outcomes) if outcome is None]
         if missing:
             raise RuntimeError(f"{len(missing)} requests never ended (first: {missing[0]})")
@@ -155,11 +169,25 @@ class _Simulation:
 
     # -- events ----------------------------------------------------------------------------
 
+    def _release(self, now: float, final: bool = False) -> bool:
+        """Requests the router held (admission) that now have a pod or an answer."""
+        released = self.router.release(now, final)
+        for index, choice in released:
+            self._send(index, choice, self.arrived.pop(index, now), now)
+        return bool(released)
+
     def _arrive(self, index: int, now: float) -> None:
         request = self.prepared[index]
         choice = self.router.route(request, now)
+        if choice.status == WAITING and choice.pod is None:
+            self.arrived[index] = now  # held by the router's admission queue
+            return
+        self._send(index, choice, now, now)
+
+    def _send(self, index: int, choice: RouteChoice, arrived: float, now: float) -> None:
+        request = self.prepared[index]
         if choice.pod is None:
-            self._record(index, None, choice.status, now, now, error=choice.reason)
+            self._record(index, None, choice.status, arrived, now, error=choice.reason)
             return
         engine = self.pods.engines[choice.pod]
         admission = engine.submit(
@@ -170,7 +198,7 @@ class _Simulation:
             self.router.complete(choice, status)
             self._record(index, choice.pod, status, now, now, error=str(admission))
             return
-        self.flights[index] = _Flight(choice, now, prompt_tokens=request.prompt_tokens)
+        self.flights[index] = _Flight(choice, arrived, prompt_tokens=request.prompt_tokens)
         self._start_ready(choice.pod, now)
 
     def _first_token(self, pod_index: int, index: int, now: float) -> None:

@@ -8,6 +8,7 @@ command that reproduces them; writes the results as JSON and the plots as PNG.
 from __future__ import annotations
 
 import argparse
+import random
 import shlex
 import sys
 import time
@@ -115,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         "saturates, else the highest)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--sheddable-fraction",
+        type=float,
+        default=0.0,
+        help="share of requests sent with priority -1 (sheddable), seeded by --seed",
+    )
     return parser
 
 
@@ -243,6 +250,14 @@ def run_all(
 ) -> list[RunResult]:
     """Every (rate, router) pair on the same prepared prompts."""
     prepared = prepare(base, engine.block_size)
+    if args.sheddable_fraction > 0:
+        # A seeded share of the requests is sheddable (priority -1): an overload run shows
+        # which traffic admission refuses.
+        rng = random.Random(args.seed)
+        prepared = tuple(
+            replace(p, priority=-1) if rng.random() < args.sheddable_fraction else p
+            for p in prepared
+        )
     results: list[RunResult] = []
     with _progress_bar(len(rates) * len(args.routers) * len(prepared), args.no_progress) as bar:
         for rate in rates:

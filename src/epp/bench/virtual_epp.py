@@ -21,14 +21,15 @@ import random
 import time
 from typing import Any
 
-from epp.bench.virtual_types import PreparedRequest, RouteChoice, VirtualPods
+from epp.bench.virtual_types import WAITING, PreparedRequest, RouteChoice, VirtualPods
 from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected
-from epp.routing import RoutedRequest, Router
+from epp.routing import RoutedRequest, Router, Saturated
+from epp.scheduling.admission import FlowQueue, Waiting
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
 from epp.sim.engine import SimEngine
@@ -37,6 +38,11 @@ from epp.tokenize import ByteEstimateTokenizer
 _SEEN = frozenset(
     {"waiting", "running", "kv_usage", "prefix_queries", "prefix_hits", "preemptions"}
 )
+
+
+# The virtual pods' requests carry their workload priority in this header, which the
+# EPP here is configured to trust (live, the gateway must strip it from clients).
+PRIORITY_HEADER = "x-bench-priority"
 
 
 def pod_address(index: int) -> str:
@@ -63,6 +69,7 @@ def scrape(
         prefix_queries=float(counters.prefix_cache_queries),
         prefix_hits=float(counters.prefix_cache_hits),
         preemptions=float(counters.preemptions),
+        generation_tokens=float(counters.generation_tokens),
         model=served_model,
         running_adapters=frozenset(engine.running_adapters),
         waiting_adapters=frozenset(engine.waiting_adapters),
@@ -96,6 +103,10 @@ class EppVirtualRouter:
                 **base.model_dump(),
                 "endpoints": endpoints,
                 "adapters": {**base.adapters, **(adapters or {})},
+                "flow_control": {
+                    **base.flow_control.model_dump(),
+                    "priority_header": PRIORITY_HEADER,
+                },
             }
         )
         self._pods = pods
@@ -128,6 +139,13 @@ class EppVirtualRouter:
         self._best_match = 0.0
         self._lost_reuse = 0
         self._saturation_filtered = 0
+        flow = self.config.flow_control
+        self._waiting: FlowQueue[tuple[PreparedRequest, Any]] = FlowQueue(
+            flow.max_requests, flow.max_bytes
+        )
+        self.queued = 0
+        self.wait_seconds = 0.0
+        self.refused_by_class: dict[str, int] = {}
 
     def _clock(self) -> float:
         return self._now
@@ -150,22 +168,85 @@ class EppVirtualRouter:
 
     def route(self, request: PreparedRequest, now: float) -> RouteChoice:
         started = time.process_time()
+        self.decisions += 1
         try:
-            routed = self.router.route_now(
+            prepared = self.router.prepare(
                 path=request.path,
                 body=request.body,
                 request_id=f"r{request.index}",
-                subset=None,
+                headers={PRIORITY_HEADER: str(request.priority)},
             )
+            if len(self._waiting) and prepared.priority <= self._top_waiting():
+                raise Saturated(429, "requests are waiting", reason="rejected-saturated")
+            routed = self.router.dispatch(prepared)
+        except Saturated:
+            choice = self._admit(request, prepared, now)
+            self.cpu_seconds += time.process_time() - started
+            return choice
         except RequestRejected as exc:
             self.cpu_seconds += time.process_time() - started
-            self.decisions += 1
-            self.rejected += 1
-            return RouteChoice(None, exc.status, exc.reason)
+            return self._refused(request, exc.status, exc.reason)
         self.cpu_seconds += time.process_time() - started
-        self.decisions += 1
         self._observe(routed)
         return RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
+
+    # -- admission: the live EPP's queue (scheduling/admission.py) on virtual time -------
+    def _top_waiting(self) -> int:
+        return max((w.priority for w in self._waiting.candidates()), default=-(10**9))
+
+    def _refused(self, request: PreparedRequest, status: int, reason: str) -> RouteChoice:
+        self.rejected += 1
+        key = "sheddable" if request.priority < 0 else "normal"
+        self.refused_by_class[key] = self.refused_by_class.get(key, 0) + 1
+        return RouteChoice(None, status, reason)
+
+    def _admit(self, request: PreparedRequest, prepared: Any, now: float) -> RouteChoice:
+        flow = self.config.flow_control
+        if not flow.enabled or prepared.priority < 0:
+            return self._refused(request, 429, "rejected-saturated")
+        waiting = Waiting(
+            (request, prepared), prepared.priority, request.model, len(request.body), now,
+            now + flow.ttl_s,
+        )  # fmt: skip
+        if not self._waiting.push(waiting):
+            return self._refused(request, 429, "rejected-saturated")
+        self.queued += 1
+        return RouteChoice(None, WAITING, "waiting")
+
+    def release(self, now: float, final: bool = False) -> list[tuple[int, RouteChoice]]:
+        if not len(self._waiting):
+            return []
+        out: list[tuple[int, RouteChoice]] = []
+        for waiting in self._waiting.expired(now):
+            self._waiting.remove(waiting)
+            request = waiting.item[0]
+            out.append((request.index, self._refused(request, 429, "rejected-ttl-expired")))
+        blocked: set[str] = set()
+        for waiting in list(self._waiting.candidates()):
+            if waiting.model in blocked:
+                continue
+            request, prepared = waiting.item
+            try:
+                routed = self.router.dispatch(prepared)
+            except Saturated:
+                blocked.add(waiting.model)
+                continue
+            except RequestRejected as exc:
+                self._waiting.remove(waiting)
+                out.append((request.index, self._refused(request, exc.status, exc.reason)))
+                continue
+            self._waiting.remove(waiting)
+            self.wait_seconds += now - waiting.enqueued_at
+            self._observe(routed)
+            out.append(
+                (request.index, RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed))
+            )
+        if final:
+            for waiting in list(self._waiting.candidates()):
+                self._waiting.remove(waiting)
+                request = waiting.item[0]
+                out.append((request.index, self._refused(request, 429, "rejected-ttl-expired")))
+        return out
 
     def _observe(self, routed: RoutedRequest) -> None:
         decision = routed.decision
@@ -193,6 +274,9 @@ class EppVirtualRouter:
             "mean_best_cache_match": self._best_match / routed if routed else None,
             "decisions_below_best_match": self._lost_reuse,
             "decisions_with_saturated_pods": self._saturation_filtered,
+            "waited_in_epp": self.queued,
+            "mean_wait_s": self.wait_seconds / self.queued if self.queued else 0.0,
+            "refused_by_class": dict(self.refused_by_class),
             "index_capacity_blocks": self.index.capacity(self._pods.names[0]),
             "weights": dict(self.scheduler.weights),
             "max_queue": self.config.scheduling.max_queue,

@@ -28,6 +28,7 @@ class PreparedRequest:
     prompt_tokens: int
     max_tokens: int
     hashes: tuple[BlockHash, ...]
+    priority: int = 0  # < 0: sheddable (sent as the EPP's trusted priority header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +43,15 @@ class VirtualPods:
         return len(self.names)
 
 
+# RouteChoice.status of a request the router holds (admission): it comes back later
+# from `release`.
+WAITING = 0
+
+
 @dataclass(slots=True)
 class RouteChoice:
-    """A routing answer: a pod index, or no pod and the status the client gets."""
+    """A routing answer: a pod index, or no pod and the status the client gets (WAITING:
+    the router holds the request and hands it back from `release`)."""
 
     pod: int | None
     status: int = 200
@@ -60,6 +67,11 @@ class VirtualRouter(Protocol):
         ...
 
     def route(self, request: PreparedRequest, now: float) -> RouteChoice: ...
+
+    def release(self, now: float, final: bool = False) -> list[tuple[int, RouteChoice]]:
+        """Requests the router held that now have a pod or an answer: (request index,
+        choice). `final`: nothing else will happen, answer every one still held."""
+        ...
 
     def complete(self, choice: RouteChoice, status: int) -> None:
         """The request routed by `choice` ended with `status` (200, or 429/400 from the pod)."""

@@ -21,6 +21,8 @@ EndpointListener = Callable[[str, Endpoint], None]
 # connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
 # than this are compared with the pod's counts.
 RECONCILE_GRACE_S = 2.0
+# KV usage at which a pod's waiting requests are blamed on its KV cache, not its slots.
+KV_FULL = 0.9
 
 
 class EndpointStore:
@@ -155,9 +157,11 @@ class EndpointStore:
     def _learn(
         self, endpoint: Endpoint, previous: PodMetrics | None, metrics: PodMetrics, now: float
     ) -> None:
-        # Requests wait only when the pod cannot run more: the running count is its slots
-        # (or its KV room, which limits it just the same).
-        if metrics.waiting > 0 and metrics.running >= 1:
+        # Requests wait when the pod cannot run more: with KV room to spare, the running
+        # count is its slots (max_num_seqs). A pod out of KV queues at any running count;
+        # its KV usage already says it is full, and learning slots from it would make
+        # every later dispatch look like waiting.
+        if metrics.waiting > 0 and metrics.running >= 1 and metrics.kv_usage < KV_FULL:
             running = int(metrics.running)
             if endpoint.learned_slots is None or running > endpoint.learned_slots:
                 endpoint.learned_slots = running
