@@ -243,3 +243,45 @@ def test_an_adapter_reported_by_the_pods_is_servable_without_configuration():
     assert routed.endpoint is p0
     assert routed.decision.factor("adapter") == 1.0
     assert p1.adapters == frozenset()
+
+
+async def test_waiting_requests_are_served_fairly_across_models():
+    """One model's backlog must not starve another's: within a priority, the queue takes
+    one request per model in turn."""
+    router, *_ = router_with(
+        pods(1), scheduling={"max_queue": 1, "running_slots": 1}, adapters={"a": "m"}
+    )
+    held = [await route(router, rid="h1"), await route(router, rid="h2")]
+    order: list[str] = []
+
+    async def waiter(rid: str, model: str):
+        routed = await route(router, model=model, rid=rid)
+        order.append(rid)
+        return routed
+
+    tasks = []
+    for rid, model in (("m1", "m"), ("m2", "m"), ("m3", "m"), ("a1", "a")):
+        tasks.append(asyncio.create_task(waiter(rid, model)))
+        await asyncio.sleep(0.005)
+    assert router.waiting == 4
+    releasable = list(held)
+    while len(order) < 4:
+        router.complete(releasable.pop(0).token, 200)
+        await asyncio.sleep(0.01)
+        releasable += [t.result() for t in tasks if t.done() and t.result() not in releasable]
+    assert order[:2] == ["m1", "a1"]  # the adapter's request did not wait behind m2, m3
+    assert sorted(order) == ["a1", "m1", "m2", "m3"]
+
+
+async def test_admission_metrics_are_exported():
+    router, _store, _index, metrics = router_with(
+        pods(1), scheduling={"max_queue": 1, "running_slots": 1}, flow_control={"ttl_s": 0.02}
+    )
+    await route(router, rid="a")
+    await route(router, rid="b")
+    with pytest.raises(RequestRejected):
+        await route(router, rid="c")
+    page = metrics.exposition().decode()
+    assert 'epp_flow_control_requests_total{outcome="rejected-ttl-expired"} 1.0' in page
+    assert "epp_flow_control_queue_size 0.0" in page
+    assert "epp_flow_control_wait_seconds_count 1.0" in page
