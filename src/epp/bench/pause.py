@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import shlex
@@ -150,6 +151,7 @@ class Phase:
     big_latencies_s: list[float] = field(default_factory=list)
     lag_buckets: dict[str, int] = field(default_factory=dict)  # bucket bound -> new samples
     lag_max_gauge_s: float = 0.0  # highest epp_event_loop_lag_max_seconds seen in the phase
+    route_buckets: dict[str, int] = field(default_factory=dict)  # epp_scoring_latency_us
 
     def _deltas(self) -> list[tuple[float, int]]:
         """(upper bound, samples in that bucket alone), from the cumulative counts."""
@@ -159,6 +161,16 @@ class Phase:
             out.append((bound, count - below))
             below = count
         return out
+
+    def worst_route_bucket_us(self) -> tuple[float, float]:
+        """(lower, upper] of the slowest Router.route call in the phase (parse..pick)."""
+        cumulative = sorted((float(b), n) for b, n in self.route_buckets.items())
+        lower, below, worst = 0.0, 0, (0.0, 0.0)
+        for bound, count in cumulative:
+            if count - below > 0:
+                worst = (lower, bound)
+            lower, below = bound, count
+        return worst
 
     def worst_lag_bucket(self) -> tuple[float, float]:
         """(lower, upper] bounds of the highest lag bucket that gained samples."""
@@ -177,11 +189,11 @@ class Phase:
         return sum(n for _, n in self._deltas())
 
 
-def _lag_buckets(page: str) -> dict[str, int]:
-    """Cumulative bucket counts of epp_event_loop_lag_seconds from a /metrics page."""
+def _lag_buckets(page: str, family: str = "epp_event_loop_lag_seconds") -> dict[str, int]:
+    """Cumulative bucket counts of a histogram (labels other than le: none) on a page."""
     out = {}
     for line in page.splitlines():
-        if line.startswith("epp_event_loop_lag_seconds_bucket{"):
+        if line.startswith(family + "_bucket{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             out[bound] = int(float(line.rsplit(" ", 1)[1]))
     return out
@@ -203,14 +215,18 @@ async def live(
     pods: int,
     shape: str,
     epp_config_yaml: str | None,
+    pin: bool = False,
 ) -> tuple[list[Phase], dict]:
     import aiohttp
 
     from epp.demo.stack import LocalStack
 
     stack = LocalStack(pods=pods, sim_args=ZERO_TIME_PODS.split(), epp_config_yaml=epp_config_yaml)
+    load_start = os.getloadavg()[0]
     await asyncio.to_thread(stack.start)
     try:
+        if pin:
+            _pin(stack.pids)
         url = stack.envoy_url
         metrics_url = stack.epp_metrics_url
         assert metrics_url is not None
@@ -251,7 +267,9 @@ async def live(
                 phase.big_latencies_s.append(time.perf_counter() - start)
 
             async def run_phase(phase: Phase, big: tuple[str, bytes] | None) -> None:
-                before = _lag_buckets(await scrape())
+                page = await scrape()
+                before = _lag_buckets(page)
+                route_before = _lag_buckets(page, "epp_scoring_latency_us")
                 tasks: list[asyncio.Task] = []
                 start = time.perf_counter()
                 interval = 1.0 / rate
@@ -289,8 +307,13 @@ async def live(
                 await asyncio.gather(*tasks)
                 stop_polling.set()
                 await poller
-                after = _lag_buckets(await scrape())
+                page = await scrape()
+                after = _lag_buckets(page)
                 phase.lag_buckets = {b: after[b] - before.get(b, 0) for b in after}
+                route_after = _lag_buckets(page, "epp_scoring_latency_us")
+                phase.route_buckets = {
+                    b: route_after[b] - route_before.get(b, 0) for b in route_after
+                }
 
             # Warm-up: first streams, first tokenizations, connection pools.
             await run_phase(Phase("warm-up"), None)
@@ -305,10 +328,20 @@ async def live(
             "pods": pods,
             "stack_log_dir": None,
             "lag_max_gauge_end_s": _gauge(final, "epp_event_loop_lag_max_seconds"),
+            "load_average": (load_start, os.getloadavg()[0]),
         }
         return phases, info
     finally:
         await asyncio.to_thread(stack.stop)
+
+
+def _pin(pids: dict[str, int]) -> None:
+    """The EPP (every thread) alone on CPU 0; Envoy, the pods and this client on CPU 1."""
+    for name, pid in pids.items():
+        cpus = {0} if name == "epp" else {1}
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(task), cpus)
+    os.sched_setaffinity(0, {1})
 
 
 # -- report ---------------------------------------------------------------------------
@@ -337,11 +370,12 @@ def _fmt_phases(phases: list[Phase]) -> str:
     lines = [
         "| phase | small ok / failed | small p50 ms | small p99 ms | small max ms "
         "| big statuses | big latency ms | EPP loop lag: worst bucket ms | lag samples > 50 ms "
-        "| max-lag gauge ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| max-lag gauge ms | slowest Router.route ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         lo, hi = p.worst_lag_bucket()
+        route_lo, route_hi = p.worst_route_bucket_us()
         statuses = ",".join(str(s) for s in sorted(set(p.big_statuses))) or "-"
         big_lat = (
             f"{min(p.big_latencies_s) * 1000:.0f}-{max(p.big_latencies_s) * 1000:.0f}"
@@ -354,7 +388,8 @@ def _fmt_phases(phases: list[Phase]) -> str:
             f"| {_ms(percentile(p.small_latencies_s, 99))} "
             f"| {_ms(max(p.small_latencies_s, default=None))} | {statuses} | {big_lat} "
             f"| ({lo * 1000:g}, {hi * 1000:g}] | {p.lag_over(BUDGET_S)} "
-            f"| {p.lag_max_gauge_s * 1000:.1f} |"
+            f"| {p.lag_max_gauge_s * 1000:.1f} "
+            f"| ({route_lo / 1000:g}, {route_hi / 1000:g}] |"
         )
     return "\n".join(lines)
 
@@ -380,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-body-mib", type=float, help="run the EPP with this server.max_body_bytes"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the EPP to CPU 0 and Envoy, the pods and the client to CPU 1",
+    )
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--skip-steps", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -391,8 +431,7 @@ def main(argv: list[str]) -> int:
     command = "epp bench pause " + shlex.join(argv)
     results: dict = {
         "command": command,
-        "machine": f"{platform.machine()}, {platform.python_version()}, "
-        f"{__import__('os').cpu_count()} cpus",
+        "machine": f"{platform.machine()}, {platform.python_version()}, {os.cpu_count()} cpus",
         "max_body_bytes_default": ServerConfig().max_body_bytes,
     }
     if not args.skip_steps:
@@ -415,6 +454,7 @@ def main(argv: list[str]) -> int:
                 pods=args.pods,
                 shape=args.shape,
                 epp_config_yaml=config_yaml,
+                pin=args.pin,
             )
         )
         results["live"] = {"phases": [asdict(p) for p in phases], **info}
@@ -425,6 +465,11 @@ def main(argv: list[str]) -> int:
             f"{limit / MIB:g} MiB\n"
         )
         print(_fmt_phases(phases))
+        load = info["load_average"]
+        print(
+            f"\nmachine load average (1 min) at start / end: {load[0]:.1f} / {load[1]:.1f} "
+            f"on {os.cpu_count()} cpus: lag includes time the EPP waited for a CPU"
+        )
         print()
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
