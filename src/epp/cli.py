@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("epp.demo.cli", "run the local stack, drive a workload, compare with round robin"),
     "run": ("epp.demo.run", "serve the local stack (pods, EPP, Envoy) until interrupted"),
     "envoy-config": ("epp.envoy_config", "print an Envoy configuration for the EPP"),
+    "calibrate": ("epp.calibrate", "measure a pod's prefill cost for the prefill scorer"),
     "bench": ("epp.bench.cli", "benchmarks: virtual time, live with peers, EPP overhead"),
 }
 
