@@ -202,6 +202,15 @@ class EppService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
+        fallbacks = self.config.scheduling.fallbacks
+        if fallbacks > 0:
+            # The EPP cannot see the gateway's config: say once what a list needs.
+            log.warning(
+                "fallback_list_needs_override_host",
+                fallbacks=fallbacks,
+                detail="the destination is a comma list; only a gateway that walks it "
+                "(Envoy override_host) serves it, an ORIGINAL_DST cluster answers 503",
+            )
         await self.start()
         try:
             await stop.wait()

@@ -173,6 +173,15 @@ class Rig:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def epp_routed(self) -> float:
+        """Decisions the EPP has made (every model), from its Prometheus page."""
+        _, _, page = http(f"http://{HOST}:{self.epp_metrics_port}/metrics", timeout=5)
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in page.decode().splitlines()
+            if line.startswith("epp_routing_decisions_total{") and 'result="routed"' in line
+        )
+
     def epp_endpoints(self) -> list[dict]:
         url = f"http://{HOST}:{self.epp_metrics_port}/debug/endpoints"
         return json.loads(http(url, timeout=5)[2])

@@ -66,7 +66,14 @@ def routed_log(stack: LocalStack) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
-    with LocalStack(pods=3, sim_args=FAST_PODS, work_dir=tmp_path_factory.mktemp("duplex")) as s:
+    # A body limit above the 6 MiB prompt below (the default limit may be lower).
+    big_bodies = "server:\n  max_body_bytes: 33554432\n"
+    with LocalStack(
+        pods=3,
+        sim_args=FAST_PODS,
+        epp_config_yaml=big_bodies,
+        work_dir=tmp_path_factory.mktemp("duplex"),
+    ) as s:
         yield s
 
 

@@ -109,12 +109,14 @@ def stream_generation(r, i: int) -> tuple[int, bool]:
 
 def start_generations(r, count: int) -> tuple[threading.Thread, list]:
     results: list = []
+    before = r.epp_routed()
     thread = threading.Thread(
         target=lambda: results.extend(in_threads(count, lambda i: stream_generation(r, i)))
     )
     thread.start()
     # All routed (every routing stream done) before the EPP is hit.
-    wait_for(lambda: sum(e["in_flight"] for e in r.epp_endpoints()) == count, what="routing")
+    wait_for(lambda: r.epp_routed() >= before + count, what="routing")
+    time.sleep(0.2)  # the destination replies reach Envoy
     return thread, results
 
 
