@@ -62,6 +62,7 @@ def _request(conv: int, turn: int, group: int, server: str, ttft: float, ok: boo
         "server": server,
         "ok": ok,
         "ttft_s": ttft if ok else None,
+        "started_s": 0.5 * turn,
         "latency_s": ttft + 0.1,
         "prompt_tokens": 100,
         "cached_tokens": 50 if turn else 0,
@@ -159,3 +160,17 @@ def test_reply_mismatches() -> None:
     c = {"requests": [dict(_request(1, 0, 0, "vllm-1", 0.01), reply_sha="z")]}
     assert summary.reply_mismatches([a, a, c]) == (0, 2)
     assert summary.reply_mismatches([a, b, c]) == (1, 2)
+
+
+def test_in_flight_profile() -> None:
+    reqs = [
+        {"server": "a", "started_s": 0.0, "latency_s": 2.0},
+        {"server": "a", "started_s": 0.0, "latency_s": 1.0},
+        {"server": "b", "started_s": 1.0, "latency_s": 1.0},
+        {"server": "?", "started_s": 0.0, "latency_s": 9.0},  # unknown server: ignored
+    ]
+    prof = summary.in_flight_profile(reqs, ["a", "b"])
+    assert prof["peak"] == {"a": 2, "b": 1}
+    # 0-1 s: a=2, b=0 (gap 2); 1-2 s: a=1, b=1 (gap 0) -> mean 1.0
+    assert prof["mean_gap"] == 1.0
+    assert summary.in_flight_profile([], ["a", "b"]) == {"peak": {"a": 0, "b": 0}, "mean_gap": None}

@@ -195,6 +195,32 @@ def warm_up(engines: list[Engine]) -> None:
                 raise RuntimeError(f"{e.name}: warm-up request -> {status}: {text[:300]}")
 
 
+def engine_costs(engines: list[Engine]) -> dict[str, Any]:
+    """What the idle engines cost, and what scraping their /metrics costs them.
+
+    The EPP scrapes every pod's /metrics every 50 ms; on this box the engines' API
+    servers share the 2 cores with everything else, so that cost is worth knowing.
+    """
+    groups = {e.name: e.child.popen.pid for e in engines}
+    before, t0 = cpu_snapshot(groups), time.monotonic()
+    time.sleep(3.0)
+    idle = cpu_window(before, cpu_snapshot(groups), time.monotonic() - t0)
+    out: dict[str, Any] = {"idle_cores": idle}
+    for e in engines[:1]:
+        n = 40
+        before, t0 = cpu_snapshot(groups), time.monotonic()
+        for _ in range(n):
+            http("GET", e.base + "/metrics", timeout=5)
+        wall = time.monotonic() - t0
+        used = cpu_window(before, cpu_snapshot(groups), wall)
+        extra = (used.get(e.name, 0.0) - idle.get(e.name, 0.0)) * wall
+        out["metrics_get_ms"] = round(1000 * wall / n, 2)
+        out["metrics_engine_cpu_ms_per_get"] = round(1000 * max(extra, 0.0) / n, 2)
+        # 2 pods x 20 scrapes/s at the EPP's 50 ms interval.
+        out["metrics_scrape_cores_per_engine_at_20_per_s"] = round(20 * max(extra, 0.0) / n, 3)
+    return out
+
+
 def wait_idle(engines: list[Engine], timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -461,6 +487,8 @@ def render_tables(result: dict[str, Any]) -> str:
         f"{result['started']}, total {result.get('total_s', 0):.0f} s "
         f"(engines up in {result.get('engines_start_s', 0):.0f} s)",
         f"workload: {json.dumps(result['workload'])}",
+        f"engines: {json.dumps(result.get('engine'))}",
+        f"engine costs (idle cores; /metrics): {json.dumps(result.get('engine_costs'))}",
         "",
         "Per (load, router): median over repeats (min-max)",
         "",
@@ -560,6 +588,8 @@ def main() -> None:
         engines = start_engines(children, args, logs)
         result["engines_start_s"] = round(time.monotonic() - t0, 1)
         warm_up(engines)
+        result["engine_costs"] = engine_costs(engines)
+        log(f"engine costs: {result['engine_costs']}")
         result["unknown_model_direct"] = unknown_model_probe(engines[0].base)
         total = args.repeats * len(loads) * len(routers)
         n = 0

@@ -108,6 +108,40 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+def in_flight_profile(
+    requests: Sequence[Mapping[str, Any]], servers: Sequence[str]
+) -> dict[str, Any]:
+    """Client-side in-flight requests per server over the run, from start and latency.
+
+    Returns the peak per server and the time-weighted mean of (largest - smallest) in-flight
+    count across servers: 0 when the servers always carry the same number of requests.
+    """
+    events: list[tuple[float, int, str]] = []
+    for r in requests:
+        server = r.get("server")
+        if server not in servers or r.get("latency_s") is None:
+            continue
+        start = float(r["started_s"])
+        events.append((start, 1, server))
+        events.append((start + float(r["latency_s"]), -1, server))
+    # Ends before starts at the same instant.
+    events.sort(key=lambda e: (e[0], e[1]))
+    current = dict.fromkeys(servers, 0)
+    peak = dict.fromkeys(servers, 0)
+    weighted = 0.0
+    span = 0.0
+    last: float | None = None
+    for t, delta, server in events:
+        if last is not None and t > last and any(current.values()):
+            gap = max(current.values()) - min(current.values())
+            weighted += gap * (t - last)
+            span += t - last
+        current[server] += delta
+        peak[server] = max(peak[server], current[server])
+        last = t
+    return {"peak": peak, "mean_gap": round(weighted / span, 2) if span else None}
+
+
 def summarize_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """One run's numbers: split per server, TTFT / latency percentiles, hits per server.
 
@@ -197,6 +231,7 @@ def summarize_run(run: Mapping[str, Any]) -> dict[str, Any]:
         "engine": engine,
         "engine_hit_rate": _ratio(total_hits, total_queries),
         "engine_peak_waiting": {s: (peaks.get(s) or {}).get("waiting") for s in servers},
+        "in_flight": in_flight_profile(requests, servers),
         "engine_peak_running": {s: (peaks.get(s) or {}).get("running") for s in servers},
     }
 
@@ -285,9 +320,9 @@ def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     header = (
         "| # | load (conc.) | router | requests/server | convs/server | split convs "
         "| TTFT p50 / p90 / p99 / max (ms) | latency p50 / p99 (ms) | failed "
-        "| engine hit rate (per server) | peak waiting | wall (s) |"
+        "| engine hit rate (per server) | peak waiting | in-flight gap | wall (s) |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
     for i, s in enumerate(summaries, 1):
         t, lat = s["ttft_ms"], s["latency_ms"]
         per_server_hits = " / ".join(_pct(e["hit_rate"]) for e in s["engine"].values())
@@ -299,7 +334,7 @@ def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             f"| {_fmt(t['p50'])} / {_fmt(t['p90'])} / {_fmt(t['p99'])} / {_fmt(t['max'])} "
             f"| {_fmt(lat['p50'])} / {_fmt(lat['p99'])} | {s['failed']} "
             f"| {_pct(s['engine_hit_rate'])} ({per_server_hits}) | {waiting} "
-            f"| {_fmt(s['wall_s'], 1)} |"
+            f"| {_fmt(s['in_flight']['mean_gap'], 2)} | {_fmt(s['wall_s'], 1)} |"
         )
     return "\n".join(lines)
 
@@ -311,8 +346,9 @@ def aggregate_table(summaries: Sequence[Mapping[str, Any]]) -> str:
         groups[(s["load"], s["router"])].append(s)
     lines = [
         "| load (conc.) | router | runs | even request splits | TTFT p50 (ms) | TTFT p90 (ms) "
-        "| TTFT p99 (ms) | latency p50 (ms) | latency p99 (ms) | engine hit rate | failed |",
-        "|" + "---|" * 11,
+        "| TTFT p99 (ms) | TTFT max (ms) | latency p50 (ms) | latency p99 (ms) | engine hit rate "
+        "| in-flight gap | failed |",
+        "|" + "---|" * 13,
     ]
 
     def med(values: list[float | None]) -> str:
@@ -334,13 +370,16 @@ def aggregate_table(summaries: Sequence[Mapping[str, Any]]) -> str:
                 f"{100 * percentile(hit, 50):.1f}% ({100 * min(hit):.1f}-{100 * max(hit):.1f})"
             )
         even = sum(1 for s in rs if is_even_split(s["requests_per_server"]))
+        gaps = [s["in_flight"]["mean_gap"] for s in rs if s["in_flight"]["mean_gap"] is not None]
+        gap_txt = f"{percentile(gaps, 50):.2f}" if gaps else "-"
         lines.append(
             f"| {key[0]} ({rs[0]['concurrency']}) | {key[1]} | {len(rs)} | {even}/{len(rs)} "
             f"| {med([s['ttft_ms']['p50'] for s in rs])} "
             f"| {med([s['ttft_ms']['p90'] for s in rs])} "
             f"| {med([s['ttft_ms']['p99'] for s in rs])} "
+            f"| {med([s['ttft_ms']['max'] for s in rs])} "
             f"| {med([s['latency_ms']['p50'] for s in rs])} "
             f"| {med([s['latency_ms']['p99'] for s in rs])} "
-            f"| {hit_txt} | {sum(s['failed'] for s in rs)} |"
+            f"| {hit_txt} | {gap_txt} | {sum(s['failed'] for s in rs)} |"
         )
     return "\n".join(lines)
