@@ -68,3 +68,48 @@ def test_epp_mode_routes_on_the_destination_and_watches_responses():
 def test_missing_parameters_are_errors(kwargs):
     with pytest.raises(ValueError):
         render(**kwargs)
+
+
+def _epp_config(**kwargs) -> dict:
+    return yaml.safe_load(
+        render(mode="epp", listen_port=1, admin_port=2, epp_port=3, pods=["127.0.0.1:4"], **kwargs)
+    )
+
+
+def test_routing_filter_skips_the_response_and_an_observer_reports_it():
+    hcm = _epp_config()["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    routing, observer, router = hcm["typed_config"]["http_filters"]
+    mode = routing["typed_config"]["processing_mode"]
+    assert (mode["response_header_mode"], mode["response_trailer_mode"]) == ("SKIP", "SKIP")
+    assert router["name"] == "envoy.filters.http.router"
+    seen = observer["typed_config"]
+    assert seen["observability_mode"] and seen["failure_mode_allow"]
+    assert seen["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
+    assert seen["grpc_service"]["initial_metadata"] == [
+        {"key": "x-epp-stream", "value": "observer"}
+    ]
+    assert seen["processing_mode"]["request_header_mode"] == "SEND"  # carries the token
+    assert seen["processing_mode"]["response_header_mode"] == "SEND"
+    assert seen["processing_mode"]["response_body_mode"] == "NONE"
+    assert "upstream.address" in seen["response_attributes"]
+
+
+@pytest.mark.parametrize("pod_cluster", ["override_host", "original_dst"])
+def test_client_sent_epp_headers_are_removed_before_any_filter(pod_cluster):
+    config = _epp_config(pod_cluster=pod_cluster, strip_headers=["X-Priority"])
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (early,) = hcm["typed_config"]["early_header_mutation_extensions"]
+    removed = [m["remove"] for m in early["typed_config"]["mutations"]]
+    assert removed == ["x-gateway-destination-endpoint", "x-epp-route-token", "x-priority"]
+
+
+def test_hung_pods_fail_their_attempt_and_the_stream_outlasts_every_attempt():
+    config = _epp_config(upstream_idle_timeout_s=7.0)
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    route = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    retry = route["retry_policy"]
+    assert retry["per_try_idle_timeout"] == "7.0s" and "gateway-error" in retry["retry_on"]
+    idle = float(hcm["typed_config"]["stream_idle_timeout"].rstrip("s"))
+    assert idle > 7.0 * (retry["num_retries"] + 1)
+    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "pods")
+    assert pods["outlier_detection"]["consecutive_gateway_failure"] >= 1
