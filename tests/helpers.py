@@ -57,7 +57,7 @@ def router_with(
     store.sync([EndpointConfig.model_validate(c) for c in endpoint_configs])
     for e in store.all():
         store.scraped(e, PodMetrics(model="m"))
-    index = PrefixIndex(cfg.prefix.capacity_per_pod)
+    index = PrefixIndex.from_config(cfg.prefix)
     metrics = EppMetrics()
     router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
     return router, store, index, metrics

@@ -15,7 +15,7 @@ def test_example_config_loads_and_documents_the_defaults():
     assert [e.name for e in example.endpoints] == ["pod-0", "pod-1", "pod-2"]
     assert example.endpoints[0].resolved_metrics_url() == "http://127.0.0.1:8001/metrics"
     defaults = EppConfig()
-    for section in ("scheduling", "prefix", "datalayer", "server"):
+    for section in ("scheduling", "prefix", "datalayer", "server", "flow_control"):
         assert getattr(example, section) == getattr(defaults, section), section
 
 

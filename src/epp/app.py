@@ -49,7 +49,7 @@ class EppService:
         config = self.config
         self.metrics = EppMetrics()
         self.store = EndpointStore.for_config(config)
-        self.index = PrefixIndex(config.prefix.capacity_per_pod)
+        self.index = PrefixIndex.from_config(config.prefix)
         self.scheduler = Scheduler(config.scheduling, self.registry)
         self.router = Router(
             config,
@@ -61,6 +61,12 @@ class EppService:
             debug=config.log_level == "debug",
         )
         self.metrics.watch(self.store.all, self.index.blocks)
+        # Names the operator configured keep their own label series (observability/labels.py).
+        self.metrics.allow_labels(
+            models=[*config.adapters, *config.adapters.values(), *config.flow_control.priorities]
+            + [e.model for e in config.endpoints if e.model],
+            adapters=config.adapters,
+        )
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.health = HealthState()
         self.grpc_port = 0

@@ -177,6 +177,12 @@ class ServerConfig(Strict):
     # drain_timeout_s, or until no routing stream has opened or been open for drain_quiet_s.
     drain_timeout_s: float = Field(15.0, ge=0.0)
     drain_quiet_s: float = Field(1.0, ge=0.0)
+    # A request waiting in admission longer than keepalive_s gets one message to Envoy that
+    # re-arms its ext_proc message timer (BUFFERED mode) for keepalive_extension_s: by
+    # default flow_control.ttl_s + 5 s. It must not exceed the filter's
+    # max_message_timeout (the generated configs allow 300 s), or Envoy ignores it.
+    keepalive_s: float = Field(2.0, gt=0.0)
+    keepalive_extension_s: float = Field(65.0, gt=0.0, le=300.0)
 
 
 class EndpointConfig(Strict):
@@ -209,6 +215,16 @@ class EppConfig(Strict):
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     endpoints_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _keepalive_covers_the_wait(self) -> EppConfig:
+        if self.server.keepalive_extension_s < self.flow_control.ttl_s:
+            raise ValueError(
+                f"server.keepalive_extension_s ({self.server.keepalive_extension_s}) must be at "
+                f"least flow_control.ttl_s ({self.flow_control.ttl_s}): a waiting request "
+                "would hit Envoy's message timeout first"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_endpoints(self) -> EppConfig:

@@ -154,6 +154,9 @@ def _ext_proc_filter(body_mode: BodyMode, message_timeout_s: float, fail_open: b
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
             "message_timeout": f"{message_timeout_s}s",
+            # The EPP re-arms the timer once while a request waits in its admission queue
+            # (server.keepalive_extension_s, 65 s); this is the most it may ask for.
+            "max_message_timeout": "300s",
             "processing_mode": processing_mode,
             "allow_mode_override": False,
             # Without this Envoy drops the envoy.lb metadata silently and routing fails.

@@ -153,7 +153,9 @@ class Router:
     ) -> PreparedRequest:
         """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
         started = time.perf_counter()
-        request = parse_request(path, body, self._config.adapters)
+        request = parse_request(
+            path, body, self._config.adapters, max_prompt_tokens=self._max_blocks * self._block_size
+        )
         base, adapter = resolve_model(request.model, self._config.adapters, self._store.all())
         seed = chain_seed(request.model or "", adapter, request.cache_salt)
         # Bounded work: at most prefix.max_blocks_per_request blocks are tokenized, hashed,
@@ -414,7 +416,7 @@ class Router:
         log.info(
             "request_rejected",
             request_id=prepared.request_id,
-            model=prepared.request.model,
+            model=_short(prepared.request.model),
             status=exc.status,
             reason=exc.reason,
         )
@@ -453,8 +455,8 @@ class Router:
         log.info(
             "request_routed",
             request_id=decision.request_id,
-            model=request.model,
-            adapter=adapter,
+            model=_short(request.model),
+            adapter=_short(adapter),
             priority=prepared.priority,
             input_tokens=sched.prompt_tokens,
             pod=decision.primary.name,
@@ -469,6 +471,13 @@ class Router:
             log.debug(
                 "scoring_breakdown", request_id=decision.request_id, top=decision.breakdown(3)
             )
+
+
+def _short(value: str | None, limit: int = 128) -> str | None:
+    """A client-chosen string as logged: bounded, so a huge model name costs nothing."""
+    if value is None or len(value) <= limit:
+        return value
+    return value[:limit] + f"...(+{len(value) - limit})"
 
 
 def retry_after_header(seconds: float | None) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,3 +80,43 @@ def test_pods_excluded_for_5xx_answers_come_back(tmp_path):
     # The decay model (datalayer/health.py) readmits within about 10 s of the last error.
     assert recovered_after < 15
     assert after.count(200) >= 38, after
+
+
+@pytest.mark.parametrize("body_mode", ["BUFFERED", "FULL_DUPLEX_STREAMED"])
+def test_a_request_waiting_in_admission_outlives_envoys_message_timeout(tmp_path, body_mode):
+    """The generated config's message_timeout is 5 s; a request held 7 s in the EPP's
+    admission queue must still be served (the EPP re-arms Envoy's timer once)."""
+    config = "scheduling: {max_queue: 1, running_slots: 1}\n"
+    slow = ["--decode-per-token-ms", "100", "--prefill-per-token-ms", "0.01"]
+    with LocalStack(
+        pods=1, body_mode=body_mode, sim_args=slow, epp_config_yaml=config, work_dir=tmp_path
+    ) as stack:
+        url = f"{stack.envoy_url}/v1/completions"
+        results: dict[str, tuple[int, float]] = {}
+
+        def send(key: str, prompt: str, max_tokens: int) -> None:
+            started = time.monotonic()
+            body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens})
+            request = urllib.request.Request(url, data=body.encode(), method="POST")
+            request.add_header("content-type", "application/json")
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    response.read()
+                    results[key] = (response.status, time.monotonic() - started)
+            except urllib.error.HTTPError as err:
+                results[key] = (err.code, time.monotonic() - started)
+
+        holders = [
+            threading.Thread(target=send, args=(f"hold{i}", f"hold {i} " * 10, 80))
+            for i in range(2)
+        ]
+        for thread in holders:
+            thread.start()
+            time.sleep(0.3)
+        time.sleep(0.3)
+        send("waiter", "waiter " * 10, 2)
+        for thread in holders:
+            thread.join()
+    status, waited = results["waiter"]
+    assert status == 200
+    assert waited > 5.5  # it really waited past the message timeout

@@ -114,7 +114,7 @@ class EppVirtualRouter:
         self._now = 0.0
         self.store = EndpointStore.for_config(self.config, clock=self._clock)
         self.store.sync(self.config.endpoints)
-        self.index = PrefixIndex(self.config.prefix.capacity_per_pod)
+        self.index = PrefixIndex.from_config(self.config.prefix)
         self.scheduler = Scheduler(
             self.config.scheduling, registry=registry, rng=random.Random(seed)
         )

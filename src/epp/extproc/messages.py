@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -183,3 +184,12 @@ def attribute(request: pb.ProcessingRequest, name: str) -> str | None:
     if kind == "number_value":
         return str(int(value.number_value))
     return None
+
+
+def extend_message_timeout(seconds: float) -> pb.ProcessingResponse:
+    """Re-arm Envoy's message timer while the EPP is still working on the request (needs
+    `max_message_timeout` >= seconds in the filter config; otherwise Envoy ignores it)."""
+    whole = int(seconds)
+    return pb.ProcessingResponse(
+        override_message_timeout=Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
+    )

@@ -79,11 +79,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         config: ServerConfig,
         metrics: EppMetrics,
         streams: RoutingStreams | None = None,
+        extension_s: float | None = None,
     ):
         self._router = router
         self._config = config
         self._metrics = metrics
         self.streams = streams or RoutingStreams()
+        self._extension_s = extension_s if extension_s is not None else config.keepalive_extension_s
         self._reported_modes: set[str] = set()
 
     async def Process(
@@ -121,7 +123,22 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             message: pb.ProcessingRequest | None = first
             while message is not None:
                 try:
-                    step = await self._advance(stream, message)
+                    advancing = asyncio.ensure_future(self._advance(stream, message))
+                    try:
+                        # A request waiting in admission must not hit Envoy's message timer
+                        # (message_timeout, BUFFERED mode: 5 s) when the pool answers within
+                        # flow_control.ttl_s. Envoy honours one override per message, so
+                        # one is sent, long enough for the whole wait.
+                        await asyncio.wait({advancing}, timeout=self._config.keepalive_s)
+                        if not advancing.done():
+                            yield messages.extend_message_timeout(self._extension_s)
+                            await advancing
+                    finally:
+                        if not advancing.done():
+                            advancing.cancel()
+                            with contextlib.suppress(BaseException):
+                                await advancing
+                    step = advancing.result()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
