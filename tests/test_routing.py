@@ -7,14 +7,15 @@ import json
 import pytest
 from helpers import router_with
 
-from epp.config import DEFAULT_WEIGHTS, PrefillEstimateConfig
+from epp.config import DEFAULT_WEIGHTS, SPEC_WEIGHTS, PrefillEstimateConfig
 from epp.scheduling.scorers.prefill import PrefillCost
 
 PODS = [
     {"name": "a", "address": "127.0.0.1:8001", "model": "m"},
     {"name": "b", "address": "127.0.0.1:8002", "model": "m"},
 ]
-WITH_PREFILL = {"weights": {k: v * 0.5 for k, v in DEFAULT_WEIGHTS.items()} | {"prefill": 0.5}}
+WITH_PREFILL = {"weights": DEFAULT_WEIGHTS}
+WITHOUT_PREFILL = {"weights": SPEC_WEIGHTS}
 COST = PrefillCost.from_config(PrefillEstimateConfig())
 BODY = json.dumps({"model": "m", "prompt": "x" * 16_384}).encode()  # 4,096 pseudo-tokens
 
@@ -37,7 +38,7 @@ def route(router, request_id: str = "r"):
 
 def test_without_the_prefill_scorer_no_lane_is_kept():
     clock = Clock()
-    router, store, *_ = router_with(PODS, clock=clock)
+    router, store, *_ = router_with(PODS, clock=clock, scheduling=WITHOUT_PREFILL)
     for i in range(3):
         route(router, f"r{i}")
     assert [e.prefill_lane_end for e in store.all()] == [0.0, 0.0]

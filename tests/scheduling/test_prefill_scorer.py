@@ -7,7 +7,7 @@ import random
 import pytest
 from helpers import endpoint
 
-from epp.config import DEFAULT_WEIGHTS, PrefillEstimateConfig, SchedulingConfig
+from epp.config import DEFAULT_WEIGHTS, SPEC_WEIGHTS, PrefillEstimateConfig, SchedulingConfig
 from epp.scheduling.registry import BUILTIN_SCORERS
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
@@ -87,19 +87,18 @@ def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one():
         assert zero.score(request(match, prompt), idle) == [1.0] * len(idle)
 
 
-def test_registered_but_off_by_default_and_on_with_a_weight():
-    assert "prefill" in BUILTIN_SCORERS and "prefill" not in DEFAULT_WEIGHTS
-    assert "prefill" not in Scheduler(SchedulingConfig()).weights
-    weights = {name: w * 0.5 for name, w in DEFAULT_WEIGHTS.items()} | {"prefill": 0.5}
-    assert Scheduler(SchedulingConfig(weights=weights)).weights["prefill"] == 0.5
+def test_on_by_default_at_half_the_weight_and_off_with_the_spec_weights():
+    assert "prefill" in BUILTIN_SCORERS
+    assert Scheduler(SchedulingConfig()).weights["prefill"] == 0.5
+    assert {n: w * 0.5 for n, w in SPEC_WEIGHTS.items()} | {"prefill": 0.5} == DEFAULT_WEIGHTS
+    assert "prefill" not in Scheduler(SchedulingConfig(weights=SPEC_WEIGHTS)).weights
 
 
 @pytest.mark.parametrize(("hot_lane_s", "winner"), [(1.0, "hot"), (3.0, "idle")])
 def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s, winner):
     # Composite: the cache factor (0.30) still favours the hot pod, so it loses only once
     # its expected TTFT is ~2.5x the idle pod's (~2.2 s of queued prefill here).
-    weights = {name: w * 0.5 for name, w in DEFAULT_WEIGHTS.items()} | {"prefill": 0.5}
-    scheduler = Scheduler(SchedulingConfig(weights=weights), rng=random.Random(0))
+    scheduler = Scheduler(SchedulingConfig(weights=DEFAULT_WEIGHTS), rng=random.Random(0))
     hot, idle = pod("hot", hot_lane_s), pod("idle")
     decision = scheduler.schedule(request({"hot": 256}), [hot, idle])
     assert decision.primary.name == winner

@@ -7,7 +7,7 @@ import random
 import pytest
 from helpers import config, endpoint
 
-from epp.config import SchedulingConfig
+from epp.config import SPEC_WEIGHTS, SchedulingConfig
 from epp.datalayer.endpoint import Dispatch
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
@@ -112,7 +112,7 @@ def test_spec_counterintuitive_case_busy_pod_with_empty_queue_wins():
     0.2*0.6=0.12 and queue 0.10 vs 0.05: B wins by 0.03 with the default weights, which is
     what the formula says; with w_queue raised to 0.30 A wins."""
     a, b = endpoint("a", kv=0.8, waiting=0), endpoint("b", kv=0.4, waiting=10)
-    default = Scheduler(SchedulingConfig()).schedule(request(), [a, b])
+    default = Scheduler(SchedulingConfig(weights=SPEC_WEIGHTS)).schedule(request(), [a, b])
     assert default.totals[1] - default.totals[0] == pytest.approx(0.03)
     queue_heavy = SchedulingConfig(
         weights={"cache": 0.4, "load": 0.2, "queue": 0.3, "health": 0.05, "adapter": 0.05}
@@ -182,7 +182,16 @@ def test_composite_score_stays_in_unit_interval_and_breakdown_sorted():
     assert all(0.0 <= t <= 1.0 for t in decision.totals)
     rows = decision.breakdown()
     assert rows[0]["score"] >= rows[1]["score"]
-    assert set(rows[0]) == {"pod", "score", "cache", "load", "queue", "health", "adapter"}
+    assert set(rows[0]) == {
+        "pod",
+        "score",
+        "cache",
+        "load",
+        "queue",
+        "health",
+        "adapter",
+        "prefill",
+    }
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,11 @@ from epp.bench.virtual_types import (
     VirtualPods,
     VirtualRouter,
 )
-from epp.bench.virtual_whatif import WHATIF_ROUTERS, PrefillAwareEppRouter
+from epp.bench.virtual_whatif import (
+    WHATIF_ROUTERS,
+    PrefillAwareEppRouter,
+    SpecWeightsEppRouter,
+)
 from epp.config import EppConfig
 from epp.sim.engine import Admission, EngineConfig, SimEngine
 
@@ -73,6 +77,8 @@ def make_router(
         return EppVirtualRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_prefill":
         return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
+    if name == "epp_spec":
+        return SpecWeightsEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "round_robin":
         return RoundRobin(len(pods))
     if name == "random":

@@ -1,5 +1,8 @@
 """What-if routers for the virtual benchmark: EPP configurations not run by default.
 
+`epp_spec`: the EPP with the spec's five weights (cache 0.60, load 0.20, queue 0.10,
+health 0.05, adapter 0.05) instead of the default prefill-priced ones.
+
 `epp_prefill`: the EPP with its optional built-in `prefill` scorer turned on (expected
 time to first token per pod; formula in `epp.scheduling.scorers.prefill`). The configured
 weights are scaled by 1 - PREFILL_WEIGHT and `prefill` gets PREFILL_WEIGHT. The scorer's
@@ -14,18 +17,20 @@ from typing import Any
 
 from epp.bench.virtual_epp import EppVirtualRouter
 from epp.bench.virtual_types import VirtualPods
-from epp.config import EppConfig
+from epp.config import SPEC_WEIGHTS, EppConfig
 from epp.sim.engine import EngineConfig
 
-WHATIF_ROUTERS = ("epp_prefill",)
+WHATIF_ROUTERS = ("epp_prefill", "epp_spec")
 PREFILL_WEIGHT = 0.5
 
 
 def prefill_config(base: EppConfig, engine: EngineConfig, weight: float) -> EppConfig:
     """`base` with `prefill` at `weight`, the other weights scaled to leave room for it,
     and the prefill estimate taken from the engine's costs."""
-    weights = {name: value * (1 - weight) for name, value in base.scheduling.weights.items()}
-    weights["prefill"] = weights.get("prefill", 0.0) + weight
+    others = {k: v for k, v in base.scheduling.weights.items() if k != "prefill"}
+    total = sum(others.values()) or 1.0
+    weights = {name: value * (1 - weight) / total for name, value in others.items()}
+    weights["prefill"] = weight
     estimate = {
         "overhead_s": engine.prefill_overhead_s,
         "per_token_s": engine.prefill_per_token_s,
@@ -57,3 +62,23 @@ class PrefillAwareEppRouter(EppVirtualRouter):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "prefill_weight": self.weight}
+
+
+class SpecWeightsEppRouter(EppVirtualRouter):
+    """The EPP with the spec's five weights (no `prefill`): the default before it moved
+    to prefill-priced weights, kept to show what that choice changes."""
+
+    name = "epp_spec"
+
+    def __init__(
+        self,
+        pods: VirtualPods,
+        config: EppConfig | None = None,
+        *,
+        seed: int = 0,
+        adapters: dict[str, str] | None = None,
+    ) -> None:
+        base = config or EppConfig()
+        scheduling = {**base.scheduling.model_dump(), "weights": dict(SPEC_WEIGHTS)}
+        config = EppConfig.model_validate({**base.model_dump(), "scheduling": scheduling})
+        super().__init__(pods, config, seed=seed, adapters=adapters)

@@ -79,8 +79,8 @@ class BalanceFilter:
     own dispatches, which are exact and current, not the pods' gauges: those lag, and they
     already weigh in through the load and queue factors. See config.BalanceConfig."""
 
-    abs_requests: float = 2.0
-    ratio: float = 1.5
+    abs_requests: float = 4.0
+    ratio: float = 3.0
     name: str = "balance"
     reject_status: int = 429
     reject_reason: str = "rejected-saturated"
