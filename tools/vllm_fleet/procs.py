@@ -9,6 +9,7 @@ Only the groups this module started are ever signalled.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -53,6 +54,30 @@ def http(
         return None, {}, ""
 
 
+def _die_with_parent():
+    """preexec hook: the child gets SIGKILL if this harness dies without cleaning up.
+
+    Linux only, and only from the main thread (the kernel ties it to the forking thread).
+    """
+    import sys
+    import threading
+
+    if (
+        not sys.platform.startswith("linux")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return hook
+
+
 class Child:
     def __init__(self, name: str, popen: subprocess.Popen, log: Path) -> None:
         self.name, self.popen, self.log = name, popen, log
@@ -83,6 +108,7 @@ class Children:
                 stderr=subprocess.STDOUT,
                 env=env if env is not None else dict(os.environ),
                 start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
         child = Child(name, popen, log)
         self._children.append(child)

@@ -87,14 +87,16 @@ class EppSource:
         self.env = dict(os.environ)
         if ref is None:
             self.commit = git("rev-parse", "HEAD")
+            self.src_commit = git("log", "-1", "--format=%H", "HEAD", "--", "src")
             self.dirty = git("status", "--porcelain", "--", "src")
-            self.label = self.commit[:10] + (" + uncommitted src/ changes" if self.dirty else "")
+            self.label = self._label() + (" + uncommitted src/ changes" if self.dirty else "")
             return
         self.commit = git("rev-parse", "--verify", f"{ref}^{{commit}}")
         if not self.commit:
             raise SystemExit(f"--epp-ref {ref}: not a commit")
+        self.src_commit = git("log", "-1", "--format=%H", self.commit, "--", "src")
         self.dirty = ""
-        self.label = self.commit[:10]
+        self.label = self._label()
         target = SRC_CACHE / self.commit
         if not (target / "src" / "epp" / "__init__.py").exists():
             target.mkdir(parents=True, exist_ok=True)
@@ -106,6 +108,12 @@ class EppSource:
                                env=self.env, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         if not where.startswith(str(target)):
             raise SystemExit(f"--epp-ref: epp imports from {where!r}, not {target}")
+
+    def _label(self) -> str:
+        """The commit, and the last commit that changed src/ if that is an earlier one."""
+        if self.src_commit and self.src_commit != self.commit:
+            return f"{self.commit[:10]} (src/ as of {self.src_commit[:10]})"
+        return self.commit[:10]
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "epp", *args]
@@ -548,7 +556,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     src = EppSource(args.epp_ref)
-    tag = args.tag or src.commit[:10]
+    tag = args.tag or (src.src_commit or src.commit)[:10]
     started_wall = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     logs = LOG_ROOT / time.strftime("%Y%m%d-%H%M%S")
     spec = WorkloadSpec(
@@ -563,6 +571,7 @@ def main() -> None:
              for name in args.loads.split(",") if name]  # fmt: skip
     result: dict[str, Any] = {
         "commit": src.commit,
+        "src_commit": src.src_commit,
         "epp_code": src.label,
         "epp_ref": args.epp_ref,
         "src_dirty": bool(src.dirty),
