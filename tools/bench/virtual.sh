@@ -14,11 +14,13 @@ $E --name multi-turn    --json $D/multi-turn.json    --workload multi-turn --rat
 $E --name burst         --json $D/burst.json         --workload burst
 $E --name burst-lookup-at-admission --json $D/burst-lookup-at-admission.json --workload burst \
     --engine lookup_at_admission=true
+$E --name overload      --json $D/overload.json      --workload no-reuse --rates 50,100,200 \
+    --routers epp,round_robin,least_outstanding --sheddable-fraction 0.3
 .venv/bin/epp bench report --from $D/sp-kv0.7.json $D/sp-kv1.37.json $D/no-reuse.json \
     $D/no-reuse-tiny.json $D/multi-lora.json $D/multi-turn.json $D/burst.json \
-    $D/burst-lookup-at-admission.json --out docs/benchmarks/virtual.md
+    $D/burst-lookup-at-admission.json $D/overload.json --out docs/benchmarks/virtual.md
 
-W="--routers epp,epp_prefill,round_robin"; Q="--epp-config $D/max-queue-100.yaml"
+W="--routers epp,epp_spec,round_robin"; Q="--epp-config $D/max-queue-100.yaml"
 $E --name whatif-sp-kv0.7       --json $D/whatif-sp-kv0.7.json       --workload shared-prefix --kv-fraction 0.7  --rates 3.5,4,5,8 $W
 $E --name whatif-sp-kv0.7-q100  --json $D/whatif-sp-kv0.7-q100.json  --workload shared-prefix --kv-fraction 0.7  --rates 3.5,4,5,8 $W $Q
 $E --name whatif-sp-kv1.37      --json $D/whatif-sp-kv1.37.json      --workload shared-prefix --kv-fraction 1.37 --rates 5.5,8,10,12,16 $W
