@@ -232,3 +232,18 @@ def test_counter_going_backwards_signals_engine_reset():
     store.scraped(a, PodMetrics(prefix_queries=1000))
     store.scraped(a, PodMetrics(prefix_queries=10))
     assert ("reset", "a") in events
+
+
+def test_a_pod_that_has_not_shown_a_queue_yet_uses_the_slots_its_peers_learned():
+    """Pods of one model are alike: a pod whose page lags must not look endlessly roomy
+    while its peers are already known to be full (a burst then piles onto it)."""
+    store, _, _ = make_store()
+    a, b = store.get("a"), store.get("b")
+    store.scraped(b, PodMetrics(model="m", running=0))
+    store.scraped(a, PodMetrics(model="m", running=8, waiting=5))
+    assert a.slots == 8 and b.slots == 8
+    for _ in range(30):
+        store.dispatched(b)
+    assert b.queue_depth == 22  # 30 sent, 8 run, the rest wait
+    other = store.get("a")
+    assert other.learned_slots == 8

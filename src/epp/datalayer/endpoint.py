@@ -15,7 +15,8 @@ pick time and `refresh()` re-derives the load figures at once:
 
 A dispatched request is *waiting* only beyond what the pod can run: ten requests sent to
 an idle pod with 256 slots queue nowhere. Slots come from configuration, or are learned as
-the running count the pod reported while requests were waiting.
+the running count the pod reported while requests were waiting (with KV room to spare), or
+are taken from another pod of the same model that learned them.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Endpoint:
     gauges_frozen: bool = False
     progress_at: float | None = None  # last time the pod's generated-token counter moved
     learned_slots: int | None = None
+    # Learned by another pod serving the same model: pods of a pool are alike, and a pod
+    # whose own page has not shown a queue yet must not look endlessly roomy.
+    pool_slots: int | None = None
     # adapter -> last time the pod reported it (running or waiting)
     adapters_seen: dict[str, float] = field(default_factory=dict)
 
@@ -92,7 +96,7 @@ class Endpoint:
 
     @property
     def slots(self) -> int | None:
-        return self.configured_slots or self.learned_slots
+        return self.configured_slots or self.learned_slots or self.pool_slots
 
     def refresh(self) -> None:
         m = self.metrics

@@ -161,10 +161,14 @@ class EndpointStore:
         # count is its slots (max_num_seqs). A pod out of KV queues at any running count;
         # its KV usage already says it is full, and learning slots from it would make
         # every later dispatch look like waiting.
+        model = endpoint.configured_model or metrics.model
         if metrics.waiting > 0 and metrics.running >= 1 and metrics.kv_usage < KV_FULL:
             running = int(metrics.running)
             if endpoint.learned_slots is None or running > endpoint.learned_slots:
                 endpoint.learned_slots = running
+                self._share_slots(endpoint, model)
+        elif endpoint.learned_slots is None and endpoint.pool_slots is None:
+            endpoint.pool_slots = self._pool_slots(model)
         for adapter in metrics.running_adapters | metrics.waiting_adapters:
             endpoint.adapters_seen[adapter] = now
         memory = self._config.adapter_memory_s
@@ -184,6 +188,26 @@ class EndpointStore:
             and endpoint.in_flight == 0
             and now - endpoint.progress_at > self._config.frozen_gauges_after_s
         )
+
+    def _pool_slots(self, model: str | None) -> int | None:
+        learned = [
+            e.learned_slots
+            for e in self._by_name.values()
+            if e.learned_slots is not None and e.model == model
+        ]
+        return max(learned) if learned else None
+
+    def _share_slots(self, source: Endpoint, model: str | None) -> None:
+        """A pod learned its slots: its peers that have not learned theirs use them."""
+        for endpoint in self._by_name.values():
+            if (
+                endpoint is not source
+                and endpoint.learned_slots is None
+                and endpoint.model == model
+                and (endpoint.pool_slots or 0) < (source.learned_slots or 0)
+            ):
+                endpoint.pool_slots = source.learned_slots
+                endpoint.refresh()
 
     def _reconcile(self, endpoint: Endpoint, metrics: PodMetrics, now: float) -> bool:
         """Completions nobody reported: the pod holds fewer requests than the EPP sent it
