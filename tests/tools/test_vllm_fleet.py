@@ -174,3 +174,59 @@ def test_in_flight_profile() -> None:
     # 0-1 s: a=2, b=0 (gap 2); 1-2 s: a=1, b=1 (gap 0) -> mean 1.0
     assert prof["mean_gap"] == 1.0
     assert summary.in_flight_profile([], ["a", "b"]) == {"peak": {"a": 0, "b": 0}, "mean_gap": None}
+
+
+CALIBRATE_OUT = """\
+scheduling:
+  prefill_estimate:
+    overhead_s: 0.0123
+    per_token_s: 0.000131
+    per_cached_token_s: 4.5e-06
+"""
+
+
+def test_parse_calibration_reads_epp_calibrate_output() -> None:
+    assert summary.parse_calibration(CALIBRATE_OUT) == {
+        "overhead_s": 0.0123,
+        "per_token_s": 0.000131,
+        "per_cached_token_s": 4.5e-06,
+    }
+    with pytest.raises(ValueError, match="per_cached_token_s"):
+        summary.parse_calibration("scheduling:\n  prefill_estimate:\n    overhead_s: 1\n"
+                                  "    per_token_s: 2\n")  # fmt: skip
+    # Keys outside scheduling.prefill_estimate do not count.
+    with pytest.raises(ValueError):
+        summary.parse_calibration("overhead_s: 1\nper_token_s: 2\nper_cached_token_s: 3\n")
+
+
+def test_with_prefill_estimate_keeps_the_rest_of_the_config() -> None:
+    base = {"scheduling": {"tie_epsilon": 0.01, "prefill_estimate": {"overhead_s": 9.0}},
+            "prefix": {"block_size": 32}}  # fmt: skip
+    est = summary.parse_calibration(CALIBRATE_OUT)
+    out = summary.with_prefill_estimate(base, est)
+    assert out["prefix"] == {"block_size": 32}
+    assert out["scheduling"]["tie_epsilon"] == 0.01
+    assert out["scheduling"]["prefill_estimate"] == est
+    assert base["scheduling"]["prefill_estimate"] == {"overhead_s": 9.0}  # not mutated
+    assert summary.with_prefill_estimate({}, est) == {"scheduling": {"prefill_estimate": est}}
+
+
+def test_placement_table_and_pair_counts_by_load() -> None:
+    even = [_request(c, 0, 0, f"vllm-{c % 2}", 0.01 * (c + 1)) for c in range(4)]
+    uneven = [_request(c, 0, 0, "vllm-0" if c else "vllm-1", 0.02 * (c + 1)) for c in range(4)]
+    summaries = [
+        summary.summarize_run(_run("epp", 0, uneven)),
+        summary.summarize_run(_run("round_robin", 0, even)),
+        summary.summarize_run(_run("round_robin", 1, even)),
+        summary.summarize_run(_run("epp", 1, even)),
+        summary.summarize_run(_run("epp", 0, even, load="high")),
+        summary.summarize_run(_run("round_robin", 0, uneven, load="high")),
+    ]
+    table = summary.placement_table(summaries)
+    assert "| low (2) | epp | 3/1, 2/2 | 3/1, 2/2 | 1/2 | 0 (0-0) | 30.0% (30.0%-30.0%) |" in table
+    assert "hit rate vllm-1" in table.splitlines()[0]
+    counts = summary.pair_counts_by_load(summaries)
+    assert list(counts) == ["low", "high"]
+    # low: repeat 0 the EPP (uneven, slower) is worse, repeat 1 equal.
+    assert counts["low"]["max"] == {"better": 0, "worse": 1, "equal": 1, "pairs": 2}
+    assert counts["high"]["p99"] == {"better": 1, "worse": 0, "equal": 0, "pairs": 1}

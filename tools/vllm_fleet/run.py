@@ -295,10 +295,12 @@ class PeakSampler:
 
 class RouterStack:
     def __init__(
-        self, router: str, engines: list[Engine], children: Children, logs: Path, src: EppSource
-    ):
+        self, router: str, engines: list[Engine], children: Children, logs: Path, src: EppSource,
+        epp_config: Path | None = None,
+    ):  # fmt: skip
         self.router, self.engines, self.children, self.logs = router, engines, children, logs
         self.src = src
+        self.epp_config = epp_config
         self.epp: Child | None = None
         self.envoy: Child | None = None
         self.epp_metrics_url: str | None = None
@@ -320,6 +322,7 @@ class RouterStack:
                 "--grpc-host", HOST, "--grpc-port", str(grpc),
                 "--metrics-host", HOST, "--metrics-port", str(metrics),
                 "--log-level", "info",
+                *(["--config", str(self.epp_config)] if self.epp_config else []),
             )  # fmt: skip
             self.epp = self.children.spawn("epp", argv, work / "epp.log", self.src.env)
             base = f"http://{HOST}:{metrics}"
@@ -426,19 +429,86 @@ def epp_log_summary(path: Path) -> dict[str, Any]:
     return {"lines": len(lines), "levels": levels, "notable": notable[:20]}
 
 
+# -- EPP configuration and calibration ------------------------------------------------
+
+
+def calibrate(
+    engine: Engine, src: EppSource, short_words: int, long_words: int, repeats: int
+) -> dict[str, Any]:
+    """`epp calibrate` (from the EPP code under test) against one idle engine.
+
+    The caller empties the prefix caches before and after. Returns the command, its output
+    and the parsed `scheduling.prefill_estimate`. The default prompt sizes of `epp
+    calibrate` (100 / 600 words, ~7.4 tiny-llama tokens per word: ~4,500 tokens) do not
+    fit --max-model-len 2048, hence explicit sizes.
+    """
+    argv = src.argv(
+        "calibrate", "--url", engine.base, "--model", MODEL_NAME,
+        "--short-words", str(short_words), "--long-words", str(long_words),
+        "--repeats", str(repeats),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=src.env)
+    seconds = round(time.monotonic() - t0, 1)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"epp calibrate against {engine.name} failed ({out.returncode}): "
+            f"{out.stderr[-800:]}{out.stdout[-400:]}"
+        )
+    estimate = summary.parse_calibration(out.stdout)
+    return {
+        "engine": engine.name,
+        "argv": ["epp", *argv[3:]],
+        "stdout": out.stdout,
+        "seconds": seconds,
+        "prefill_estimate": estimate,
+    }
+
+
+def write_epp_config(
+    base_file: Path | None, calibration: dict[str, Any] | None, logs: Path, src: EppSource
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """The EPP configuration every EPP run uses: --epp-config FILE (or nothing), with the
+    calibrated `scheduling.prefill_estimate` put in. Validated with the EPP code under test.
+    Returns (path passed to `epp serve --config`, its content), or (None, None) for defaults.
+    """
+    if base_file is None and calibration is None:
+        return None, None
+    data: dict[str, Any] = {}
+    if base_file is not None:
+        loaded = yaml.safe_load(base_file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"--epp-config {base_file}: not a YAML mapping")
+        data = loaded
+    if calibration is not None:
+        data = summary.with_prefill_estimate(data, calibration["prefill_estimate"])
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / "epp-config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    check = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from epp.config import load_config; "
+         "load_config(Path(sys.argv[1]))", str(path)],
+        capture_output=True, text=True, timeout=60, env=src.env,
+    )  # fmt: skip
+    if check.returncode != 0:
+        raise SystemExit(f"EPP configuration {path} rejected:\n{check.stderr[-1200:]}")
+    return path, data
+
+
 # -- one run ----------------------------------------------------------------------------
 
 
 def one_run(
     router: str, load: str, concurrency: int, repeat: int, workload, engines: list[Engine],
-    children: Children, logs: Path, src: EppSource,
+    children: Children, logs: Path, src: EppSource, epp_config: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     tag = f"r{repeat}-{load}-{router}"
     for e in engines:
         if not e.child.alive():
             raise RuntimeError(f"{e.name} died; log {e.child.log}:\n{e.child.tail()}")
     reset_caches(engines)
-    stack = RouterStack(router, engines, children, logs, src)
+    stack = RouterStack(router, engines, children, logs, src, epp_config)
     try:
         stack.start(tag)
         groups = {e.name: e.child.popen.pid for e in engines}
@@ -497,10 +567,16 @@ def render_tables(result: dict[str, Any]) -> str:
         f"workload: {json.dumps(result['workload'])}",
         f"engines: {json.dumps(result.get('engine'))}",
         f"engine costs (idle cores; /metrics): {json.dumps(result.get('engine_costs'))}",
+        f"EPP configuration: {epp_config_label(result)}",
         "",
         "Per (load, router): median over repeats (min-max)",
         "",
         summary.aggregate_table(summaries),
+        "",
+        "Per (load, router): splits of every run, in order; split conversations and per-engine "
+        "hit rates as median (min-max)",
+        "",
+        summary.placement_table(summaries),
         "",
         "Every run, in the order made",
         "",
@@ -512,6 +588,14 @@ def render_tables(result: dict[str, Any]) -> str:
         f"Pairs (same load and repeat) where the EPP's TTFT is worse than round robin's: "
         f"max {v['epp_worse_ttft_max']}/{v['pairs']}, p99 {v['epp_worse_ttft_p99']}/{v['pairs']}, "
         f"p90 {v['epp_worse_ttft_p90']}/{v['pairs']}, p50 {v['epp_worse_ttft_p50']}/{v['pairs']}",
+        *(
+            f"{load} load, EPP vs round robin by pair: "
+            + "; ".join(
+                f"{q} {c['better']} better / {c['worse']} worse of {c['pairs']}"
+                for q, c in counts.items()
+            )
+            for load, counts in summary.pair_counts_by_load(summaries).items()
+        ),
         f"Failures: EPP {v['epp_failures']}, round robin {v['round_robin_failures']}",
         "Replies that differ between runs (same conversation and turn): {} of {} turns".format(
             *summary.reply_mismatches(result["runs"])
@@ -520,6 +604,22 @@ def render_tables(result: dict[str, Any]) -> str:
         + "; ".join(f"via {k} -> {', '.join(sorted(s))}" for k, s in sorted(probes.items())),
     ]
     return "\n".join(lines)
+
+
+def epp_config_label(result: dict[str, Any]) -> str:
+    cal = result.get("calibration")
+    config = result.get("epp_config")
+    if config is None:
+        return "defaults (no --config)"
+    parts = [f"--config {json.dumps(config)}"]
+    if result.get("epp_config_file"):
+        parts.append(f"from {result['epp_config_file']}")
+    if cal:
+        parts.append(
+            f"prefill_estimate calibrated on {cal['engine']} in {cal['seconds']} s "
+            f"(`{' '.join(cal['argv'])}`)"
+        )
+    return "; ".join(parts)
 
 
 def main() -> None:
@@ -546,6 +646,20 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeat)")
     p.add_argument("--epp-ref", default=None, help="run the EPP from this commit's src/")
+    p.add_argument(
+        "--epp-config", type=Path, default=None,
+        help="EPP configuration YAML for every EPP run (epp serve --config); default: none",
+    )  # fmt: skip
+    p.add_argument(
+        "--calibrate", action="store_true",
+        help="run `epp calibrate` on engine 0 once the engines are idle (prefix caches emptied "
+        "before and after) and put its scheduling.prefill_estimate in the EPP configuration",
+    )  # fmt: skip
+    p.add_argument("--calibrate-short-words", type=int, default=40,
+                   help="epp calibrate --short-words (~7.4 tokens per word here)")  # fmt: skip
+    p.add_argument("--calibrate-long-words", type=int, default=240,
+                   help="epp calibrate --long-words (must fit --max-model-len)")  # fmt: skip
+    p.add_argument("--calibrate-repeats", type=int, default=5)
     p.add_argument("--start-timeout", type=float, default=400.0)
     p.add_argument("--resummarize", type=Path, default=None, help="print tables of a saved JSON")
     args = p.parse_args()
@@ -556,6 +670,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     src = EppSource(args.epp_ref)
+    if args.epp_config is not None and not args.epp_config.is_file():
+        raise SystemExit(f"--epp-config {args.epp_config}: no such file")
     tag = args.tag or (src.src_commit or src.commit)[:10]
     started_wall = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     logs = LOG_ROOT / time.strftime("%Y%m%d-%H%M%S")
@@ -589,8 +705,13 @@ def main() -> None:
             "omp_threads_bind": "vllm-0: core 0, vllm-1: core 1",
         },
         "logs": str(logs.relative_to(ROOT)),
+        "epp_config_file": str(args.epp_config) if args.epp_config else None,
+        "calibration": None,
+        "epp_config": None,
         "runs": [],
     }
+    if args.epp_config is not None:  # fail before the engines start, not after
+        _, result["epp_config"] = write_epp_config(args.epp_config, None, logs, src)
     t0 = time.monotonic()
     children = Children()
     try:
@@ -600,6 +721,21 @@ def main() -> None:
         result["engine_costs"] = engine_costs(engines)
         log(f"engine costs: {result['engine_costs']}")
         result["unknown_model_direct"] = unknown_model_probe(engines[0].base)
+        epp_config: Path | None = None
+        if "epp" in routers:
+            if args.calibrate:
+                reset_caches(engines)  # idle, nothing cached
+                log(f"epp calibrate against {engines[0].name}")
+                result["calibration"] = calibrate(
+                    engines[0], src, args.calibrate_short_words, args.calibrate_long_words,
+                    args.calibrate_repeats,
+                )  # fmt: skip
+                reset_caches(engines)
+                log(f"calibrated: {result['calibration']['prefill_estimate']} "
+                    f"in {result['calibration']['seconds']} s")  # fmt: skip
+            epp_config, result["epp_config"] = write_epp_config(
+                args.epp_config, result["calibration"], logs, src
+            )
         total = args.repeats * len(loads) * len(routers)
         n = 0
         for repeat in range(args.repeats):
@@ -611,7 +747,16 @@ def main() -> None:
                         f"run {n}/{total}: repeat {repeat}, {load} load (concurrency {conc}), {router}"
                     )
                     run = one_run(
-                        router, load, conc, repeat, workload, engines, children, logs, src
+                        router,
+                        load,
+                        conc,
+                        repeat,
+                        workload,
+                        engines,
+                        children,
+                        logs,
+                        src,
+                        epp_config,
                     )
                     result["runs"].append(run)
                     s = summary.summarize_run(run)

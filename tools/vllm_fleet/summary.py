@@ -383,3 +383,116 @@ def aggregate_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             f"| {hit_txt} | {gap_txt} | {sum(s['failed'] for s in rs)} |"
         )
     return "\n".join(lines)
+
+
+# -- EPP configuration --------------------------------------------------------------------
+
+PREFILL_KEYS = ("overhead_s", "per_token_s", "per_cached_token_s")
+
+
+def parse_calibration(text: str) -> dict[str, float]:
+    """`epp calibrate`'s printed YAML -> its scheduling.prefill_estimate (floats).
+
+    The snippet is plain `key: value` lines under `scheduling:` / `prefill_estimate:`;
+    parsed by hand so this module needs no YAML library.
+    """
+    values: dict[str, float] = {}
+    section: list[str] = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        key, _, value = raw.strip().partition(":")
+        depth = indent // 2
+        section = section[:depth]
+        if not value.strip():
+            section.append(key)
+            continue
+        if section == ["scheduling", "prefill_estimate"] and key in PREFILL_KEYS:
+            values[key] = float(value)
+    missing = [k for k in PREFILL_KEYS if k not in values]
+    if missing:
+        raise ValueError(f"epp calibrate output lacks {', '.join(missing)}: {text[:300]!r}")
+    return values
+
+
+def with_prefill_estimate(config: Mapping[str, Any], estimate: Mapping[str, float]) -> dict:
+    """A copy of an EPP config mapping with scheduling.prefill_estimate set to `estimate`
+    (other keys of the config, and of its scheduling section, kept)."""
+    out = dict(config)
+    scheduling = dict(out.get("scheduling") or {})
+    scheduling["prefill_estimate"] = {k: float(estimate[k]) for k in PREFILL_KEYS}
+    out["scheduling"] = scheduling
+    return out
+
+
+# -- placement and pairs ------------------------------------------------------------------
+
+
+def _median_range(values: Sequence[float | None], fmt: str = "{:.0f}") -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "-"
+    m = percentile(vals, 50)
+    return f"{fmt.format(m)} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
+
+
+def placement_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown, per (load, router): request and conversation splits of every run,
+    even-split counts, split conversations, each engine's own hit rate (Δhits/Δqueries)."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for s in summaries:
+        groups[(s["load"], s["router"])].append(s)
+    servers: list[str] = []
+    for s in summaries:
+        for name in s["requests_per_server"]:
+            if name not in servers:
+                servers.append(name)
+    lines = [
+        "| load (conc.) | router | requests/server | convs/server (first turn) "
+        "| even conv splits | split convs | "
+        + " | ".join(f"hit rate {n}" for n in servers)
+        + " | failed |",
+        "|" + "---|" * (6 + len(servers) + 1),
+    ]
+    for key in sorted(groups, key=lambda k: (0 if k[0] == "low" else 1, k[1])):
+        rs = groups[key]
+        even = sum(1 for s in rs if is_even_split(s["conversations_per_server"]))
+        hits = [
+            _median_range(
+                [(s["engine"].get(n) or {}).get("hit_rate") for s in rs],
+                "{:.1%}",
+            )
+            for n in servers
+        ]
+        lines.append(
+            f"| {key[0]} ({rs[0]['concurrency']}) | {key[1]} "
+            f"| {', '.join(split_label(s['requests_per_server']) for s in rs)} "
+            f"| {', '.join(split_label(s['conversations_per_server']) for s in rs)} "
+            f"| {even}/{len(rs)} | {_median_range([s['split_conversations'] for s in rs])} "
+            f"| {' | '.join(hits)} | {sum(s['failed'] for s in rs)} |"
+        )
+    return "\n".join(lines)
+
+
+def pair_counts_by_load(
+    summaries: Sequence[Mapping[str, Any]], quantiles: Sequence[str] = ("p50", "p90", "p99", "max")
+) -> dict[str, dict[str, dict[str, int]]]:
+    """Per load and TTFT quantile: in how many (same load, same repeat) pairs the EPP's
+    TTFT is lower (better), higher (worse) or equal to round robin's."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    pairs = pair_runs(summaries)
+    loads = sorted({e["load"] for e, _ in pairs}, key=lambda x: (0 if x == "low" else 1, x))
+    for load in loads:
+        mine = [(e, r) for e, r in pairs if e["load"] == load]
+        counts: dict[str, dict[str, int]] = {}
+        for q in quantiles:
+            c = {"better": 0, "worse": 0, "equal": 0, "pairs": len(mine)}
+            for e, r in mine:
+                ev, rv = e["ttft_ms"][q], r["ttft_ms"][q]
+                if ev is None or rv is None:
+                    continue
+                c["better" if ev < rv else "worse" if ev > rv else "equal"] += 1
+            counts[q] = c
+        out[load] = counts
+    return out
