@@ -285,3 +285,20 @@ async def test_admission_metrics_are_exported():
     assert 'epp_flow_control_requests_total{outcome="rejected-ttl-expired"} 1.0' in page
     assert "epp_flow_control_queue_size 0.0" in page
     assert "epp_flow_control_wait_seconds_count 1.0" in page
+
+
+async def test_another_models_backlog_does_not_hold_back_a_model_with_room():
+    config = [
+        {"name": "p0", "address": "127.0.0.1:8001", "model": "m"},
+        {"name": "q0", "address": "127.0.0.1:8002", "model": "n"},
+    ]
+    router, *_ = router_with(config, scheduling={"max_queue": 1, "running_slots": 1})
+    await route(router, rid="m1")
+    await route(router, rid="m2")
+    waiter = asyncio.create_task(route(router, rid="m3"))
+    await asyncio.sleep(0.01)
+    assert router.waiting == 1
+    other = await asyncio.wait_for(route(router, model="n", rid="n1"), 0.5)
+    assert other.endpoint.name == "q0"
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)

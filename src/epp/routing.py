@@ -259,8 +259,9 @@ class Router:
             path=path, body=body, request_id=request_id, subset=subset, headers=headers
         )
         try:
-            if len(self._waiting) and prepared.priority <= self._top_waiting_priority():
-                # Others wait already: no overtaking them unless this one ranks higher.
+            if len(self._waiting) and self._others_wait(prepared):
+                # Requests of this model wait already: no overtaking them unless this one
+                # ranks higher. (Another model's backlog does not hold this one back.)
                 raise Saturated(429, "requests are waiting for capacity", reason=SATURATED)
             return self.dispatch(prepared)
         except Saturated as exc:
@@ -270,8 +271,11 @@ class Router:
             raise
 
     # -- admission ------------------------------------------------------------------
-    def _top_waiting_priority(self) -> int:
-        return max((w.priority for w in self._waiting.candidates()), default=-(10**9))
+    def _others_wait(self, prepared: PreparedRequest) -> bool:
+        model = prepared.request.model or ""
+        return any(
+            w.model == model and w.priority >= prepared.priority for w in self._waiting.candidates()
+        )
 
     def _refuse(self, prepared: PreparedRequest, message: str, reason: str) -> RequestRejected:
         retry = self._flow.retry_after_s
@@ -305,7 +309,12 @@ class Router:
             ) from None
         self._update_queue_gauges()
         try:
-            routed = await asyncio.wait_for(asyncio.shield(future), flow.ttl_s)
+            try:
+                routed = await asyncio.wait_for(asyncio.shield(future), flow.ttl_s)
+            except TimeoutError:
+                if not future.done() or future.cancelled() or future.exception() is not None:
+                    raise
+                routed = future.result()  # dispatched at the very moment the TTL ran out
         except TimeoutError:
             outcomes.labels("rejected-ttl-expired").inc()
             self._flow_metrics.wait_seconds.observe(loop.time() - now)

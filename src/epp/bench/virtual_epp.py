@@ -176,7 +176,10 @@ class EppVirtualRouter:
                 request_id=f"r{request.index}",
                 headers={PRIORITY_HEADER: str(request.priority)},
             )
-            if len(self._waiting) and prepared.priority <= self._top_waiting():
+            if len(self._waiting) and any(
+                w.model == request.model and w.priority >= prepared.priority
+                for w in self._waiting.candidates()
+            ):
                 raise Saturated(429, "requests are waiting", reason="rejected-saturated")
             routed = self.router.dispatch(prepared)
         except Saturated:
@@ -191,9 +194,6 @@ class EppVirtualRouter:
         return RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
 
     # -- admission: the live EPP's queue (scheduling/admission.py) on virtual time -------
-    def _top_waiting(self) -> int:
-        return max((w.priority for w in self._waiting.candidates()), default=-(10**9))
-
     def _refused(self, request: PreparedRequest, status: int, reason: str) -> RouteChoice:
         self.rejected += 1
         key = "sheddable" if request.priority < 0 else "normal"
