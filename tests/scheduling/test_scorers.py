@@ -264,3 +264,15 @@ def test_equal_scores_go_to_the_pod_with_fewer_requests_in_flight():
         decision = scheduler.schedule(request(), [busy, idle])
         assert decision.primary is idle
         assert [e.name for e in decision.endpoints] == ["idle", "busy"]
+
+
+def test_equal_idle_pods_take_new_prefixes_in_turn_by_the_work_given_so_far():
+    """Between conversation turns both pods are idle: the one given less work so far
+    takes the next new prefix, so groups alternate instead of landing 3:1 by chance."""
+    a, b = endpoint("a"), endpoint("b")
+    a.dispatched_tokens, b.dispatched_tokens = 5_000, 700
+    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(3))
+    for _ in range(10):
+        assert scheduler.schedule(request(), [a, b]).primary is b
+    b.in_flight = 1  # requests in flight still come first
+    assert scheduler.schedule(request(), [a, b]).primary is a

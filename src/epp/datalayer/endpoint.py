@@ -67,6 +67,9 @@ class Endpoint:
     seen_through: int = 0  # dispatches up to this seq were sent before the last page's fetch
     in_flight: int = 0
     in_flight_tokens: int = 0
+    # Every uncached prompt token ever sent here: the long-run share of work, which places
+    # new prefixes evenly when pods are otherwise equal (idle between conversation turns).
+    dispatched_tokens: int = 0
     # When the prefills this EPP sent the pod should be over (store clock, seconds),
     # assuming the pod prefills first come, first served. Kept only while the `prefill`
     # scorer has a weight (routing.py); 0.0: nothing sent yet.

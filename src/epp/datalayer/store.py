@@ -259,6 +259,7 @@ class EndpointStore:
         endpoint.open[seq] = Dispatch(seq, tokens, self._clock())
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += tokens
+        endpoint.dispatched_tokens += tokens
         endpoint.refresh()
         return seq
 

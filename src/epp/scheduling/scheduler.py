@@ -68,9 +68,9 @@ class Scheduler:
             else:
                 totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         assert totals is not None  # the config guarantees at least one scorer
-        # Equal scores: the pod with the least work in flight from this EPP (requests, then
-        # uncached prompt tokens) wins; see picker.py.
-        tiebreak = [e.in_flight + e.in_flight_tokens * 1e-9 for e in candidates]
+        # Equal scores: the pod with the fewest requests in flight from this EPP wins, then
+        # the one given the least work so far (uncached prompt tokens); see picker.py.
+        tiebreak = [e.in_flight + e.dispatched_tokens * 1e-13 for e in candidates]
         chosen = self.picker.pick(totals, 1 + self.config.fallbacks, tiebreak)
         return Decision(
             request_id=request.request_id,
