@@ -117,8 +117,11 @@ class PrefixConfig(Strict):
     # 8,192 blocks of 16 tokens cover a 128k-token prompt.
     max_blocks_per_request: int = Field(8192, ge=1, le=1_000_000)
     # One request records at most this fraction of a pod's capacity (its prompt's head),
-    # so a huge prompt cannot push everything else out of the index for that pod.
-    max_record_fraction: float = Field(0.25, gt=0.0, le=1.0, allow_inf_nan=False)
+    # so a huge prompt cannot push everything else out of the index for that pod. Not
+    # lower: on pods with a small KV cache an ordinary conversation takes a third of it,
+    # and a cut record loses the conversation's history (measured: the demo's 300-block
+    # pods at 0.25 matched only the system prompt, hit rate 91.6% -> 86%).
+    max_record_fraction: float = Field(0.5, gt=0.0, le=1.0, allow_inf_nan=False)
 
 
 class DataLayerConfig(Strict):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from epp.config import PrefixConfig
 
 
-DEFAULT_MAX_RECORD_FRACTION = 0.25
+DEFAULT_MAX_RECORD_FRACTION = 0.5
 
 
 class PrefixIndex:
