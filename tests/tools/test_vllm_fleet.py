@@ -120,6 +120,12 @@ def test_summarize_run_splits_conversations_and_counts_moves() -> None:
     assert s["client_cached_ratio"] == pytest.approx(100 / 500)
     assert s["engine_peak_waiting"] == {"vllm-0": 2.0, "vllm-1": None}
     assert s["failure_samples"] == ["HTTP 503: x"]
+    assert s["engine_metrics_get_max_ms"] == {"vllm-0": None, "vllm-1": None}
+    run = _run("epp", 0, requests)
+    run["engine_peaks"]["vllm-1"] = {"waiting": 0.0, "running": 1.0, "metrics_get_max_ms": 812.5}
+    s = summary.summarize_run(run)
+    assert s["engine_metrics_get_max_ms"] == {"vllm-0": None, "vllm-1": 812.5}
+    assert summary.runs_table([s]).splitlines()[2].endswith("| -/812 |")
 
 
 def test_even_split_and_labels() -> None:
@@ -230,3 +236,43 @@ def test_placement_table_and_pair_counts_by_load() -> None:
     # low: repeat 0 the EPP (uneven, slower) is worse, repeat 1 equal.
     assert counts["low"]["max"] == {"better": 0, "worse": 1, "equal": 1, "pairs": 2}
     assert counts["high"]["p99"] == {"better": 1, "worse": 0, "equal": 0, "pairs": 1}
+
+
+def test_debug_endpoints_summary() -> None:
+    pod = {"name": "vllm-0", "health": 1.0, "excluded": False, "in_flight": 2,
+           "queue_depth": 0, "running_slots": None, "scrape_failures": 0}  # fmt: skip
+    samples = [
+        {"t": "10:00:00.000", "pods": [pod]},
+        {
+            "t": "10:00:00.100",
+            "pods": [
+                dict(
+                    pod, health=0.0, excluded=True, in_flight=5, running_slots=4, scrape_failures=1
+                )
+            ],
+        },
+        {"t": "10:00:00.200", "pods": [dict(pod, excluded=True, running_slots=4)]},
+    ]
+    s = summary.debug_endpoints_summary(samples)["vllm-0"]
+    assert s["samples"] == 3 and s["excluded"] == 2 and s["health_below_0.3"] == 1
+    assert s["min_health"] == 0.0 and s["max_in_flight"] == 5 and s["running_slots"] == [4]
+    assert (s["excluded_first"], s["excluded_last"]) == ("10:00:00.100", "10:00:00.200")
+    assert s["scrape_failures"] == 1
+
+
+def test_request_path_legs() -> None:
+    reqs = [
+        {"sent_unix": 100.0, "envoy_start_unix": 100.001, "epp_routed_unix": 100.003},
+        {"sent_unix": 200.0, "envoy_start_unix": 200.002, "epp_routed_unix": 200.602},
+        {"sent_unix": 300.0, "envoy_start_unix": 300.001, "epp_routed_unix": None},  # rr
+        {"sent_unix": None},
+    ]
+    path = summary.request_path(reqs)
+    assert path["to_envoy"]["n"] == 3 and path["to_envoy"]["max"] == pytest.approx(2.0, abs=0.01)
+    assert path["envoy_to_routed"]["n"] == 2
+    assert path["envoy_to_routed"]["max"] == pytest.approx(600.0, abs=0.01)
+    assert summary.request_path([{"sent_unix": None}]) is None
+    s = {"load": "low", "concurrency": 2, "router": "epp", "path_ms": path}
+    row = summary.path_table([s]).splitlines()[2]
+    assert row.startswith("| 1 | low (2) | epp | 1.0 / 2 / 2 | ")
+    assert row.endswith("/ 600 |")

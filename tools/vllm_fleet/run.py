@@ -59,6 +59,8 @@ from procs import (
 )
 from workload import (
     DESTINATION_ECHO_HEADER,
+    ENVOY_START_HEADER,
+    REQUEST_ID_HEADER,
     UPSTREAM_HEADER,
     WorkloadSpec,
     generate,
@@ -265,12 +267,47 @@ def settled_metrics(engines: list[Engine]) -> dict[str, dict[str, float | None]]
     return prev
 
 
+class EppDebugSampler:
+    """`--epp-debug`: the EPP's /debug/endpoints every 0.1 s while a run lasts, one JSON line
+    per sample (wall-clock `t`, to line up with the EPP's log) in WORK/debug-endpoints.jsonl.
+    """
+
+    def __init__(self, url: str, path: Path, interval_s: float = 0.1) -> None:
+        self.url, self.path, self.interval_s = url, path, interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with self.path.open("w") as out:
+            while not self._stop.wait(self.interval_s):
+                with contextlib.suppress(Exception):
+                    status, _, text = http("GET", self.url, timeout=2)
+                    if status == 200:
+                        stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+                        sample = {"t": stamp, "pods": json.loads(text)}
+                        self.samples.append(sample)
+                        out.write(json.dumps(sample) + "\n")
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return summary.debug_endpoints_summary(self.samples)
+
+
 class PeakSampler:
-    """Peak running / waiting per engine, sampled every 0.25 s while a run lasts."""
+    """Peak running / waiting per engine, sampled every 0.25 s while a run lasts, and how
+    long each engine took to answer GET /metrics (the EPP scrapes the same page every
+    50 ms, with a 1 s timeout, and treats metrics older than 1 s as stale)."""
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
-        self.peaks = {e.name: {"running": 0.0, "waiting": 0.0} for e in engines}
+        self.peaks = {
+            e.name: {"running": 0.0, "waiting": 0.0, "metrics_get_max_ms": 0.0,
+                     "metrics_get_over_500ms": 0, "metrics_gets": 0}
+            for e in engines
+        }  # fmt: skip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -279,8 +316,13 @@ class PeakSampler:
         while not self._stop.wait(0.25):
             for e in self.engines:
                 with contextlib.suppress(Exception):
+                    t0 = time.monotonic()
                     m = e.metrics()
+                    ms = 1000.0 * (time.monotonic() - t0)
                     p = self.peaks[e.name]
+                    p["metrics_gets"] += 1
+                    p["metrics_get_max_ms"] = round(max(p["metrics_get_max_ms"], ms), 1)
+                    p["metrics_get_over_500ms"] += ms > 500.0
                     p["running"] = max(p["running"], m["vllm:num_requests_running"] or 0)
                     p["waiting"] = max(p["waiting"], m["vllm:num_requests_waiting"] or 0)
 
@@ -296,11 +338,16 @@ class PeakSampler:
 class RouterStack:
     def __init__(
         self, router: str, engines: list[Engine], children: Children, logs: Path, src: EppSource,
-        epp_config: Path | None = None,
+        epp_config: Path | None = None, epp_debug: bool = False, nice: int = 0,
     ):  # fmt: skip
         self.router, self.engines, self.children, self.logs = router, engines, children, logs
         self.src = src
         self.epp_config = epp_config
+        self.epp_debug = epp_debug
+        # `nice -n N` before the EPP and Envoy (both routers alike); 0: unchanged.
+        self.nice_prefix = ["nice", "-n", str(nice)] if nice else []
+        self.epp_debug_url: str | None = None
+        self.work: Path | None = None
         self.epp: Child | None = None
         self.envoy: Child | None = None
         self.epp_metrics_url: str | None = None
@@ -321,13 +368,16 @@ class RouterStack:
                 "serve", "--endpoints", str(work / "endpoints.yaml"),
                 "--grpc-host", HOST, "--grpc-port", str(grpc),
                 "--metrics-host", HOST, "--metrics-port", str(metrics),
-                "--log-level", "info",
+                "--log-level", "debug" if self.epp_debug else "info",
                 *(["--config", str(self.epp_config)] if self.epp_config else []),
             )  # fmt: skip
+            argv = [*self.nice_prefix, *argv]
             self.epp = self.children.spawn("epp", argv, work / "epp.log", self.src.env)
             base = f"http://{HOST}:{metrics}"
             wait_http(self.epp, base + "/ready", 60)
             self.epp_metrics_url = base + "/metrics"
+            self.epp_debug_url = base + "/debug/endpoints"
+        self.work = work
         mode = "epp" if self.router == "epp" else self.router
         cmd = self.src.argv("envoy-config", "--mode", mode, "--listen-port", str(listen),
                             "--admin-port", str(admin), "--epp-port", str(grpc))  # fmt: skip
@@ -347,6 +397,7 @@ class RouterStack:
             raise RuntimeError(f"envoy rejected {path}: {check.stdout[-800:]}{check.stderr[-800:]}")
         argv = [envoy, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
                 "--log-level", "warning"]  # fmt: skip
+        argv = [*self.nice_prefix, *argv]
         self.envoy = self.children.spawn("envoy", argv, work / "envoy.log")
         self.admin = f"http://{HOST}:{admin}"
         self.url = f"http://{HOST}:{listen}"
@@ -390,15 +441,15 @@ def add_observation_headers(config: dict[str, Any]) -> None:
             for f in chain["filters"]:
                 hcm = f["typed_config"]
                 for vh in hcm["route_config"]["virtual_hosts"]:
-                    vh["response_headers_to_add"] = [
+                    # Appended: the generated config's own headers (x-epp-request-id) stay.
+                    vh.setdefault("response_headers_to_add", []).extend([
                         {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
-                        {
-                            "header": {
-                                "key": DESTINATION_ECHO_HEADER,
-                                "value": "%REQ(x-gateway-destination-endpoint)%",
-                            }
-                        },
-                    ]
+                        {"header": {"key": DESTINATION_ECHO_HEADER,
+                                    "value": "%REQ(x-gateway-destination-endpoint)%"}},
+                        {"header": {"key": REQUEST_ID_HEADER, "value": "%REQ(x-request-id)%"}},
+                        {"header": {"key": ENVOY_START_HEADER,
+                                    "value": "%START_TIME(%s.%6f)%"}},
+                    ])  # fmt: skip
 
 
 def unknown_model_probe(url: str) -> dict[str, Any]:
@@ -413,20 +464,49 @@ def unknown_model_probe(url: str) -> dict[str, Any]:
     }
 
 
-def epp_log_summary(path: Path) -> dict[str, Any]:
+def epp_routed_times(path: Path) -> dict[str, float]:
+    """request id -> unix time of the EPP's `request_routed` line (its log timestamp)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"request_routed"' not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                stamp = entry["timestamp"].replace("Z", "+00:00")
+                out[entry["request_id"]] = dt.datetime.fromisoformat(stamp).timestamp()
+    return out
+
+
+def epp_log_summary(path: Path, n_pods: int = 2) -> dict[str, Any]:
     levels: dict[str, int] = {}
     notable: list[str] = []
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return {}
+    routed = fewer = 0
     for line in lines:
+        if '"request_routed"' in line:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("model"):  # not Envoy's readiness probe
+                    routed += 1
+                    fewer += entry.get("candidates", 0) < n_pods
         m = re.search(r'"level":\s*"(\w+)"|\[(\w+)\s*\]|\blevel=(\w+)', line)
         level = next((g for g in m.groups() if g), "other").lower() if m else "other"
         levels[level] = levels.get(level, 0) + 1
         if level in ("warning", "warn", "error", "critical", "exception") or "Traceback" in line:
             notable.append(line[:400])
-    return {"lines": len(lines), "levels": levels, "notable": notable[:20]}
+    return {
+        "lines": len(lines),
+        "levels": levels,
+        "routed": routed,
+        # Decisions made with fewer candidates than pods: a filter (health, balance, ...)
+        # had removed one.
+        "routed_with_fewer_candidates": fewer,
+        "notable": notable[:20],
+    }
 
 
 # -- EPP configuration and calibration ------------------------------------------------
@@ -439,8 +519,8 @@ def calibrate(
 
     The caller empties the prefix caches before and after. Returns the command, its output
     and the parsed `scheduling.prefill_estimate`. The default prompt sizes of `epp
-    calibrate` (100 / 600 words, ~7.4 tiny-llama tokens per word: ~4,500 tokens) do not
-    fit --max-model-len 2048, hence explicit sizes.
+    calibrate` (100 / 600 words, 6-10 tiny-llama tokens per word depending on its random
+    salt: up to ~6,000 tokens) do not fit --max-model-len 2048, hence explicit sizes.
     """
     argv = src.argv(
         "calibrate", "--url", engine.base, "--model", MODEL_NAME,
@@ -502,31 +582,43 @@ def write_epp_config(
 def one_run(
     router: str, load: str, concurrency: int, repeat: int, workload, engines: list[Engine],
     children: Children, logs: Path, src: EppSource, epp_config: Path | None = None,
+    epp_debug: bool = False, router_nice: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     tag = f"r{repeat}-{load}-{router}"
     for e in engines:
         if not e.child.alive():
             raise RuntimeError(f"{e.name} died; log {e.child.log}:\n{e.child.tail()}")
     reset_caches(engines)
-    stack = RouterStack(router, engines, children, logs, src, epp_config)
+    stack = RouterStack(router, engines, children, logs, src, epp_config, epp_debug, router_nice)
+    debug_summary = None
     try:
         stack.start(tag)
         groups = {e.name: e.child.popen.pid for e in engines}
         groups.update({c.name: c.popen.pid for c in (stack.epp, stack.envoy) if c is not None})
         before = {e.name: e.metrics() for e in engines}
         sampler = PeakSampler(engines)
+        debug = None
+        if stack.epp_debug and stack.epp_debug_url and stack.work is not None:
+            debug = EppDebugSampler(stack.epp_debug_url, stack.work / "debug-endpoints.jsonl")
         by_address = {e.address: e.name for e in engines}
         load_before = os.getloadavg()[0]
         cpu0, t_cpu0 = cpu_snapshot(groups), time.monotonic()
         records, wall = asyncio.run(run_workload(stack.url, workload, concurrency, by_address))
         cpu = cpu_window(cpu0, cpu_snapshot(groups), time.monotonic() - t_cpu0)
         peaks = sampler.stop()
+        if debug is not None:
+            debug_summary = debug.stop()
         after = settled_metrics(engines)
         probe = unknown_model_probe(stack.url)
         envoy_hosts = {by_address.get(k, k): v for k, v in stack.envoy_host_counts().items()}
         epp_metrics = stack.epp_metrics()
     finally:
         stack.stop()
+    if router == "epp":
+        routed = epp_routed_times(logs / tag / "epp.log")
+        for r in records:
+            if r.request_id is not None:
+                r.epp_routed_unix = routed.get(r.request_id)
     return {
         "router": router,
         "load": load,
@@ -546,7 +638,10 @@ def one_run(
         "envoy_hosts": envoy_hosts,
         "unknown_model": probe,
         "epp_metrics": epp_metrics,
-        "epp_log": epp_log_summary(logs / tag / "epp.log") if router == "epp" else None,
+        "epp_log": (
+            epp_log_summary(logs / tag / "epp.log", len(engines)) if router == "epp" else None
+        ),
+        "epp_debug_endpoints": debug_summary,
     }
 
 
@@ -568,6 +663,11 @@ def render_tables(result: dict[str, Any]) -> str:
         f"engines: {json.dumps(result.get('engine'))}",
         f"engine costs (idle cores; /metrics): {json.dumps(result.get('engine_costs'))}",
         f"EPP configuration: {epp_config_label(result)}",
+        *(
+            [f"router processes (EPP, Envoy) under nice -n {result['router_nice']}"]
+            if result.get("router_nice")
+            else []
+        ),
         "",
         "Per (load, router): median over repeats (min-max)",
         "",
@@ -582,6 +682,17 @@ def render_tables(result: dict[str, Any]) -> str:
         "",
         summary.runs_table(summaries),
         "",
+        *(
+            [
+                "Request path per run (wall clocks, one machine): client send -> Envoy start "
+                "(%START_TIME%) -> the EPP's request_routed log line; p50 / p99 / max in ms",
+                "",
+                summary.path_table(summaries),
+                "",
+            ]
+            if any(s.get("path_ms") for s in summaries)
+            else []
+        ),
         f"EPP runs with an uneven request split: {v['epp_uneven_request_splits']} of {v['epp_runs']} "
         f"(splits: {', '.join(v['epp_request_splits'])}); uneven conversation split: "
         f"{v['epp_uneven_conversation_splits']} of {v['epp_runs']}",
@@ -657,9 +768,26 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--calibrate-short-words", type=int, default=40,
                    help="epp calibrate --short-words (~7.4 tokens per word here)")  # fmt: skip
-    p.add_argument("--calibrate-long-words", type=int, default=240,
-                   help="epp calibrate --long-words (must fit --max-model-len)")  # fmt: skip
+    p.add_argument("--calibrate-long-words", type=int, default=180,
+                   help="epp calibrate --long-words: must fit --max-model-len; its random salt "
+                   "makes 180 words 1,110-1,829 tokens here, 240 up to 2,447")  # fmt: skip
     p.add_argument("--calibrate-repeats", type=int, default=5)
+    p.add_argument(
+        "--epp-debug", action="store_true",
+        help="EPP at --log-level debug (per-request scoring breakdown) and its /debug/endpoints "
+        "sampled every 0.1 s into the run's log dir (debug-endpoints.jsonl); a diagnostic, "
+        "the extra logging costs the EPP CPU",
+    )  # fmt: skip
+    p.add_argument(
+        "--router-nice", type=int, default=0,
+        help="run the EPP and Envoy under `nice -n N` (both routers alike; negative needs "
+        "root). A diagnostic: the engines keep both cores busy, and the router processes on "
+        "the request path wait for CPU",
+    )  # fmt: skip
+    p.add_argument(
+        "--epp-env", action="append", default=[], metavar="KEY=VALUE",
+        help="environment for the EPP processes only (repeat), e.g. PYTHONASYNCIODEBUG=1",
+    )  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=400.0)
     p.add_argument("--resummarize", type=Path, default=None, help="print tables of a saved JSON")
     args = p.parse_args()
@@ -670,6 +798,11 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     src = EppSource(args.epp_ref)
+    for item in args.epp_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--epp-env {item!r}: expected KEY=VALUE")
+        src.env[key] = value  # the EPP processes only (serve, envoy-config, calibrate)
     if args.epp_config is not None and not args.epp_config.is_file():
         raise SystemExit(f"--epp-config {args.epp_config}: no such file")
     tag = args.tag or (src.src_commit or src.commit)[:10]
@@ -706,6 +839,9 @@ def main() -> None:
         },
         "logs": str(logs.relative_to(ROOT)),
         "epp_config_file": str(args.epp_config) if args.epp_config else None,
+        "epp_debug": args.epp_debug,
+        "router_nice": args.router_nice,
+        "epp_env": args.epp_env,
         "calibration": None,
         "epp_config": None,
         "runs": [],
@@ -747,17 +883,9 @@ def main() -> None:
                         f"run {n}/{total}: repeat {repeat}, {load} load (concurrency {conc}), {router}"
                     )
                     run = one_run(
-                        router,
-                        load,
-                        conc,
-                        repeat,
-                        workload,
-                        engines,
-                        children,
-                        logs,
-                        src,
-                        epp_config,
-                    )
+                        router, load, conc, repeat, workload, engines, children, logs, src,
+                        epp_config, args.epp_debug, args.router_nice,
+                    )  # fmt: skip
                     result["runs"].append(run)
                     s = summary.summarize_run(run)
                     log(

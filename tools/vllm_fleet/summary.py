@@ -232,7 +232,12 @@ def summarize_run(run: Mapping[str, Any]) -> dict[str, Any]:
         "engine_hit_rate": _ratio(total_hits, total_queries),
         "engine_peak_waiting": {s: (peaks.get(s) or {}).get("waiting") for s in servers},
         "in_flight": in_flight_profile(requests, servers),
+        "path_ms": request_path(ok),
         "engine_peak_running": {s: (peaks.get(s) or {}).get("running") for s in servers},
+        # Slowest GET /metrics the harness saw (every 0.25 s); None for older records.
+        "engine_metrics_get_max_ms": {
+            s: (peaks.get(s) or {}).get("metrics_get_max_ms") for s in servers
+        },
     }
 
 
@@ -320,9 +325,10 @@ def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     header = (
         "| # | load (conc.) | router | requests/server | convs/server | split convs "
         "| TTFT p50 / p90 / p99 / max (ms) | latency p50 / p99 (ms) | failed "
-        "| engine hit rate (per server) | peak waiting | in-flight gap | wall (s) |"
+        "| engine hit rate (per server) | peak waiting | in-flight gap | wall (s) "
+        "| slowest /metrics (ms) |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 14]
     for i, s in enumerate(summaries, 1):
         t, lat = s["ttft_ms"], s["latency_ms"]
         per_server_hits = " / ".join(_pct(e["hit_rate"]) for e in s["engine"].values())
@@ -334,7 +340,8 @@ def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             f"| {_fmt(t['p50'])} / {_fmt(t['p90'])} / {_fmt(t['p99'])} / {_fmt(t['max'])} "
             f"| {_fmt(lat['p50'])} / {_fmt(lat['p99'])} | {s['failed']} "
             f"| {_pct(s['engine_hit_rate'])} ({per_server_hits}) | {waiting} "
-            f"| {_fmt(s['in_flight']['mean_gap'], 2)} | {_fmt(s['wall_s'], 1)} |"
+            f"| {_fmt(s['in_flight']['mean_gap'], 2)} | {_fmt(s['wall_s'], 1)} "
+            f"| {'/'.join(_fmt(v) for v in (s.get('engine_metrics_get_max_ms') or {}).values())} |"
         )
     return "\n".join(lines)
 
@@ -496,3 +503,87 @@ def pair_counts_by_load(
             counts[q] = c
         out[load] = counts
     return out
+
+
+def debug_endpoints_summary(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`--epp-debug` samples of the EPP's /debug/endpoints ({"t": "HH:MM:SS.mmm", "pods":
+    [...]}) -> per pod: samples, how many showed it excluded / below health 0.3 / with
+    scrape failures, its lowest health, its highest in-flight, queue depth and learned
+    running slots, and the first and last time it was seen excluded."""
+    out: dict[str, dict[str, Any]] = {}
+    for sample in samples:
+        for pod in sample.get("pods") or []:
+            name = pod.get("name", "?")
+            o = out.setdefault(
+                name,
+                {"samples": 0, "excluded": 0, "health_below_0.3": 0, "scrape_failures": 0,
+                 "min_health": None, "max_in_flight": 0, "max_queue_depth": 0,
+                 "running_slots": [], "excluded_first": None, "excluded_last": None},
+            )  # fmt: skip
+            o["samples"] += 1
+            health = pod.get("health")
+            if health is not None:
+                o["min_health"] = (
+                    health if o["min_health"] is None else min(o["min_health"], health)
+                )
+                o["health_below_0.3"] += health < 0.3
+            if pod.get("excluded"):
+                o["excluded"] += 1
+                o["excluded_first"] = o["excluded_first"] or sample.get("t")
+                o["excluded_last"] = sample.get("t")
+            o["scrape_failures"] += bool(pod.get("scrape_failures"))
+            o["max_in_flight"] = max(o["max_in_flight"], pod.get("in_flight") or 0)
+            o["max_queue_depth"] = max(o["max_queue_depth"], pod.get("queue_depth") or 0)
+            slots = pod.get("running_slots")
+            if slots is not None and slots not in o["running_slots"]:
+                o["running_slots"].append(slots)
+    return out
+
+
+def request_path(requests: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]] | None:
+    """Where a request's time before routing went, from wall-clock stamps on one machine:
+    `to_envoy` = Envoy's start time - the client's send, `envoy_to_routed` = the EPP's
+    `request_routed` log time - Envoy's start time. p50 / p99 / max in ms; None when the
+    records have no stamps (older runs, or round robin for the second)."""
+    legs: dict[str, list[float]] = {"to_envoy": [], "envoy_to_routed": []}
+    for r in requests:
+        sent, envoy, routed = (
+            r.get("sent_unix"),
+            r.get("envoy_start_unix"),
+            r.get("epp_routed_unix"),
+        )
+        if sent is not None and envoy is not None:
+            legs["to_envoy"].append(1000.0 * (envoy - sent))
+        if envoy is not None and routed is not None:
+            legs["envoy_to_routed"].append(1000.0 * (routed - envoy))
+    out = {
+        name: {
+            "p50": round(percentile(v, 50), 1),
+            "p99": round(percentile(v, 99), 1),
+            "max": round(max(v), 1),
+            "n": len(v),
+        }
+        for name, v in legs.items()
+        if v
+    }
+    return out or None
+
+
+def path_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown, one row per run: the request-path legs of `request_path`."""
+    lines = [
+        "| # | load (conc.) | router | client send -> Envoy | Envoy -> EPP routed |",
+        "|---|---|---|---|---|",
+    ]
+
+    def leg(path: Mapping[str, Any] | None, name: str) -> str:
+        v = (path or {}).get(name)
+        return "-" if not v else f"{v['p50']:.1f} / {v['p99']:.0f} / {v['max']:.0f}"
+
+    for i, s in enumerate(summaries, 1):
+        path = s.get("path_ms")
+        lines.append(
+            f"| {i} | {s['load']} ({s['concurrency']}) | {s['router']} "
+            f"| {leg(path, 'to_envoy')} | {leg(path, 'envoy_to_routed')} |"
+        )
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ is discarded during a chunked prefill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -32,6 +33,8 @@ from build_model import WORDS
 
 UPSTREAM_HEADER = "x-fleet-upstream"  # added by our Envoy config: %UPSTREAM_HOST%
 DESTINATION_ECHO_HEADER = "x-fleet-epp-destination"  # the EPP's list, echoed by Envoy
+REQUEST_ID_HEADER = "x-fleet-request-id"  # Envoy's x-request-id: the EPP logs decisions by it
+ENVOY_START_HEADER = "x-fleet-envoy-start"  # when Envoy got the request (unix s, %START_TIME%)
 _ERROR_LIMIT = 300
 
 
@@ -131,6 +134,13 @@ class RequestRecord:
     output_tokens: int | None = None
     reply_sha: str | None = None
     error: str | None = None
+    # Wall clock (unix seconds), to line up with Envoy and the EPP's log: when the client
+    # sent the request, when Envoy started it, when the EPP routed it (run.py fills that
+    # in from the EPP's log by request id).
+    request_id: str | None = None
+    sent_unix: float | None = None
+    envoy_start_unix: float | None = None
+    epp_routed_unix: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -144,6 +154,7 @@ async def _send(
     session: aiohttp.ClientSession, url: str, body: dict, rec: RequestRecord, t0: float
 ) -> str | None:
     start = time.monotonic()
+    rec.sent_unix = round(time.time(), 6)
     rec.started_s = round(start - t0, 4)
     parts: list[str] = []
     done = False
@@ -152,6 +163,9 @@ async def _send(
             rec.status = resp.status
             rec.upstream = resp.headers.get(UPSTREAM_HEADER)
             rec.epp_destination = resp.headers.get(DESTINATION_ECHO_HEADER)
+            rec.request_id = resp.headers.get(REQUEST_ID_HEADER)
+            with contextlib.suppress(TypeError, ValueError):
+                rec.envoy_start_unix = float(resp.headers.get(ENVOY_START_HEADER))
             if resp.status != 200:
                 text = await resp.text(errors="replace")
                 reason = resp.headers.get("x-request-dropped-reason")
