@@ -67,9 +67,17 @@ def fit(short: list[Sample], long: list[Sample], cached: list[Sample]) -> Prefil
     return PrefillFit(overhead, per_token, min(per_cached, per_token))
 
 
+_VOCABULARY = (
+    "the quick brown fox jumps over a lazy dog while seven bright stars shine above calm "
+    "water and old ships rest near the quiet harbour of the small town"
+).split()
+
+
 def _words(count: int, salt: str) -> str:
-    # Distinct text per call (salted) so that nothing is in the pod's cache by accident.
-    return " ".join(f"w{salt}{i % 97}x{i}" for i in range(count))
+    # Plain words (about one token each on most tokenizers, so prompt sizes are steady),
+    # led by a salt so that nothing is in the pod's cache by accident: a prefix cache
+    # matches from the first token.
+    return salt + " " + " ".join(_VOCABULARY[i % len(_VOCABULARY)] for i in range(count))
 
 
 def _complete(url: str, model: str, prompt: str, timeout_s: float) -> Sample:

@@ -104,3 +104,44 @@ def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s
     assert decision.primary.name == winner
     expected = 1.0 if winner == "idle" else OWN_COLD / (hot_lane_s + OWN_HOT)
     assert decision.factor("prefill") == pytest.approx(expected)
+
+
+def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one():
+    """Seen on two real vLLM servers: a cache-hot pod running its 4 slots with one more
+    waiting beat a pod with a free slot (0.86 vs 0.29), because the estimate saw only
+    queued prefill. A full pod's new request waits for (on pod - slots + 1) completions,
+    one every service time / slots."""
+    full, free = pod("full"), pod("free")
+    for e, running, waiting in ((full, 4, 1), (free, 1, 0)):
+        e.configured_slots = 4
+        e.service_s = 4.0
+        e.metrics.running, e.metrics.waiting = running, waiting
+        e.refresh()
+    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(0))
+    decision = scheduler.schedule(request({"full": 230}), [full, free])
+    assert decision.primary is free
+    wait = (5 - 4 + 1) * 4.0 / 4  # two completions ahead of it, one every second
+    assert decision.factor("prefill") == 1.0
+    prefill = dict(
+        zip((e.name for e in decision.candidates), decision.factors["prefill"], strict=True)
+    )
+    own_full = COST.seconds(PROMPT, 230, 16)
+    assert prefill["full"] == pytest.approx(OWN_COLD / (wait + own_full))
+    # With a slot free the cache-hot pod wins again.
+    full.metrics.running, full.metrics.waiting = 3, 0
+    full.refresh()
+    assert scheduler.schedule(request({"full": 230}), [full, free]).primary is full
+
+
+def test_slot_wait_needs_known_slots_and_service_time():
+    from epp.scheduling.scorers.prefill import slot_wait
+
+    e = pod("a")
+    e.metrics.running, e.metrics.waiting = 8, 4
+    e.refresh()
+    assert slot_wait(e) == 0.0  # slots unknown
+    e.configured_slots = 8
+    e.refresh()
+    assert slot_wait(e) == 0.0  # no completion seen yet
+    e.service_s = 4.0
+    assert slot_wait(e) == pytest.approx(5 * 4.0 / 8)

@@ -75,6 +75,10 @@ class Endpoint:
     # scorer has a weight (routing.py); 0.0: nothing sent yet.
     prefill_lane_end: float = 0.0
 
+    # Moving average of dispatch-to-completion time of the requests this EPP saw end with a
+    # response (seconds); None until one did. Prices waiting for a running slot.
+    service_s: float | None = None
+
     # Response path: moving average of 5xx answers, decaying with time.
     error_rate: float = 0.0
     error_at: float = 0.0

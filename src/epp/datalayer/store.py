@@ -21,6 +21,8 @@ EndpointListener = Callable[[str, Endpoint], None]
 # connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
 # than this are compared with the pod's counts.
 RECONCILE_GRACE_S = 2.0
+# Weight of each completed request in a pod's moving mean request time.
+SERVICE_ALPHA = 0.1
 # KV usage at which a pod's waiting requests are blamed on its KV cache, not its slots.
 KV_FULL = 0.9
 
@@ -280,6 +282,12 @@ class EndpointStore:
         if entry is not None:
             self._release(endpoint, entry)
             endpoint.refresh()
+            if status is not None and status < 500:
+                took = max(0.0, self._clock() - entry.at)
+                previous = endpoint.service_s
+                endpoint.service_s = (
+                    took if previous is None else previous + SERVICE_ALPHA * (took - previous)
+                )
         self.record_status(endpoint, status)
         if entry is not None:
             self._emit("released", endpoint)
