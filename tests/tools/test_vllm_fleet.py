@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "vllm_fleet"))
 
@@ -215,6 +216,15 @@ def test_with_prefill_estimate_keeps_the_rest_of_the_config() -> None:
     assert out["scheduling"]["prefill_estimate"] == est
     assert base["scheduling"]["prefill_estimate"] == {"overhead_s": 9.0}  # not mutated
     assert summary.with_prefill_estimate({}, est) == {"scheduling": {"prefill_estimate": est}}
+
+
+def test_calibrated_estimate_joins_configured_running_slots() -> None:
+    # --epp-config docs/benchmarks/vllm-fleet/epp-slots-4.yaml with --calibrate: both kept.
+    path = Path(__file__).parents[2] / "docs/benchmarks/vllm-fleet/epp-slots-4.yaml"
+    base = yaml.safe_load(path.read_text())
+    est = summary.parse_calibration(CALIBRATE_OUT)
+    out = summary.with_prefill_estimate(base, est)
+    assert out == {"scheduling": {"running_slots": 4, "prefill_estimate": est}}
 
 
 def test_placement_table_and_pair_counts_by_load() -> None:

@@ -518,9 +518,11 @@ def calibrate(
     """`epp calibrate` (from the EPP code under test) against one idle engine.
 
     The caller empties the prefix caches before and after. Returns the command, its output
-    and the parsed `scheduling.prefill_estimate`. The default prompt sizes of `epp
-    calibrate` (100 / 600 words, 6-10 tiny-llama tokens per word depending on its random
-    salt: up to ~6,000 tokens) do not fit --max-model-len 2048, hence explicit sizes.
+    and the parsed `scheduling.prefill_estimate`. Prompt sizes are explicit: `epp
+    calibrate`'s default long prompt (600 words) is ~1,960 tiny-llama tokens with plain
+    words (EPP code from 472d7e1 on), just under --max-model-len 2048, and ~4,500-6,000
+    with the salted words of older EPP code (HTTP 400); 100 / 450 plain words span the
+    workload's prompt sizes.
     """
     argv = src.argv(
         "calibrate", "--url", engine.base, "--model", MODEL_NAME,
@@ -766,11 +768,13 @@ def main() -> None:
         help="run `epp calibrate` on engine 0 once the engines are idle (prefix caches emptied "
         "before and after) and put its scheduling.prefill_estimate in the EPP configuration",
     )  # fmt: skip
-    p.add_argument("--calibrate-short-words", type=int, default=40,
-                   help="epp calibrate --short-words (~7.4 tokens per word here)")  # fmt: skip
-    p.add_argument("--calibrate-long-words", type=int, default=180,
-                   help="epp calibrate --long-words: must fit --max-model-len; its random salt "
-                   "makes 180 words 1,110-1,829 tokens here, 240 up to 2,447")  # fmt: skip
+    p.add_argument("--calibrate-short-words", type=int, default=100,
+                   help="epp calibrate --short-words: plain words (EPP code from 472d7e1 on) are "
+                   "~3.3 tiny-llama tokens each, 100 words ~333 tokens")  # fmt: skip
+    p.add_argument("--calibrate-long-words", type=int, default=450,
+                   help="epp calibrate --long-words: must fit --max-model-len; 450 plain words "
+                   "are ~1,470 tokens, the workload's prompt sizes. Older EPP code salts every "
+                   "word (7-10 tokens each): use 40 / 180 with it")  # fmt: skip
     p.add_argument("--calibrate-repeats", type=int, default=5)
     p.add_argument(
         "--epp-debug", action="store_true",
