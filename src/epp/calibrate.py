@@ -67,10 +67,37 @@ def fit(short: list[Sample], long: list[Sample], cached: list[Sample]) -> Prefil
     return PrefillFit(overhead, per_token, min(per_cached, per_token))
 
 
-_VOCABULARY = (
-    "the quick brown fox jumps over a lazy dog while seven bright stars shine above calm "
-    "water and old ships rest near the quiet harbour of the small town"
-).split()
+_VOCABULARY = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "bright",
+    "stars",
+    "shine",
+    "above",
+    "calm",
+    "water",
+    "and",
+    "old",
+    "ships",
+    "rest",
+    "near",
+    "the",
+    "quiet",
+    "harbour",
+    "of",
+    "the",
+    "small",
+    "town",
+]
 
 
 def _words(count: int, salt: str) -> str:

@@ -133,15 +133,21 @@ def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one():
     assert scheduler.schedule(request({"full": 230}), [full, free]).primary is full
 
 
-def test_slot_wait_needs_known_slots_and_service_time():
+def test_slot_wait_takes_the_pods_then_the_pools_mean_then_its_oldest_request():
+    from epp.datalayer.endpoint import Dispatch
     from epp.scheduling.scorers.prefill import slot_wait
 
     e = pod("a")
     e.metrics.running, e.metrics.waiting = 8, 4
     e.refresh()
-    assert slot_wait(e) == 0.0  # slots unknown
+    assert slot_wait(e, NOW) == 0.0  # slots not configured: learned ones are not trusted
     e.configured_slots = 8
     e.refresh()
-    assert slot_wait(e) == 0.0  # no completion seen yet
+    assert slot_wait(e, NOW) == 0.0  # nothing known about its request times
+    e.open[1] = Dispatch(1, 100, NOW - 1.5)  # none finished, the oldest running for 1.5 s
+    e.in_flight = 1
+    e.refresh()
+    assert slot_wait(e, NOW) == pytest.approx(5 * 1.5 / 8)
+    assert slot_wait(e, NOW, pool_service_s=3.0) == pytest.approx(5 * 3.0 / 8)
     e.service_s = 4.0
-    assert slot_wait(e) == pytest.approx(5 * 4.0 / 8)
+    assert slot_wait(e, NOW, pool_service_s=3.0) == pytest.approx(5 * 4.0 / 8)

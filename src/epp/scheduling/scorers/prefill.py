@@ -59,21 +59,30 @@ class PrefillCost:
         )
 
 
-def slot_wait(endpoint: Endpoint) -> float:
+def slot_wait(endpoint: Endpoint, now: float, pool_service_s: float | None = None) -> float:
     """Expected wait for a running slot: with every slot taken, a new request starts when
     the requests ahead of it have freed one each, one per `service_s / slots` on average.
-    0 while a slot is free, or while the service time is unknown.
+    0 while a slot is free.
+
+    The mean request time is the pod's own (`service_s`), else its pool's (the other
+    candidates'), else the age of its oldest request in flight: a pod none of whose
+    requests has finished yet is not free, it is slow (seen on real vLLM: a slow engine
+    drew cached conversations away from a fast one for a second).
 
     Only with configured slots (`scheduling.running_slots`): slots learned from a page
     (the running count while requests wait) cannot tell a full pod from one whose step
     budget is taken by long prefills, which the lanes already price; measured in the
     virtual benchmark, using learned slots here doubled TTFT p90 on no-reuse prompts."""
     slots = endpoint.configured_slots
-    service = endpoint.service_s
-    if not slots or service is None:
+    if not slots:
         return 0.0
     ahead = endpoint.concurrency - slots + 1
-    return ahead * service / slots if ahead > 0 else 0.0
+    if ahead <= 0:
+        return 0.0
+    service = endpoint.service_s if endpoint.service_s is not None else pool_service_s
+    if service is None and endpoint.open:
+        service = max(0.0, now - next(iter(endpoint.open.values())).at)
+    return ahead * service / slots if service else 0.0
 
 
 @dataclass(slots=True)
@@ -89,8 +98,10 @@ class PrefillScorer:
         prompt_tokens = request.prompt_tokens
         block_size = request.block_size
         now = request.now
+        known = [e.service_s for e in candidates if e.service_s is not None]
+        pool = sum(known) / len(known) if known else None
         ttft = [
-            max(max(0.0, e.prefill_lane_end - now), slot_wait(e))
+            max(max(0.0, e.prefill_lane_end - now), slot_wait(e, now, pool))
             + seconds(prompt_tokens, matched(e.name, 0), block_size)
             for e in candidates
         ]
