@@ -64,11 +64,15 @@ class BalanceConfig(Strict):
     more requests in flight and more than `ratio` times as many. Without it a popular
     prefix funnels every new conversation to the pod that holds it (cache 0.60 outweighs
     any load signal), and a fleet splits 3:1 while one pod idles. 0 disables a bound.
+
+    Off by default: the `prefill` factor's slot wait and the tie-break by work given so
+    far now do that job, and the guard moved conversations off their cache (the demo's
+    TTFT p90 72 -> 280 ms, hit rate 91.6% -> 89.9%; virtual multi-turn +30 ms p90).
     """
 
     abs_requests: float = Field(4.0, ge=0.0)
     ratio: float = Field(3.0, ge=1.0)
-    enabled: bool = True
+    enabled: bool = False
 
 
 class SchedulingConfig(Strict):

@@ -276,3 +276,18 @@ def test_equal_idle_pods_take_new_prefixes_in_turn_by_the_work_given_so_far():
         assert scheduler.schedule(request(), [a, b]).primary is b
     b.in_flight = 1  # requests in flight still come first
     assert scheduler.schedule(request(), [a, b]).primary is a
+
+
+def test_the_imbalance_guard_when_enabled_drops_a_far_busier_pod_whatever_its_cache():
+    hot, idle = endpoint("hot"), endpoint("idle")
+    hot.in_flight, idle.in_flight = 5, 0
+    on = SchedulingConfig(balance={"enabled": True, "abs_requests": 4, "ratio": 3.0})
+    decision = Scheduler(on).schedule(request(4, {"hot": 4}), [hot, idle])
+    assert decision.primary is idle and decision.filtered_out == {"balance": 1}
+    hot.in_flight = 4  # not more than least + 4: kept, and its cache wins
+    assert Scheduler(on).schedule(request(4, {"hot": 4}), [hot, idle]).primary is hot
+    # Off by default.
+    hot.in_flight = 50
+    assert (
+        Scheduler(SchedulingConfig()).schedule(request(4, {"hot": 4}), [hot, idle]).primary is hot
+    )
