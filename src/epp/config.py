@@ -19,7 +19,7 @@ SPEC_WEIGHTS = {"cache": 0.60, "load": 0.20, "queue": 0.10, "health": 0.05, "ada
 # The default: the spec's factors at half weight, and half on `prefill`, which prices a
 # cache match and the work queued on each pod in seconds of expected time to first token.
 # Chosen on benchmark evidence (docs/benchmarks/virtual.md, "Default weights"): at round
-# robin's saturation rate TTFT p90 22x lower than round robin vs 7x with SPEC_WEIGHTS,
+# robin's saturation rate TTFT p90 21x lower than round robin vs 10x with SPEC_WEIGHTS,
 # and no worse than round robin on prompts with nothing to reuse, where SPEC_WEIGHTS
 # trails least-outstanding. Set `weights: SPEC_WEIGHTS` for the spec's score.
 DEFAULT_WEIGHTS = {name: weight * 0.5 for name, weight in SPEC_WEIGHTS.items()} | {"prefill": 0.5}
