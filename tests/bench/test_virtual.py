@@ -342,3 +342,13 @@ def test_pods_view_is_read_only_for_routers() -> None:
     assert len(pods) == 1
     with pytest.raises(AttributeError):
         pods.names = ()  # type: ignore[misc]
+
+
+def test_the_spec_weights_what_if_is_the_epp_with_the_spec_score() -> None:
+    from epp.config import SPEC_WEIGHTS
+
+    pods = VirtualPods(("pod-0", "pod-1"), (SimEngine(FAST), SimEngine(FAST)), "m")
+    spec = make_router("epp_spec", pods, epp_config=EppConfig())
+    assert spec.name == "epp_spec"
+    assert spec.stats()["weights"] == SPEC_WEIGHTS
+    assert make_router("epp", pods).stats()["weights"]["prefill"] == 0.5

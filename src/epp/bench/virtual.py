@@ -50,7 +50,7 @@ from epp.bench.virtual_types import (
 from epp.bench.virtual_whatif import (
     WHATIF_ROUTERS,
     PrefillAwareEppRouter,
-    SpecWeightsEppRouter,
+    spec_config,
 )
 from epp.config import EppConfig
 from epp.sim.engine import Admission, EngineConfig, SimEngine
@@ -78,7 +78,9 @@ def make_router(
     if name == "epp_prefill":
         return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_spec":
-        return SpecWeightsEppRouter(pods, epp_config, seed=seed, adapters=adapters)
+        spec = EppVirtualRouter(pods, spec_config(epp_config), seed=seed, adapters=adapters)
+        spec.name = "epp_spec"
+        return spec
     if name == "round_robin":
         return RoundRobin(len(pods))
     if name == "random":

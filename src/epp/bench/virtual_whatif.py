@@ -64,21 +64,9 @@ class PrefillAwareEppRouter(EppVirtualRouter):
         return {**super().stats(), "prefill_weight": self.weight}
 
 
-class SpecWeightsEppRouter(EppVirtualRouter):
-    """The EPP with the spec's five weights (no `prefill`): the default before it moved
-    to prefill-priced weights, kept to show what that choice changes."""
-
-    name = "epp_spec"
-
-    def __init__(
-        self,
-        pods: VirtualPods,
-        config: EppConfig | None = None,
-        *,
-        seed: int = 0,
-        adapters: dict[str, str] | None = None,
-    ) -> None:
-        base = config or EppConfig()
-        scheduling = {**base.scheduling.model_dump(), "weights": dict(SPEC_WEIGHTS)}
-        config = EppConfig.model_validate({**base.model_dump(), "scheduling": scheduling})
-        super().__init__(pods, config, seed=seed, adapters=adapters)
+def spec_config(base: EppConfig | None) -> EppConfig:
+    """`base` with the spec's five weights (no `prefill`): the default before it moved to
+    prefill-priced weights, kept to show what that choice changes (`epp_spec`)."""
+    base = base or EppConfig()
+    scheduling = {**base.scheduling.model_dump(), "weights": dict(SPEC_WEIGHTS)}
+    return EppConfig.model_validate({**base.model_dump(), "scheduling": scheduling})
