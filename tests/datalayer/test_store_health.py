@@ -247,3 +247,18 @@ def test_a_pod_that_has_not_shown_a_queue_yet_uses_the_slots_its_peers_learned()
     assert b.queue_depth == 22  # 30 sent, 8 run, the rest wait
     other = store.get("a")
     assert other.learned_slots == 8
+
+
+def test_completions_never_heard_of_do_not_keep_a_pod_busy_while_its_page_is_fresh():
+    """Behind a gateway without the observer filter, or beside other EPP replicas, the
+    pod's counts (which include other routers' traffic) cannot settle the EPP's books;
+    the fresh page, not the EPP's stale in-flight count, says how busy the pod is."""
+    store, _, _ = make_store()
+    a = store.get("a")
+    a.configured_slots = 2
+    for _ in range(6):
+        store.dispatched(a)
+    assert a.queue_depth == 4 and a.in_flight == 6
+    store.scraped(a, PodMetrics(running=1))  # the page shows one request on the pod
+    assert a.in_flight == 6  # too recent to reconcile
+    assert a.concurrency == 1 and a.queue_depth == 0

@@ -9,7 +9,8 @@ Load between scrapes. Metrics lag by up to a scrape interval, and every request 
 would see the same snapshot (the field's herding bug). So each dispatch is reserved at
 pick time and `refresh()` re-derives the load figures at once:
 
-    concurrency = max(scraped running + waiting + dispatched since that page, in flight)
+    concurrency = scraped running + waiting + dispatched since that page
+                  (the EPP's own in-flight count while the gauges are stale or frozen)
     queue_depth = scraped waiting + dispatched beyond the pod's free running slots
     busy        = concurrency / running slots                (0 while slots are unknown)
 
@@ -116,7 +117,11 @@ class Endpoint:
             through = self.seen_through
             unseen = sum(1 for seq in self.open if seq > through)
         on_pod = running + unseen
-        self.concurrency = max(on_pod + waiting, float(self.in_flight))
+        # A valid page plus what was sent since is the truth, also for traffic from other
+        # routers; the EPP's own in-flight count stands in only while the gauges cannot be
+        # trusted (a completion it never hears of, behind a gateway without the observer
+        # filter or with several EPP replicas, must not keep a pod looking busy).
+        self.concurrency = on_pod + waiting if gauges else float(max(self.in_flight, unseen))
         slots = self.slots
         if slots:
             beyond = max(0.0, self.concurrency - waiting - slots)
