@@ -39,7 +39,7 @@ bench-overhead: $(STAMP)
 
 # About 30 minutes on 2 cores; see docs/benchmarks/live.md.
 bench-live: $(STAMP)
-	$(BIN)/python -m epp.bench.bench_env
+	$(BIN)/python -m epp_bench.live.bench_env
 	$(BIN)/epp bench live --repeats 2 --out docs/benchmarks/live
 	$(BIN)/epp bench live --client inference-perf --rates 8 \
 	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.calibrate import Sample, fit, measure
-from epp.demo.stack import LocalStack
+from epp_harness.stack import LocalStack
 
 
 def test_fit_recovers_slope_intercept_and_cached_cost():

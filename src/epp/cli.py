@@ -11,12 +11,12 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.app", "serve the endpoint picker (ext_proc gRPC + Prometheus metrics)"),
-    "sim": ("epp.sim.cli", "serve one simulated vLLM pod"),
-    "demo": ("epp.demo.cli", "run the local stack, drive a workload, compare with round robin"),
-    "run": ("epp.demo.run", "serve the local stack (pods, EPP, Envoy) until interrupted"),
+    "sim": ("vllm_sim.cli", "serve one simulated vLLM pod"),
+    "demo": ("epp_demo.cli", "run the local stack, drive a workload, compare with round robin"),
+    "run": ("epp_demo.run", "serve the local stack (pods, EPP, Envoy) until interrupted"),
     "envoy-config": ("epp.envoy_config", "print an Envoy configuration for the EPP"),
     "calibrate": ("epp.calibrate", "measure a pod's prefill cost for the prefill scorer"),
-    "bench": ("epp.bench.cli", "benchmarks: virtual time, live with peers, EPP overhead"),
+    "bench": ("epp_bench.cli", "benchmarks: virtual time, live with peers, EPP overhead"),
 }
 
 

@@ -1,7 +1,7 @@
 """Real processes for the failure-mode tests: simulated pods, `epp serve` (stoppable,
 killable, restartable on the same ports) and Envoy on a config the test chooses.
 
-LocalStack (epp.demo.stack) always renders its own Envoy config and owns the EPP's
+LocalStack (epp_harness.stack) always renders its own Envoy config and owns the EPP's
 lifetime; these tests need hand-written configs and an EPP that dies and comes back."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from epp.demo.stack import HOST, envoy_binary, free_ports
+from epp_harness.stack import HOST, envoy_binary, free_ports
 
 MODEL = "sim-llama-8b"
 FAST_PODS = ["--prefill-per-token-ms", "0.01", "--decode-per-token-ms", "0.2"]
@@ -133,7 +133,7 @@ class Rig:
         for i, port in enumerate(ports):
             extra = args_for(i) if args_for else []
             argv = [
-                sys.executable, "-m", "epp", "sim", "--host", HOST, "--port", str(port),
+                sys.executable, "-m", "vllm_sim", "--host", HOST, "--port", str(port),
                 "--name", f"pod-{i}", "--model", MODEL, *FAST_PODS, *extra,
             ]  # fmt: skip
             self.procs.append(Proc(f"pod-{i}", argv, self.work / f"pod-{i}.log").start())

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.demo.stack import LocalStack
+from epp_harness.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-llama-8b"

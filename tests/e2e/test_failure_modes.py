@@ -12,8 +12,8 @@ import time
 import pytest
 from e2e.harness import chat_body, http, in_threads, rig, wait_for
 
-from epp.demo.stack import HOST, free_ports
 from epp.envoy_config import render
+from epp_harness.stack import HOST, free_ports
 
 pytestmark = pytest.mark.e2e
 SLOW_STREAMS = ["--decode-per-token-ms", "60"]  # 30 tokens: about 2 s per generation

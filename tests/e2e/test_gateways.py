@@ -12,8 +12,8 @@ import pytest
 import yaml
 from e2e.harness import chat_body, http, rig
 
-from epp.demo.stack import free_ports
 from epp.envoy_config import render
+from epp_harness.stack import free_ports
 
 pytestmark = pytest.mark.e2e
 HANG = ["--failure-rate", "1", "--failure-kinds", "hang"]

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from epp.bench.pressure import FAST_PODS, burst_prompts, fire, herd_prompts
-from epp.demo.stack import LocalStack
+from epp_bench.picker.pressure import FAST_PODS, burst_prompts, fire, herd_prompts
+from epp_harness.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-llama-8b"

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from epp.sim.engine import EngineConfig
-from epp.sim.failures import FailureConfig
-from epp.sim.kv_publisher import KvEventsConfig
-from epp.sim.server import RunningPod, SimPodConfig, start_pod
+from vllm_sim.engine import EngineConfig
+from vllm_sim.failures import FailureConfig
+from vllm_sim.kv_publisher import KvEventsConfig
+from vllm_sim.server import RunningPod, SimPodConfig, start_pod
 
 StartPod = Callable[..., Awaitable[RunningPod]]
 

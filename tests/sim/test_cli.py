@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from epp.sim.cli import build_parser, config_from_args, main
-from epp.sim.failures import FailureConfig, FailureKind
-from epp.sim.kv_publisher import KvEventsConfig
+from vllm_sim.cli import build_parser, config_from_args, main
+from vllm_sim.failures import FailureConfig, FailureKind
+from vllm_sim.kv_publisher import KvEventsConfig
 
 
 def test_flags_map_to_the_engine_in_seconds() -> None:
@@ -108,7 +108,7 @@ def test_help_documents_the_failure_switches(capsys: pytest.CaptureFixture[str])
 def test_announces_kv_event_endpoints() -> None:
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "epp", "sim", "--port", "0", "--model", "m",
+            sys.executable, "-m", "vllm_sim", "--port", "0", "--model", "m",
             "--kv-events-port", "0", "--kv-replay-port", "0",
         ],
         stderr=subprocess.PIPE,
@@ -133,7 +133,7 @@ def test_announces_kv_event_endpoints() -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serves_until_signalled(signum: signal.Signals) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp", "sim", "--port", "0", "--name", "pod-cli"],
+        [sys.executable, "-m", "vllm_sim", "--port", "0", "--name", "pod-cli"],
         stderr=subprocess.PIPE,
         text=True,
     )

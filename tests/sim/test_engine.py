@@ -8,8 +8,8 @@ from array import array
 import pytest
 
 from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
-from epp.sim.engine import Admission, EngineConfig, FinishReason, SimEngine, StartedRequest
 from epp.tokenize import ByteEstimateTokenizer, ChatMessage
+from vllm_sim.engine import Admission, EngineConfig, FinishReason, SimEngine, StartedRequest
 
 MODEL = "sim-llama-8b"
 

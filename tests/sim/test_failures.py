@@ -11,15 +11,15 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim.engine import EngineConfig, FinishReason
-from epp.sim.failures import (
+from vllm_sim.engine import EngineConfig, FinishReason
+from vllm_sim.failures import (
     FAIL_HEADER,
     INJECTED_HEADER,
     FailureConfig,
     FailureKind,
     parse_kinds,
 )
-from epp.sim.server import POD_HEADER, POD_KEY, RunningPod, SimPodConfig, create_app
+from vllm_sim.server import POD_HEADER, POD_KEY, RunningPod, SimPodConfig, create_app
 
 from .conftest import FAST_ENGINE, StartPod
 from .test_server import wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.prefix.hashing import BlockHash
-from epp.sim.kv_cache import PrefixBlockPool
+from vllm_sim.kv_cache import PrefixBlockPool
 
 
 def blocks(*ids: int) -> list[BlockHash]:

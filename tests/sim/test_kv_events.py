@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
-from epp.sim.engine import EngineConfig, SimEngine
-from epp.sim.kv_events import (
+from vllm_sim.engine import EngineConfig, SimEngine
+from vllm_sim.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,

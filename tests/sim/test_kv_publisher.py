@@ -13,7 +13,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.sim.kv_events import (
+from vllm_sim.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
@@ -23,8 +23,8 @@ from epp.sim.kv_events import (
     decode_seq,
     encode_seq,
 )
-from epp.sim.kv_publisher import KvEventPublisher, KvEventsConfig
-from epp.sim.server import RunningPod
+from vllm_sim.kv_publisher import KvEventPublisher, KvEventsConfig
+from vllm_sim.server import RunningPod
 
 from .conftest import StartPod
 

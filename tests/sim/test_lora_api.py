@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.sim.server import RunningPod
+from vllm_sim.server import RunningPod
 
 from .conftest import StartPod
 

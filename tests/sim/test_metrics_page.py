@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.sim.engine import EngineConfig, FinishReason, SimEngine
-from epp.sim.latency import Histogram, LatencyStats, RequestTimeline
-from epp.sim.metrics_page import (
+from vllm_sim.engine import EngineConfig, FinishReason, SimEngine
+from vllm_sim.latency import Histogram, LatencyStats, RequestTimeline
+from vllm_sim.metrics_page import (
     MAX_LORA_INFO_SERIES,
     LoraInfoSeries,
     format_value,

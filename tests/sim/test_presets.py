@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from epp.sim import presets
-from epp.sim.cli import build_parser, config_from_args
-from epp.sim.engine import EngineConfig
+from vllm_sim import presets
+from vllm_sim.cli import build_parser, config_from_args
+from vllm_sim.engine import EngineConfig
 
 REAL = ("llama-8b-a100", "llama-70b-a100", "llama-8b-h100", "llama-70b-h100")
 FULL_HIT_CACHED = 4096 - 16  # the last block is always recomputed

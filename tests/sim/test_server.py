@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epp.sim.engine import EngineConfig, FinishReason
-from epp.sim.openai_response import filler_text
-from epp.sim.server import POD_HEADER, POD_KEY, RunningPod, SimPodConfig, create_app
 from epp.tokenize import ByteEstimateTokenizer, ChatMessage
+from vllm_sim.engine import EngineConfig, FinishReason
+from vllm_sim.openai_response import filler_text
+from vllm_sim.server import POD_HEADER, POD_KEY, RunningPod, SimPodConfig, create_app
 
 from .conftest import FAST_ENGINE, StartPod
 

@@ -1,0 +1,38 @@
+"""`epp bench <kind> ...`: one subcommand per benchmark, each in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "virtual": ("epp_bench.virtual.cli", "replay a workload over simulated pods in virtual time"),
+    "live": ("epp_bench.live.cli", "real Envoy + EPP + simulated pods, peers and baselines"),
+    "overhead": ("epp_bench.picker.overhead", "EPP hot-path cost in process and through Envoy"),
+    "pause": (
+        "epp_bench.picker.pause",
+        "event-loop pauses from large bodies (in process and live)",
+    ),
+    "pressure": (
+        "epp_bench.picker.pressure",
+        "bursts and the thundering herd through the real stack",
+    ),
+    "report": ("epp_bench.reports.cli", "rebuild docs/benchmarks/ from saved JSON results"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: epp bench <kind> [options]", "", "kinds:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    entry = BENCHMARKS.get(argv[0])
+    if entry is None:
+        print(f"epp bench: unknown kind {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(entry[0]).main(argv[1:]) or 0)

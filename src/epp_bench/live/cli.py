@@ -1,0 +1,395 @@
+"""`epp bench live`: routers side by side on real processes, fresh pods for each.
+
+    epp bench live [--routers epp,envoy_round_robin,...] [--workload shared-prefix-small]
+                   [--rates 4,8,10] [--pods 4] [--sim-args "..."]
+                   [--client ours|inference-perf|both] [--duration-s N] [--repeats N]
+                   [--out docs/benchmarks/live]
+    epp bench live --replot .bench/results/<file>.json --out DIR
+
+Prints the tables, writes `<out>/<stem>.json` (per router and rate, the repeats pooled:
+summaries, TTFT quantiles, CPU, occupancy, placement), `<out>/<stem>-meta.json` (machine,
+settings, git state, the command, skipped runs) and PNG plots, and prints the command
+that reproduces them. Every request of every repeat goes to `.bench/results/`, outside
+the repository, from which `--replot` redoes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from epp_bench.live.bench_env import BenchEnv, default_bench_dir, ensure, format_reports
+from epp_bench.live.code import code_for_children
+from epp_bench.live.inference_perf import InferencePerfError
+from epp_bench.live.routers import ROUTERS, RouterSpec, unavailable_reason
+from epp_bench.live.runner import (
+    DEFAULT_SIM_ARGS,
+    ClientKind,
+    LiveSettings,
+    git_state,
+    live_workload,
+    run_once,
+    sim_config,
+    wait_for_quiet,
+)
+from epp_bench.reports import tables as report
+from epp_bench.reports.live import (
+    cpu_table,
+    diagnosis_table,
+    pool_repeats,
+    repeats_table,
+    target_checks,
+    targets_table,
+)
+from epp_bench.workloads.catalog import WORKLOADS
+from epp_bench.workloads.types import RunResult
+from epp_harness.stack import StackError
+
+DEFAULT_ROUTERS = tuple(name for name, spec in ROUTERS.items() if spec.in_default_set)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = LiveSettings()
+    parser = argparse.ArgumentParser(
+        prog="epp bench live",
+        description=(
+            "Run each router in front of fresh simulated pods on 127.0.0.1 and drive the "
+            "same workload through it: our EPP behind Envoy, Envoy's own round robin and "
+            "least request, sglang-router and vllm-router (cache_aware). Peers and "
+            "inference-perf come from .bench/ (python -m epp_bench.live.bench_env)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--routers", default=",".join(DEFAULT_ROUTERS), help=f"subset of {list(ROUTERS)}"
+    )
+    parser.add_argument("--workload", default=defaults.workload, choices=WORKLOADS)
+    parser.add_argument(
+        "--rates",
+        default=",".join(f"{r:g}" for r in defaults.rates),
+        help="offered rates (req/s; conversations/s for multi-turn)",
+    )
+    parser.add_argument("--pods", type=int, default=defaults.pods)
+    parser.add_argument(
+        "--epp-config",
+        type=Path,
+        default=None,
+        help="`epp serve --config` file for the EPP routers (e.g. other scorer weights)",
+    )
+    parser.add_argument(
+        "--sim-args",
+        default=" ".join(DEFAULT_SIM_ARGS),
+        help="arguments for every `epp sim` pod",
+    )
+    parser.add_argument(
+        "--client", choices=["ours", "inference-perf", "both"], default="ours", help="load client"
+    )
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=defaults.duration_s,
+        help="requests arriving later are dropped (bounds every run)",
+    )
+    parser.add_argument(
+        "--drain-s",
+        type=float,
+        default=defaults.drain_s,
+        help="after the last arrival, hard deadline for requests in flight",
+    )
+    parser.add_argument("--max-in-flight", type=int, default=defaults.max_in_flight)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each (rate, router)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/live"))
+    parser.add_argument(
+        "--logs", type=Path, default=None, help="keep process logs here (default: .bench/logs)"
+    )
+    parser.add_argument(
+        "--code",
+        default="head",
+        help="code the pods and the EPP run: 'head' (HEAD's commit, frozen for the whole "
+        "campaign), a commit, or 'worktree' (the work tree as it is at each start)",
+    )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        help="redo tables, plots and --out files from a raw results file of .bench/results/",
+    )
+    parser.add_argument(
+        "--setup", action="store_true", help="install missing tools under .bench/ first"
+    )
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.5,
+        help="before each run, wait until the machine uses fewer cores than this",
+    )
+    parser.add_argument(
+        "--quiet-wait-s", type=float, default=60.0, help="longest wait for a quiet machine"
+    )
+    return parser
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    rates = tuple(float(part) for part in text.split(",") if part.strip())
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"rates must be positive numbers, got {text!r}")
+    return rates
+
+
+def _clients(choice: str) -> list[ClientKind]:
+    return ["ours", "inference-perf"] if choice == "both" else [choice]  # type: ignore[list-item]
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, unit="req", dynamic_ncols=True, leave=True)
+
+
+def _reproduce_command(args: argparse.Namespace, settings: LiveSettings, commit: str) -> str:
+    """Every setting spelled out, so that later changes of the defaults do not matter."""
+    parts = [
+        "epp", "bench", "live",
+        "--routers", args.routers,
+        "--workload", settings.workload,
+        "--rates", ",".join(f"{r:g}" for r in settings.rates),
+        "--pods", str(settings.pods),
+        "--sim-args", " ".join(settings.sim_args),
+        "--client", args.client,
+        "--duration-s", f"{settings.duration_s:g}",
+        "--drain-s", f"{settings.drain_s:g}",
+        "--max-in-flight", str(settings.max_in_flight),
+        "--repeats", str(args.repeats),
+        "--code", commit if args.code == "head" else args.code,
+        "--seed", str(settings.seed),
+        *(["--epp-config", str(args.epp_config)] if args.epp_config else []),
+        "--out", str(args.out),
+    ]  # fmt: skip
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _write_outputs(pooled: list[RunResult], out: Path, stem: str) -> list[Path]:
+    """Summaries JSON (small: committed) and the plots, from the pooled results."""
+    written = [report.save_results(pooled, out / f"{stem}.json", outcomes=False)]
+    for label in sorted({r.workload for r in pooled}):
+        runs = [r for r in pooled if r.workload == label]
+        stem = label.replace(" (inference-perf)", "-inference-perf").replace(" ", "-")
+        if len({r.rate for r in runs}) > 1:
+            written.append(report.plot_vs_rate(runs, out / f"{stem}-vs-rate.png"))
+        for rate in sorted({r.rate for r in runs if r.rate is not None}):
+            at_rate = [r for r in runs if r.rate == rate]
+            written.append(report.plot_ttft_cdf(at_rate, out / f"{stem}-ttft-cdf-{rate:g}.png"))
+    return written
+
+
+def _print_tables(pooled: list[RunResult]) -> None:
+    for label in sorted({r.workload for r in pooled}):
+        runs = [r for r in pooled if r.workload == label]
+        print(f"\n## {label}\n")
+        for rate in sorted({r.rate for r in runs if r.rate is not None}):
+            print(f"### {rate:g} req/s\n")
+            print(report.markdown_table([r for r in runs if r.rate == rate]))
+        if len({r.rate for r in runs}) > 1:
+            print("### ladder\n")
+            print(report.ladder_table(runs))
+        print("### CPU (cores) and simulated-GPU occupancy\n")
+        print(cpu_table(runs))
+        print("### where the TTFT comes from\n")
+        print(diagnosis_table(runs))
+        if any(r.extra.get("repeats") for r in runs):
+            print("### spread over the repeats\n")
+            print(repeats_table(runs))
+    checks = target_checks(pooled)
+    if checks:
+        print("\n## Targets: EPP vs sglang-router cache_aware (same pods)\n")
+        print(targets_table(checks))
+
+
+@dataclass(slots=True)
+class _Campaign:
+    """Everything a sequence of runs produced, for the report and the meta file."""
+
+    results: list[RunResult] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    quiet_waits: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def _run_campaign(
+    args: argparse.Namespace,
+    settings: LiveSettings,
+    env: BenchEnv,
+    routers: list[RouterSpec],
+    clients: list[ClientKind],
+    campaign: _Campaign,
+) -> None:
+    """Every (repeat, rate, client, router) run in turn; fills `campaign` as runs finish."""
+    workloads = {
+        rate: live_workload(settings.workload, rate, settings.seed, settings.duration_s)
+        for rate in settings.rates
+    }
+    per_round = sum(len(w.requests) for w in workloads.values()) * len(routers)
+    total = per_round * args.repeats * clients.count("ours")
+    bar = _progress_bar(total) if total else None
+    logs_root = args.logs or env.root / "logs"
+    try:
+        for repeat in range(args.repeats):
+            for rate, workload in workloads.items():
+                for client in clients:
+                    for spec in routers:
+                        label = f"{spec.name} @ {rate:g}" + (
+                            "" if client == "ours" else " (inference-perf)"
+                        )
+                        if bar is not None:
+                            bar.set_description(label)
+                        busy = wait_for_quiet(args.quiet_below, args.quiet_wait_s)
+                        campaign.quiet_waits.append(
+                            {"run": label, "repeat": repeat, "busy_cores_before": round(busy, 3)}
+                        )
+                        try:
+                            result = run_once(
+                                spec,
+                                env,
+                                workload,
+                                rate,
+                                settings,
+                                client,
+                                work_dir=logs_root / f"{spec.name}-{rate:g}-{client}-{repeat}",
+                                progress=(lambda _o: bar.update(1)) if bar is not None else None,
+                            )
+                        except (StackError, InferencePerfError, ValueError) as exc:
+                            campaign.skipped.append({"run": label, "reason": str(exc)[:2000]})
+                            print(f"\n{label} failed: {exc}", file=sys.stderr)
+                            continue
+                        result.extra["repeat"] = repeat
+                        result.extra["busy_cores_before"] = round(busy, 3)
+                        campaign.results.append(result)
+    except KeyboardInterrupt:
+        campaign.interrupted = True
+        print("\ninterrupted: every process was stopped; reporting what finished", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _output_stem(workload: str, client: str) -> str:
+    """File names say the workload, and the client unless it is ours alone."""
+    return workload if client == "ours" else f"{workload}-{client}"
+
+
+def _report(results: list[RunResult], out: Path, stem: str, meta: dict[str, Any]) -> None:
+    pooled = pool_repeats(results)
+    _print_tables(pooled)
+    written = _write_outputs(pooled, out, stem)
+    meta_path = out / f"{stem}-meta.json"
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    written.append(meta_path)
+    print("\nwrote:")
+    for path in written:
+        print(f"  {path}")
+    print(f"\nreproduce with:\n  {meta['command']}")
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replot is not None:
+        # Tables, plots and summaries again from a raw results file, without running.
+        raw = json.loads(Path(str(args.replot).replace(".json", "-meta.json")).read_text())
+        results = report.load_results(args.replot)
+        settings = raw["settings"]
+        stem = _output_stem(settings["workload"], raw.get("client_choice", "ours"))
+        _report(results, args.out, stem, raw)
+        return 0
+    try:
+        rates = _rates(args.rates)
+    except ValueError as exc:
+        parser.error(str(exc))
+    names = [name.strip() for name in args.routers.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ROUTERS]
+    if unknown:
+        parser.error(f"unknown routers {unknown}; choose from {list(ROUTERS)}")
+    try:
+        sim_args = tuple(shlex.split(args.sim_args))
+        sim_config(sim_args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    settings = LiveSettings(
+        workload=args.workload,
+        rates=rates,
+        pods=args.pods,
+        sim_args=sim_args,
+        duration_s=args.duration_s,
+        drain_s=args.drain_s,
+        max_in_flight=args.max_in_flight,
+        seed=args.seed,
+        epp_args=("--config", str(args.epp_config.resolve())) if args.epp_config else (),
+    )
+    env = BenchEnv(default_bench_dir())
+    if args.setup:
+        print(format_reports(ensure(env)), file=sys.stderr)
+    campaign = _Campaign()
+    routers = []
+    for name in names:
+        reason = unavailable_reason(ROUTERS[name], env)
+        if reason:
+            campaign.skipped.append({"router": name, "reason": reason})
+            print(f"skipping {name}: {reason}", file=sys.stderr)
+        else:
+            routers.append(ROUTERS[name])
+    clients = _clients(args.client)
+    if "inference-perf" in clients and not (
+        env.installed("inference-perf") and env.tokenizer_ready()
+    ):
+        reason = f"inference-perf or its tokenizer not installed under {env.root}"
+        campaign.skipped.append({"client": "inference-perf", "reason": reason})
+        print(f"skipping the inference-perf client: {reason}", file=sys.stderr)
+        clients = [c for c in clients if c != "inference-perf"]
+
+    repo = Path(__file__).resolve().parents[3]
+    started = time.monotonic()
+    with code_for_children(args.code, repo, env.root / "code") as code:
+        print(f"pods and EPP run {code.choice} code ({code.commit[:12]}, {code.path})",
+              file=sys.stderr)  # fmt: skip
+        _run_campaign(args, settings, env, routers, clients, campaign)
+    wall_s = time.monotonic() - started
+    if not campaign.results:
+        print("no run finished", file=sys.stderr)
+        return 130 if campaign.interrupted else 1
+    meta = {
+        "command": _reproduce_command(args, settings, code.commit),
+        "wall_s": round(wall_s, 1),
+        "settings": asdict(settings),
+        "routers": {spec.name: spec.description for spec in routers},
+        "clients": clients,
+        "client_choice": args.client,
+        "skipped": campaign.skipped,
+        "quiet_waits": campaign.quiet_waits,
+        "machine": {
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "git": git_state(repo),
+        "code": asdict(code),
+    }
+    # Every outcome of every repeat, outside the repository: enough to redo the report.
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    raw_path = env.root / "results" / f"{_output_stem(settings.workload, args.client)}-{stamp}.json"
+    report.save_results(campaign.results, raw_path, outcomes=True)
+    raw_path.with_name(raw_path.name.replace(".json", "-meta.json")).write_text(
+        json.dumps(meta, indent=1) + "\n"
+    )
+    _report(campaign.results, args.out, _output_stem(settings.workload, args.client), meta)
+    print(f"raw results (every request of every repeat): {raw_path}")
+    print(f"wall time {wall_s:.0f} s")
+    return 130 if campaign.interrupted else 0
