@@ -1,25 +1,28 @@
 # Two commands on a fresh machine: `make demo` runs the main job, `make test` the suite.
-# Both create the virtualenv (.venv) and install the project with its dev tools first.
+# Each target creates the virtualenv (.venv) and installs the project with the extra it
+# uses: [demo] (simulator + Envoy), [bench] (+ plotting), [dev] (+ test and lint tools).
+# The router alone is `pip install .` (no extra): `epp serve`.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo run test lint format clean deploy-configs bench bench-virtual bench-overhead bench-live
+.PHONY: setup demo run test typecheck lint format clean deploy-configs bench bench-virtual bench-overhead bench-live
 
-$(STAMP): pyproject.toml
+$(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $(STAMP)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$*]'
+	@touch $@
+
+STAMP := $(VENV)/.installed-dev
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(VENV)/.installed-demo
 	$(BIN)/epp demo $(ARGS)
 
-run: $(STAMP)
+run: $(VENV)/.installed-demo
 	$(BIN)/epp run $(ARGS)
 
 test: $(STAMP)
@@ -31,14 +34,14 @@ test: $(STAMP)
 # below (it installs inference-perf, sglang-router and vllm-router under .bench/ first).
 bench: bench-virtual bench-overhead
 
-bench-virtual: $(STAMP)
+bench-virtual: $(VENV)/.installed-bench
 	tools/bench/virtual.sh
 
-bench-overhead: $(STAMP)
+bench-overhead: $(VENV)/.installed-bench
 	$(BIN)/epp bench overhead --out docs/benchmarks/overhead
 
 # About 30 minutes on 2 cores; see docs/benchmarks/live.md.
-bench-live: $(STAMP)
+bench-live: $(VENV)/.installed-bench
 	$(BIN)/python -m epp_bench.live.bench_env
 	$(BIN)/epp bench live --repeats 2 --out docs/benchmarks/live
 	$(BIN)/epp bench live --client inference-perf --rates 8 \
