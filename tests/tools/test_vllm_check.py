@@ -34,7 +34,9 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-compare = _load("compare")
+sys.path.insert(0, str(TOOLS))
+import sim_vs_vllm as compare  # noqa: E402  (tools/vllm_check is not installed)
+
 capture = _load("capture")
 
 
