@@ -42,7 +42,7 @@ bench-overhead: $(VENV)/.installed-bench
 
 # About 30 minutes on 2 cores; see docs/benchmarks/live.md.
 bench-live: $(VENV)/.installed-bench
-	$(BIN)/python -m epp_bench.live.bench_env
+	$(BIN)/python tools/bench/install_peers.py
 	$(BIN)/epp bench live --repeats 2 --out docs/benchmarks/live
 	$(BIN)/epp bench live --client inference-perf --rates 8 \
 	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live

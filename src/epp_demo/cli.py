@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from epp_demo.client import run_workload, scrape_prefix_counters
+from epp_demo.client import run_workload, scrape_pod_metrics
 from epp_demo.report import RunSummary, format_table, summarize
 from epp_demo.workload import Workload, WorkloadSpec, generate
 from epp_harness.stack import LocalStack, StackError, StackMode, sigterm_as_keyboard_interrupt
@@ -110,19 +110,19 @@ async def _drive(stack: LocalStack, workload: Workload, label: str, concurrency:
         if done % step == 0 or done == total:
             _progress(f"  [{label}] {done}/{total} requests done")
 
-    before = await scrape_prefix_counters(metrics_urls)
+    before = await scrape_pod_metrics(metrics_urls)
     started = time.monotonic()
     records = await run_workload(
         stack.envoy_url, workload, concurrency=concurrency, progress=on_progress
     )
     duration = time.monotonic() - started
-    after = await scrape_prefix_counters(metrics_urls)
+    after = await scrape_pod_metrics(metrics_urls)
     return summarize(
         label,
         records,
         duration_s=duration,
-        counters_before=before,
-        counters_after=after,
+        metrics_before=before,
+        metrics_after=after,
         pods=list(metrics_urls),
     )
 

@@ -12,17 +12,16 @@ conversation it belonged to stops (its next turn would need the missing reply).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from epp_demo.report import PrefixCacheCounters, parse_prefix_cache_counters
+from epp.datalayer.metrics_parser import MetricsFormatError, PodMetrics, parse_vllm_metrics
 from epp_demo.workload import Conversation, Workload, chat_request_body, turn_messages
+from epp_harness.sse import POD_HEADER, read_stream
 
-POD_HEADER = "x-sim-pod"
 _ERROR_BODY_LIMIT = 300
 
 ProgressCallback = Callable[[int, int], None]
@@ -53,49 +52,6 @@ class RequestRecord:
         return asdict(self)
 
 
-@dataclass(slots=True)
-class _StreamResult:
-    reply: str = ""
-    ttft_s: float | None = None
-    usage: dict | None = None
-    done: bool = False
-    error: str | None = None
-
-
-async def _read_stream(response: aiohttp.ClientResponse, start: float) -> _StreamResult:
-    result = _StreamResult()
-    parts: list[str] = []
-    async for raw_line in response.content:
-        line = raw_line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            result.done = True
-            break
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            result.error = "unparseable SSE chunk"
-            break
-        if not isinstance(chunk, dict):
-            continue
-        if "error" in chunk:
-            result.error = f"error event: {str(chunk['error'])[:_ERROR_BODY_LIMIT]}"
-            break
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or choice.get("text") or ""
-            if text:
-                if result.ttft_s is None:
-                    result.ttft_s = time.monotonic() - start
-                parts.append(text)
-        if isinstance(chunk.get("usage"), dict):
-            result.usage = chunk["usage"]
-    result.reply = "".join(parts)
-    return result
-
-
 def _apply_usage(record: RequestRecord, usage: dict | None) -> None:
     if not usage:
         return
@@ -124,7 +80,7 @@ async def _send_turn(
                 text = await response.text(errors="replace")
                 record.error = f"HTTP {response.status}: {text[:_ERROR_BODY_LIMIT]}"
                 return None
-            stream = await _read_stream(response, start)
+            stream = await read_stream(response.content, start)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_LIMIT]
         return None
@@ -209,22 +165,23 @@ async def run_workload(
     return records
 
 
-async def scrape_prefix_counters(
+async def scrape_pod_metrics(
     metrics_urls: dict[str, str], *, timeout_s: float = 5.0
-) -> dict[str, PrefixCacheCounters]:
-    """Each pod's prefix-cache counters, by pod name; a pod that does not answer is left out."""
+) -> dict[str, PodMetrics]:
+    """Each pod's metrics page, read by the router's parser, by pod name; a pod that does not
+    answer, or answers with something that is not a vLLM page, is left out."""
 
-    async def one(session: aiohttp.ClientSession, url: str) -> PrefixCacheCounters | None:
+    async def one(session: aiohttp.ClientSession, url: str) -> PodMetrics | None:
         try:
             async with session.get(url) as response:
                 if response.status != 200:
                     return None
-                return parse_prefix_cache_counters(await response.text(errors="replace"))
-        except (TimeoutError, aiohttp.ClientError, OSError):
+                return parse_vllm_metrics(await response.text(errors="replace"))
+        except (TimeoutError, aiohttp.ClientError, OSError, MetricsFormatError):
             return None
 
     names: Sequence[str] = list(metrics_urls)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         results = await asyncio.gather(*(one(session, metrics_urls[n]) for n in names))
-    return {name: counters for name, counters in zip(names, results, strict=True) if counters}
+    return {name: page for name, page in zip(names, results, strict=True) if page is not None}

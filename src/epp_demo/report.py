@@ -1,26 +1,25 @@
 """Summaries of workload runs, and a side-by-side table of several of them.
 
 Two views of the prefix cache are reported, because they answer different questions:
-- the pods' own hit rate: the increase of `vllm:prefix_cache_hits_total` over the increase
-  of `vllm:prefix_cache_queries_total` (both in tokens), summed over every pod, scraped
-  before and after the run;
+- the pods' own hit rate (`epp_harness.stats.prefix_hit_rate`): the increase of
+  `vllm:prefix_cache_hits_total` over the increase of `vllm:prefix_cache_queries_total`
+  (both in tokens), summed over every pod, scraped before and after the run;
 - the client's cached-token ratio: the sum of `usage.prompt_tokens_details.cached_tokens`
   over the sum of `usage.prompt_tokens` of the successful requests.
 
-Percentiles use linear interpolation between closest ranks (numpy's default "linear"
-method): the p-th percentile of n sorted values sits at position (n - 1) * p / 100.
+Percentiles are `epp_harness.stats.percentile` (linear interpolation between closest ranks).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-HITS_METRIC = "vllm:prefix_cache_hits_total"
-QUERIES_METRIC = "vllm:prefix_cache_queries_total"
+from epp.datalayer.metrics_parser import PodMetrics
+from epp_harness.stats import percentile, prefix_hit_rate
+
 _ERROR_SAMPLES = 5
 
 
@@ -37,96 +36,6 @@ class RequestOutcome(Protocol):
     cached_tokens: int | None
     output_tokens: int | None
     error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixCacheCounters:
-    """A pod's prefix-cache counters (tokens), summed over all label sets."""
-
-    queries: float = 0.0
-    hits: float = 0.0
-
-
-def _sample_value(rest: str) -> float | None:
-    """The value of a sample line after its metric name: `{labels} value [timestamp]`."""
-    if rest.startswith("{"):
-        # Label values may contain spaces or braces inside quotes; skip them as a unit.
-        in_quotes = escaped = False
-        for index, char in enumerate(rest):
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_quotes = not in_quotes
-            elif char == "}" and not in_quotes:
-                rest = rest[index + 1 :]
-                break
-        else:
-            return None
-    fields = rest.split()
-    if not fields:
-        return None
-    try:
-        value = float(fields[0])
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
-    """Sum the two prefix-cache counters of a Prometheus text page; ignore everything else.
-
-    Tolerant by design: unknown lines, malformed samples and non-finite values are skipped,
-    so a page with garbage still yields whatever valid samples it has.
-    """
-    totals = {HITS_METRIC: 0.0, QUERIES_METRIC: 0.0}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("vllm:prefix_cache_"):
-            continue
-        for name in totals:
-            rest = line[len(name) :]
-            # The name must end here: `..._total_foo` is another metric.
-            if line.startswith(name) and rest[:1] in ("{", " ", "\t"):
-                value = _sample_value(rest)
-                if value is not None:
-                    totals[name] += value
-                break
-    return PrefixCacheCounters(queries=totals[QUERIES_METRIC], hits=totals[HITS_METRIC])
-
-
-def _counter_increase(before: float, after: float) -> float:
-    # A counter that went down was reset (the pod restarted): all of `after` is new.
-    return after - before if after >= before else after
-
-
-def pod_hit_rate(
-    before: Mapping[str, PrefixCacheCounters], after: Mapping[str, PrefixCacheCounters]
-) -> float | None:
-    """Hits over queries of the run, summed over the pods scraped both times; None if no query."""
-    hits = queries = 0.0
-    for pod, end in after.items():
-        start = before.get(pod)
-        if start is None:
-            continue
-        hits += _counter_increase(start.hits, end.hits)
-        queries += _counter_increase(start.queries, end.queries)
-    return hits / queries if queries > 0 else None
-
-
-def percentile(values: Iterable[float], p: float) -> float | None:
-    """The p-th percentile (0..100) by linear interpolation; None for no values."""
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within [0, 100], got {p}")
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * p / 100
-    lower = math.floor(position)
-    upper = min(lower + 1, len(ordered) - 1)
-    fraction = position - lower
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +65,12 @@ def summarize(
     records: Sequence[RequestOutcome],
     *,
     duration_s: float,
-    counters_before: Mapping[str, PrefixCacheCounters],
-    counters_after: Mapping[str, PrefixCacheCounters],
+    metrics_before: Mapping[str, PodMetrics],
+    metrics_after: Mapping[str, PodMetrics],
     pods: Sequence[str] = (),
 ) -> RunSummary:
-    """One run's summary. `pods` lists every pod so that idle ones show up with 0."""
+    """One run's summary. `metrics_before` / `metrics_after` are the pods' pages by name,
+    scraped around the run; `pods` lists every pod so that idle ones show up with 0."""
     succeeded = [r for r in records if r.ok]
     per_pod: Counter[str] = Counter({pod: 0 for pod in pods})
     per_pod.update(r.pod or "(unknown)" for r in succeeded)
@@ -176,7 +86,7 @@ def summarize(
         failed=len(records) - len(succeeded),
         duration_s=duration_s,
         requests_per_pod=dict(sorted(per_pod.items())),
-        pod_hit_rate=pod_hit_rate(counters_before, counters_after),
+        pod_hit_rate=prefix_hit_rate(metrics_before, metrics_after),
         client_cached_ratio=cached_tokens / prompt_tokens if prompt_tokens else None,
         ttft_p50_s=percentile(ttfts, 50),
         ttft_p90_s=percentile(ttfts, 90),

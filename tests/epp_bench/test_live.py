@@ -17,17 +17,9 @@ import pytest
 
 from epp.tokenize import ChatMessage
 from epp_bench.live import cpu as live_cpu
-from epp_bench.live.bench_env import (
-    TOOLS,
-    BenchEnv,
-    ToolSpec,
-    default_bench_dir,
-    find_python,
-    format_reports,
-    install_tool,
-)
+from epp_bench.live.bench_dir import BenchDir, default_bench_dir
 from epp_bench.live.client import DEADLINE_ERROR, ClientLimits, run_open_loop
-from epp_bench.live.code import code_for_children
+from epp_bench.live.frozen_code import children_import, choose_code
 from epp_bench.live.inference_perf import (
     InferencePerfLoad,
     config_for,
@@ -53,7 +45,7 @@ from epp_bench.workloads.catalog import multi_turn
 from epp_bench.workloads.types import BenchRequest, RequestOutcome, RunResult, Workload
 from epp_harness.stack import LocalStack
 
-BENCH_ENV = BenchEnv(default_bench_dir())
+BENCH = BenchDir(default_bench_dir())
 FAST_SIM = (
     "--prefill-overhead-ms", "1",
     "--prefill-per-token-ms", "0.01",
@@ -123,13 +115,13 @@ def test_sim_config_reads_the_pod_arguments_and_refuses_bad_ones() -> None:
 
 
 def test_peer_command_lines_bind_loopback_and_block_the_hub(tmp_path: Path) -> None:
-    env = BenchEnv(tmp_path)
+    bench = BenchDir(tmp_path)
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    sglang = peer_argv(PeerSpec("sglang", "cache_aware", "sglang-router"), env, 10, 11, urls)
+    sglang = peer_argv(PeerSpec("sglang", "cache_aware", "sglang-router"), bench, 10, 11, urls)
     assert sglang[:2] == ["env", "HF_ENDPOINT=http://127.0.0.1:9"]
     assert sglang[2].endswith("venvs/sglang-router/bin/python")
     assert sglang[3:5] == ["-m", "sglang_router.launch_router"]
-    vllm = peer_argv(PeerSpec("vllm_router", "cache_aware", "vllm-router"), env, 10, 11, urls)
+    vllm = peer_argv(PeerSpec("vllm_router", "cache_aware", "vllm-router"), bench, 10, 11, urls)
     assert vllm[2].endswith("venvs/vllm-router/bin/vllm-router")
     for argv in (sglang, vllm):
         assert argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -140,37 +132,11 @@ def test_peer_command_lines_bind_loopback_and_block_the_hub(tmp_path: Path) -> N
 
 
 def test_a_peer_without_its_venv_is_reported_unavailable(tmp_path: Path) -> None:
-    env = BenchEnv(tmp_path)
+    bench = BenchDir(tmp_path)
     assert "sglang-router not installed" in (
-        unavailable_reason(ROUTERS["sglang_cache_aware"], env) or ""
+        unavailable_reason(ROUTERS["sglang_cache_aware"], bench) or ""
     )
-    assert unavailable_reason(ROUTERS["epp"], env) is None
-
-
-def test_bench_env_reports_a_tool_it_cannot_install_and_carries_on(tmp_path: Path) -> None:
-    env = BenchEnv(tmp_path)
-    report = install_tool(env, ToolSpec("ghost", (2, 99), ("nothing",), ("true",)))
-    assert not report.ok
-    assert "no Python 2.99 interpreter" in (report.error or "")
-    assert "FAILED" in format_reports([report])
-
-
-def test_bench_env_skips_a_tool_whose_stamp_matches(tmp_path: Path) -> None:
-    env = BenchEnv(tmp_path)
-    spec = TOOLS["vllm-router"]
-    venv = env.venv(spec.name)
-    venv.mkdir(parents=True)
-    (venv / ".epp-bench-stamp").write_text(json.dumps(list(spec.requirements)))
-    report = install_tool(env, spec)
-    assert report.ok and report.cached and report.seconds == 0.0
-    assert env.installed(spec.name)
-
-
-def test_find_python_finds_the_running_interpreter_version() -> None:
-    import sys
-
-    found = find_python(sys.version_info[:2])
-    assert found is not None
+    assert unavailable_reason(ROUTERS["epp"], bench) is None
 
 
 def test_children_import_the_frozen_commit_and_the_environment_is_restored(
@@ -181,8 +147,9 @@ def test_children_import_the_frozen_commit_and_the_environment_is_restored(
 
     repo = Path(__file__).resolve().parents[2]
     before = os.environ.get("PYTHONPATH")
-    with code_for_children("head", repo, tmp_path) as code:
-        assert code.choice == "head" and len(code.commit) == 40
+    code = choose_code("head", repo, tmp_path)
+    assert code.choice == "head" and len(code.commit) == 40
+    with children_import(code):
         imported = subprocess.run(
             [sys.executable, "-c", "import vllm_sim.cli as m; print(m.__file__)"],
             capture_output=True,
@@ -191,8 +158,17 @@ def test_children_import_the_frozen_commit_and_the_environment_is_restored(
         ).stdout.strip()
     assert imported == str(tmp_path / code.commit / "vllm_sim" / "cli.py")
     assert os.environ.get("PYTHONPATH") == before
-    with code_for_children("worktree", repo, tmp_path) as code:
-        assert code.path == str(repo / "src")
+    worktree = choose_code("worktree", repo, tmp_path)
+    assert worktree.path == str(repo / "src") and len(worktree.commit) == 40
+    with children_import(worktree):
+        assert os.environ.get("PYTHONPATH") == before
+
+
+def test_an_unknown_revision_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    with pytest.raises(RuntimeError, match="no-such-revision"):
+        choose_code("no-such-revision", repo, tmp_path)
+    assert not any(tmp_path.iterdir())
 
 
 # -- what the processes report -------------------------------------------------------------
@@ -452,7 +428,7 @@ def test_one_live_run_through_envoy_and_the_epp(tmp_path: Path) -> None:
     )  # fmt: skip
     seen: list[RequestOutcome] = []
     result = run_once(
-        ROUTERS["epp"], BENCH_ENV, workload, 8.0, settings, work_dir=tmp_path, progress=seen.append
+        ROUTERS["epp"], BENCH, workload, 8.0, settings, work_dir=tmp_path, progress=seen.append
     )
     assert result.mode == "live" and result.router == "epp" and result.pods == 2
     assert len(result.outcomes) == len(seen) == 8
@@ -462,7 +438,10 @@ def test_one_live_run_through_envoy_and_the_epp(tmp_path: Path) -> None:
     extra = result.extra
     assert extra["epp"]["decisions"] == 8
     assert extra["cpu_cores"]["epp"] > 0 and extra["cpu_cores"]["pods"] > 0
-    assert extra["front_ttft_mean_s"] is not None
+    # The client's TTFT is the pods' own plus the path in front of them (Envoy, EPP, client).
+    client_ttft = [o.ttft_s for o in result.outcomes if o.ttft_s is not None]
+    assert len(client_ttft) == 8 and extra["pod_ttft_mean_s"] > 0
+    assert 0 < extra["front_ttft_mean_s"] < sum(client_ttft) / len(client_ttft)
     assert extra["pod_names"] == ["pod-0", "pod-1"]
     # Every process of the run ran in `tmp_path` (logs there) and none is left.
     assert {p.name for p in tmp_path.glob("*.log")} >= {"epp.log", "envoy.log", "pod-0.log"}
@@ -470,14 +449,14 @@ def test_one_live_run_through_envoy_and_the_epp(tmp_path: Path) -> None:
 
 
 needs_sglang = pytest.mark.skipif(
-    not BENCH_ENV.installed("sglang-router"),
-    reason=f"sglang-router not installed in {BENCH_ENV.venv('sglang-router')} "
-    "(python -m epp_bench.live.bench_env)",
+    not BENCH.installed("sglang-router"),
+    reason=f"sglang-router not installed in {BENCH.venv('sglang-router')} "
+    "(.venv/bin/python tools/bench/install_peers.py)",
 )
 needs_inference_perf = pytest.mark.skipif(
-    not (BENCH_ENV.installed("inference-perf") and BENCH_ENV.tokenizer_ready()),
-    reason=f"inference-perf or its tokenizer not installed under {BENCH_ENV.root} "
-    "(python -m epp_bench.live.bench_env)",
+    not (BENCH.installed("inference-perf") and BENCH.tokenizer_ready()),
+    reason=f"inference-perf or its tokenizer not installed under {BENCH.root} "
+    "(.venv/bin/python tools/bench/install_peers.py)",
 )
 
 
@@ -486,12 +465,15 @@ needs_inference_perf = pytest.mark.skipif(
 def test_sglang_router_runs_in_front_of_fresh_pods(tmp_path: Path) -> None:
     settings = LiveSettings(pods=2, sim_args=FAST_SIM, idle_probe_s=0.2, drain_s=20.0)
     workload = live_workload("shared-prefix-small", rate=20.0, seed=0, duration_s=1.0)
-    result = run_once(ROUTERS["sglang_cache_aware"], BENCH_ENV, workload, 20.0, settings,
+    result = run_once(ROUTERS["sglang_cache_aware"], BENCH, workload, 20.0, settings,
                       work_dir=tmp_path)  # fmt: skip
     assert result.outcomes and all(o.ok for o in result.outcomes)
     assert {o.pod for o in result.outcomes} <= {"pod-0", "pod-1"}
     assert result.extra["router_component"] == "router"
-    assert result.extra["cpu_cores"]["router"] >= 0
+    # The peer's process is the router whose CPU is measured (no Envoy, no EPP).
+    assert "router" in result.extra["cpu_cores"]
+    assert not {"epp", "envoy"} & set(result.extra["cpu_cores"])
+    assert result.extra["cpu_cores"]["pods"] > 0
     assert _processes_in(tmp_path) == []
 
 
@@ -499,7 +481,7 @@ def test_sglang_router_runs_in_front_of_fresh_pods(tmp_path: Path) -> None:
 @needs_inference_perf
 def test_inference_perf_drives_a_real_pod(tmp_path: Path) -> None:
     with LocalStack(pods=1, mode="round_robin", sim_args=FAST_SIM) as stack:
-        run = run_inference_perf(BENCH_ENV, _small_load(), stack.envoy_url, tmp_path)
+        run = run_inference_perf(BENCH, _small_load(), stack.envoy_url, tmp_path)
     assert len(run.outcomes) >= 3
     assert all(o.ok for o in run.outcomes)
     assert any(o.cached_tokens > 0 for o in run.outcomes)

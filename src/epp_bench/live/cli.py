@@ -20,14 +20,15 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epp_bench.live.bench_env import BenchEnv, default_bench_dir, ensure, format_reports
-from epp_bench.live.code import code_for_children
+from epp_bench.live.bench_dir import BenchDir, default_bench_dir, repo_root
+from epp_bench.live.frozen_code import children_import, choose_code
 from epp_bench.live.inference_perf import InferencePerfError
 from epp_bench.live.routers import ROUTERS, RouterSpec, unavailable_reason
 from epp_bench.live.runner import (
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Run each router in front of fresh simulated pods on 127.0.0.1 and drive the "
             "same workload through it: our EPP behind Envoy, Envoy's own round robin and "
             "least request, sglang-router and vllm-router (cache_aware). Peers and "
-            "inference-perf come from .bench/ (python -m epp_bench.live.bench_env)."
+            "inference-perf come from .bench/ (.venv/bin/python tools/bench/install_peers.py)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -124,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="redo tables, plots and --out files from a raw results file of .bench/results/",
     )
     parser.add_argument(
-        "--setup", action="store_true", help="install missing tools under .bench/ first"
+        "--setup",
+        action="store_true",
+        help="install missing tools under .bench/ first (runs tools/bench/install_peers.py)",
     )
     parser.add_argument(
         "--quiet-below",
@@ -136,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet-wait-s", type=float, default=60.0, help="longest wait for a quiet machine"
     )
     return parser
+
+
+def _install_peers(repo: Path, bench: BenchDir) -> None:
+    """Run the installer of the peers and inference-perf (missing tools are not fatal)."""
+    tool = repo / "tools" / "bench" / "install_peers.py"
+    argv = [sys.executable, str(tool), "--bench-dir", str(bench.root)]
+    subprocess.run(argv, stdout=sys.stderr, check=False)
 
 
 def _rates(text: str) -> tuple[float, ...]:
@@ -227,7 +237,7 @@ class _Campaign:
 def _run_campaign(
     args: argparse.Namespace,
     settings: LiveSettings,
-    env: BenchEnv,
+    bench: BenchDir,
     routers: list[RouterSpec],
     clients: list[ClientKind],
     campaign: _Campaign,
@@ -240,7 +250,7 @@ def _run_campaign(
     per_round = sum(len(w.requests) for w in workloads.values()) * len(routers)
     total = per_round * args.repeats * clients.count("ours")
     bar = _progress_bar(total) if total else None
-    logs_root = args.logs or env.root / "logs"
+    logs_root = args.logs or bench.root / "logs"
     try:
         for repeat in range(args.repeats):
             for rate, workload in workloads.items():
@@ -258,7 +268,7 @@ def _run_campaign(
                         try:
                             result = run_once(
                                 spec,
-                                env,
+                                bench,
                                 workload,
                                 rate,
                                 settings,
@@ -334,13 +344,16 @@ def main(argv: list[str]) -> int:
         seed=args.seed,
         epp_args=("--config", str(args.epp_config.resolve())) if args.epp_config else (),
     )
-    env = BenchEnv(default_bench_dir())
+    bench = BenchDir(default_bench_dir())
+    repo = repo_root()
+    if repo is None:
+        parser.error("the live benchmark runs from a clone of the repository (editable install)")
     if args.setup:
-        print(format_reports(ensure(env)), file=sys.stderr)
+        _install_peers(repo, bench)
     campaign = _Campaign()
     routers = []
     for name in names:
-        reason = unavailable_reason(ROUTERS[name], env)
+        reason = unavailable_reason(ROUTERS[name], bench)
         if reason:
             campaign.skipped.append({"router": name, "reason": reason})
             print(f"skipping {name}: {reason}", file=sys.stderr)
@@ -348,19 +361,22 @@ def main(argv: list[str]) -> int:
             routers.append(ROUTERS[name])
     clients = _clients(args.client)
     if "inference-perf" in clients and not (
-        env.installed("inference-perf") and env.tokenizer_ready()
+        bench.installed("inference-perf") and bench.tokenizer_ready()
     ):
-        reason = f"inference-perf or its tokenizer not installed under {env.root}"
+        reason = f"inference-perf or its tokenizer not installed under {bench.root}"
         campaign.skipped.append({"client": "inference-perf", "reason": reason})
         print(f"skipping the inference-perf client: {reason}", file=sys.stderr)
         clients = [c for c in clients if c != "inference-perf"]
 
-    repo = Path(__file__).resolve().parents[3]
+    try:
+        code = choose_code(args.code, repo, bench.code_root)
+    except RuntimeError as exc:
+        parser.error(str(exc))
     started = time.monotonic()
-    with code_for_children(args.code, repo, env.root / "code") as code:
+    with children_import(code):
         print(f"pods and EPP run {code.choice} code ({code.commit[:12]}, {code.path})",
               file=sys.stderr)  # fmt: skip
-        _run_campaign(args, settings, env, routers, clients, campaign)
+        _run_campaign(args, settings, bench, routers, clients, campaign)
     wall_s = time.monotonic() - started
     if not campaign.results:
         print("no run finished", file=sys.stderr)
@@ -384,12 +400,13 @@ def main(argv: list[str]) -> int:
     }
     # Every outcome of every repeat, outside the repository: enough to redo the report.
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_path = env.root / "results" / f"{_output_stem(settings.workload, args.client)}-{stamp}.json"
+    stem = _output_stem(settings.workload, args.client)
+    raw_path = bench.root / "results" / f"{stem}-{stamp}.json"
     report.save_results(campaign.results, raw_path, outcomes=True)
     raw_path.with_name(raw_path.name.replace(".json", "-meta.json")).write_text(
         json.dumps(meta, indent=1) + "\n"
     )
-    _report(campaign.results, args.out, _output_stem(settings.workload, args.client), meta)
+    _report(campaign.results, args.out, stem, meta)
     print(f"raw results (every request of every repeat): {raw_path}")
     print(f"wall time {wall_s:.0f} s")
     return 130 if campaign.interrupted else 0

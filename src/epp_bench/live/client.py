@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from epp_bench.workloads.types import BenchRequest, RequestOutcome, Workload
-from epp_demo.client import POD_HEADER, _read_stream
+from epp_harness.sse import POD_HEADER, read_stream
 
 _ERROR_BODY_LIMIT = 300
 DEADLINE_ERROR = "cancelled at the run's deadline"
@@ -81,7 +81,7 @@ async def _send(
                 text = await response.text(errors="replace")
                 outcome.error = f"HTTP {response.status}: {text[:_ERROR_BODY_LIMIT]}"
                 return
-            stream = await _read_stream(response, started)
+            stream = await read_stream(response.content, started)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_LIMIT]
         return

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from epp_bench.live.bench_env import BenchEnv
+from epp_bench.live.bench_dir import BenchDir
 from epp_bench.workloads.types import RequestOutcome, Workload
 
 PER_REQUEST_FILE = "per_request_lifecycle_metrics.json"
@@ -151,7 +151,7 @@ class InferencePerfRun:
 
 
 async def run_inference_perf_async(
-    env: BenchEnv, load: InferencePerfLoad, base_url: str, work_dir: Path
+    bench: BenchDir, load: InferencePerfLoad, base_url: str, work_dir: Path
 ) -> InferencePerfRun:
     """Run inference-perf once against `base_url`; raise InferencePerfError on failure.
 
@@ -159,17 +159,17 @@ async def run_inference_perf_async(
     runner's own failure) or the run hangs, its whole process group (workers included)
     is killed before this returns.
     """
-    executable = env.bin("inference-perf", "inference-perf")
-    if not env.installed("inference-perf") or not env.tokenizer_ready():
+    executable = bench.bin("inference-perf", "inference-perf")
+    if not bench.installed("inference-perf") or not bench.tokenizer_ready():
         raise InferencePerfError(
-            f"inference-perf or its tokenizer is missing under {env.root} "
-            "(run: python -m epp_bench.live.bench_env)"
+            f"inference-perf or its tokenizer is missing under {bench.root} "
+            "(run: .venv/bin/python tools/bench/install_peers.py)"
         )
     report_dir = work_dir / "inference-perf-report"
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "inference-perf.yaml"
     config_path.write_text(
-        yaml.safe_dump(config_for(load, base_url, env.tokenizer_dir, report_dir), sort_keys=False)
+        yaml.safe_dump(config_for(load, base_url, bench.tokenizer_dir, report_dir), sort_keys=False)
     )
     run_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     run_env["HF_ENDPOINT"] = "http://127.0.0.1:9"
@@ -211,10 +211,10 @@ async def run_inference_perf_async(
 
 
 def run_inference_perf(
-    env: BenchEnv, load: InferencePerfLoad, base_url: str, work_dir: Path
+    bench: BenchDir, load: InferencePerfLoad, base_url: str, work_dir: Path
 ) -> InferencePerfRun:
     """`run_inference_perf_async` for callers without an event loop."""
-    return asyncio.run(run_inference_perf_async(env, load, base_url, work_dir))
+    return asyncio.run(run_inference_perf_async(bench, load, base_url, work_dir))
 
 
 def outcomes_from_report(entries: list[dict[str, Any]]) -> list[RequestOutcome]:

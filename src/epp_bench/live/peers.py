@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from epp_bench.live.bench_env import BenchEnv
+from epp_bench.live.bench_dir import BenchDir
 from epp_harness.stack import HOST, LocalStack, StackError, free_ports
 
 PeerKind = Literal["sglang", "vllm_router"]
@@ -32,7 +32,7 @@ class PeerSpec:
 
 
 def peer_argv(
-    spec: PeerSpec, env: BenchEnv, port: int, metrics_port: int, worker_urls: Sequence[str]
+    spec: PeerSpec, bench: BenchDir, port: int, metrics_port: int, worker_urls: Sequence[str]
 ) -> list[str]:
     """The router's command line, wrapped in `env` to set the variables it needs.
 
@@ -45,9 +45,9 @@ def peer_argv(
         "--worker-urls", *worker_urls,
     ]  # fmt: skip
     if spec.kind == "sglang":
-        launcher = [str(env.bin(spec.tool, "python")), "-m", "sglang_router.launch_router"]
+        launcher = [str(bench.bin(spec.tool, "python")), "-m", "sglang_router.launch_router"]
         return ["env", _NO_HUB, *launcher, *common, "--log-level", "warn"]
-    launcher = [str(env.bin(spec.tool, "vllm-router"))]
+    launcher = [str(bench.bin(spec.tool, "vllm-router"))]
     return ["env", _NO_HUB, *launcher, *common, "--log-level", "warning"]
 
 
@@ -61,7 +61,7 @@ class PeerStack(LocalStack):
     def __init__(
         self,
         spec: PeerSpec,
-        env: BenchEnv,
+        bench: BenchDir,
         *,
         pods: int = 4,
         sim_args: Sequence[str] = (),
@@ -77,16 +77,16 @@ class PeerStack(LocalStack):
             startup_timeout_s=startup_timeout_s,
         )
         self.spec = spec
-        self.env = env
+        self.bench = bench
         self.router_url = ""
         self.router_metrics_url = ""
 
     def start(self) -> None:
-        launcher = self.env.venv(self.spec.tool)
-        if not self.env.installed(self.spec.tool):
+        launcher = self.bench.venv(self.spec.tool)
+        if not self.bench.installed(self.spec.tool):
             raise StackError(
                 f"{self.spec.tool} is not installed under {launcher} "
-                "(run: python -m epp_bench.live.bench_env)"
+                "(run: .venv/bin/python tools/bench/install_peers.py)"
             )
         if self._started:
             raise StackError("this stack was already started")
@@ -108,7 +108,7 @@ class PeerStack(LocalStack):
 
     def _start_router(self) -> None:
         port, metrics_port = free_ports(2)
-        argv = peer_argv(self.spec, self.env, port, metrics_port, [p.base_url for p in self.pods])
+        argv = peer_argv(self.spec, self.bench, port, metrics_port, [p.base_url for p in self.pods])
         child = self._spawn("router", argv)
         url = f"http://{HOST}:{port}"
         # Through the router to a pod: proves the workers are registered and routable. A

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epp.envoy_config import BodyMode
-from epp_bench.live.bench_env import BenchEnv
+from epp_bench.live.bench_dir import BenchDir
 from epp_bench.live.peers import PeerSpec, PeerStack
 from epp_harness.stack import LocalStack, PodInfo, StackMode
 
@@ -53,10 +53,10 @@ ROUTERS: dict[str, RouterSpec] = {
 }
 
 
-def unavailable_reason(spec: RouterSpec, env: BenchEnv) -> str | None:
+def unavailable_reason(spec: RouterSpec, bench: BenchDir) -> str | None:
     """Why this router cannot run here (its tool is not installed), or None."""
-    if spec.peer is not None and not env.installed(spec.peer.tool):
-        return f"{spec.peer.tool} not installed in {env.venv(spec.peer.tool)}"
+    if spec.peer is not None and not bench.installed(spec.peer.tool):
+        return f"{spec.peer.tool} not installed in {bench.venv(spec.peer.tool)}"
     return None
 
 
@@ -77,7 +77,7 @@ class RunningRouter:
 @contextlib.contextmanager
 def running_router(
     spec: RouterSpec,
-    env: BenchEnv,
+    bench: BenchDir,
     *,
     pods: int,
     sim_args: Sequence[str],
@@ -87,7 +87,7 @@ def running_router(
     """Start pods + router, yield them, stop every process on exit (also on Ctrl-C)."""
     if spec.peer is not None:
         with PeerStack(
-            spec.peer, env, pods=pods, sim_args=sim_args, work_dir=work_dir
+            spec.peer, bench, pods=pods, sim_args=sim_args, work_dir=work_dir
         ) as peer_stack:
             yield RunningRouter(
                 name=spec.name,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from epp_bench.live.bench_env import BenchEnv
+from epp_bench.live.bench_dir import BenchDir
 from epp_bench.live.client import ClientLimits, ClientRun, run_open_loop
 from epp_bench.live.cpu import CpuUsage, machine_cpu, snapshot, usage_between
 from epp_bench.live.inference_perf import (
@@ -320,7 +320,7 @@ def _delta_mean(measured: _Measured, total: str, count: str) -> float | None:
 
 def run_once(
     spec: RouterSpec,
-    env: BenchEnv,
+    bench: BenchDir,
     workload: Workload,
     rate: float,
     settings: LiveSettings,
@@ -338,7 +338,7 @@ def run_once(
     )
     with running_router(
         spec,
-        env,
+        bench,
         pods=settings.pods,
         sim_args=settings.sim_args,
         epp_args=settings.epp_args,
@@ -358,7 +358,7 @@ def run_once(
             )
 
             def drive() -> Any:
-                return run_inference_perf_async(env, load, router.url, ip_dir)
+                return run_inference_perf_async(bench, load, router.url, ip_dir)
 
         measured = asyncio.run(_measure(router, drive, settings))
         return _result(spec, router, workload, rate, client, settings, measured)

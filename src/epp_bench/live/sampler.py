@@ -18,8 +18,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.datalayer.metrics_parser import PodMetrics, parse_vllm_metrics
-from epp_demo.report import PrefixCacheCounters, pod_hit_rate
 from epp_harness.stack import PodInfo
+from epp_harness.stats import prefix_hit_rate
 
 _SCRAPE_TIMEOUT_S = 5.0
 
@@ -74,15 +74,11 @@ async def scrape_pods(
 
 
 def hit_rate(before: dict[str, PodPage], after: dict[str, PodPage]) -> float | None:
-    def counters(pages: dict[str, PodPage]) -> dict[str, PrefixCacheCounters]:
-        return {
-            name: PrefixCacheCounters(
-                queries=page.metrics.prefix_queries, hits=page.metrics.prefix_hits
-            )
-            for name, page in pages.items()
-        }
-
-    return pod_hit_rate(counters(before), counters(after))
+    """The pods' own prefix-cache hit rate between two scrapes (`prefix_hit_rate`)."""
+    return prefix_hit_rate(
+        {name: page.metrics for name, page in before.items()},
+        {name: page.metrics for name, page in after.items()},
+    )
 
 
 def pod_ttft_mean_s(before: dict[str, PodPage], after: dict[str, PodPage]) -> float | None:

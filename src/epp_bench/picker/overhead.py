@@ -40,7 +40,7 @@ from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import SchedulingRequest
 from epp.tokenize import ByteEstimateTokenizer
-from epp_demo.report import percentile
+from epp_harness.stats import percentile
 
 ZERO_TIME_PODS = (
     "--prefill-overhead-ms 0 --prefill-per-token-ms 0 --decode-per-token-ms 0 --max-num-seqs 256"

@@ -13,7 +13,7 @@ from typing import Any
 
 from epp_bench.reports.summary import summarize
 from epp_bench.workloads.types import RunResult
-from epp_demo.report import percentile
+from epp_harness.stats import percentile
 
 PEER_FOR_TARGETS = "sglang_cache_aware"
 

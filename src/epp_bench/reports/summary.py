@@ -4,7 +4,7 @@ Definitions (the same for virtual and live runs):
 
 - Percentiles (TTFT, end-to-end latency) are over successful requests only, by linear
   interpolation between closest ranks: the p-th percentile of n sorted values sits at
-  position (n - 1) * p / 100 (numpy's default; `epp_demo.report.percentile`).
+  position (n - 1) * p / 100 (numpy's default; `epp_harness.stats.percentile`).
 - Throughput is output tokens of successful requests divided by the run's span: from the
   first request sent to the last one ended (`RunResult.duration_s`).
 - Hit rate is what the pods report: prefix-cache hits / queries, in tokens, summed over
@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any
 
 from epp_bench.workloads.types import RunResult
-from epp_demo.report import percentile
+from epp_harness.stats import percentile
 
 # Keys of `summarize`, in the order the tables show them.
 SUMMARY_KEYS = (

@@ -21,7 +21,7 @@ from typing import Any
 
 from epp_bench.reports.summary import summarize
 from epp_bench.workloads.types import RequestOutcome, RunResult
-from epp_demo.report import percentile
+from epp_harness.stats import percentile
 
 __all__ = [
     "FORMAT",

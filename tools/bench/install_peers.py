@@ -1,4 +1,5 @@
-"""Install the extra tools of the live benchmark under `.bench/`, idempotently.
+"""Install the extra tools of the live benchmark (`epp bench live`) under `.bench/`,
+idempotently.
 
 The tools of the field do not fit in the project's own virtualenv: `inference-perf` needs
 Python >= 3.12 and pulls ~800 MB (transformers, torch-free but heavy), and the two peer
@@ -14,7 +15,10 @@ A venv is reinstalled only when its requirement list changed (a stamp file recor
 running this again costs a second. A tool that cannot be installed is reported with the
 error and left out; the live benchmark then skips the routers or client that need it.
 
-    python -m epp_bench.live.bench_env [--bench-dir DIR] [--only NAME,...] [--json]
+    .venv/bin/python tools/bench/install_peers.py [--bench-dir DIR] [--only NAME,...] [--json]
+
+The layout under `.bench/` is `epp_bench.live.bench_dir.BenchDir`, which the live benchmark
+reads at run time; this script is the only writer.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-_STAMP = ".epp-bench-stamp"
+from epp_bench.live.bench_dir import STAMP, BenchDir, default_bench_dir
+
 _ERROR_TAIL_LINES = 15
 _INSTALL_TIMEOUT_S = 1800.0
 _TOKENIZER_VOCAB = 4096
@@ -77,42 +82,6 @@ class InstallReport:
     size_mb: float
     cached: bool  # already installed with the same requirements: nothing was done
     error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BenchEnv:
-    """Where the tools are (or would be) under one `.bench/` directory."""
-
-    root: Path
-
-    def venv(self, tool: str) -> Path:
-        return self.root / "venvs" / tool
-
-    def bin(self, tool: str, executable: str) -> Path:
-        return self.venv(tool) / "bin" / executable
-
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.root / "tokenizer-bpe"
-
-    def installed(self, tool: str) -> bool:
-        return (self.venv(tool) / _STAMP).is_file()
-
-    def tokenizer_ready(self) -> bool:
-        return (self.tokenizer_dir / "tokenizer.json").is_file() and (
-            self.tokenizer_dir / "tokenizer_config.json"
-        ).is_file()
-
-
-def default_bench_dir() -> Path:
-    """`$EPP_BENCH_DIR`, else `.bench/` at the repository root (editable install), else cwd."""
-    override = os.environ.get("EPP_BENCH_DIR")
-    if override:
-        return Path(override)
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "pyproject.toml").is_file():
-        return repo / ".bench"
-    return Path.cwd() / ".bench"
 
 
 def dir_size_mb(path: Path) -> float:
@@ -176,10 +145,10 @@ def _run(argv: list[str], timeout_s: float = _INSTALL_TIMEOUT_S) -> None:
         )
 
 
-def install_tool(env: BenchEnv, spec: ToolSpec) -> InstallReport:
+def install_tool(bench: BenchDir, spec: ToolSpec) -> InstallReport:
     """Create the tool's venv and pip-install it, unless the stamp says it is there."""
-    venv = env.venv(spec.name)
-    stamp = venv / _STAMP
+    venv = bench.venv(spec.name)
+    stamp = venv / STAMP
     wanted = json.dumps(list(spec.requirements))
     started = time.monotonic()
     if stamp.is_file() and stamp.read_text() == wanted:
@@ -257,15 +226,15 @@ print(len(loaded))
 """
 
 
-def install_tokenizer(env: BenchEnv) -> InstallReport:
+def install_tokenizer(bench: BenchDir) -> InstallReport:
     """Train the local tokenizer with the inference-perf venv's Python (it has `tokenizers`)."""
     started = time.monotonic()
-    target = env.tokenizer_dir
-    if env.tokenizer_ready():
+    target = bench.tokenizer_dir
+    if bench.tokenizer_ready():
         return InstallReport("tokenizer", True, str(target), 0.0, dir_size_mb(target), True)
-    python = env.bin("inference-perf", "python")
+    python = bench.bin("inference-perf", "python")
     try:
-        if not env.installed("inference-perf"):
+        if not bench.installed("inference-perf"):
             raise RuntimeError("needs the inference-perf venv (it brings `tokenizers`)")
         run_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         done = subprocess.run(
@@ -288,13 +257,13 @@ def install_tokenizer(env: BenchEnv) -> InstallReport:
     )
 
 
-def ensure(env: BenchEnv, only: set[str] | None = None) -> list[InstallReport]:
+def ensure(bench: BenchDir, only: set[str] | None = None) -> list[InstallReport]:
     """Install every tool (or those in `only`; "tokenizer" is one of the names)."""
     reports = [
-        install_tool(env, spec) for name, spec in TOOLS.items() if only is None or name in only
+        install_tool(bench, spec) for name, spec in TOOLS.items() if only is None or name in only
     ]
     if only is None or "tokenizer" in only:
-        reports.append(install_tokenizer(env))
+        reports.append(install_tokenizer(bench))
     return reports
 
 
@@ -310,7 +279,7 @@ def format_reports(reports: list[InstallReport]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m epp_bench.live.bench_env",
+        prog="tools/bench/install_peers.py",
         description="Install inference-perf, sglang-router, vllm-router and a local "
         "tokenizer under .bench/ for `epp bench live` (idempotent).",
     )
@@ -324,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = (only or set()) - {*TOOLS, "tokenizer"}
     if unknown:
         parser.error(f"unknown tools: {sorted(unknown)}")
-    env = BenchEnv(args.bench_dir or default_bench_dir())
-    reports = ensure(env, only)
+    bench = BenchDir(args.bench_dir or default_bench_dir())
+    reports = ensure(bench, only)
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
     else:
