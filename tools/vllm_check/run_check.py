@@ -1,4 +1,5 @@
-"""Start real vLLM (CPU) and/or `epp sim`, run the same workload on each, save the captures.
+"""Start real vLLM (CPU) and/or the simulator (`python -m vllm_sim`), run the same workload on
+each, save the captures.
 
     .venv/bin/python tools/vllm_check/run_check.py --target both
     .venv/bin/python tools/vllm_check/compare.py
@@ -34,6 +35,9 @@ VLLM_VENV = ROOT / ".bench" / "vllm-venv"
 MODEL_DIR = ROOT / ".bench" / "tiny-llama"
 OUT_DIR = ROOT / "docs" / "benchmarks" / "sim-vs-vllm"
 LOG_DIR = ROOT / ".bench" / "vllm-check-logs"
+# The simulated pod (the vllm_sim package; `epp sim` runs the same), with this interpreter,
+# which is the project venv's.
+SIM_COMMAND = (sys.executable, "-m", "vllm_sim")
 MODEL_NAME = "tiny-llama"
 # vLLM's CPU attention backend only takes blocks that are a multiple of 32 tokens
 # ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), and the CPU platform
@@ -230,8 +234,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sim_kv_flags() -> set[str]:
+    """The flags the simulator's --help lists (older builds had no KV-event flags)."""
     help_text = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "epp"), "sim", "--help"],
+        [*SIM_COMMAND, "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -243,8 +248,7 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     flags = sim_kv_flags()
     cmd = [
-        str(ROOT / ".venv" / "bin" / "epp"),
-        "sim",
+        *SIM_COMMAND,
         "--host",
         "127.0.0.1",
         "--port",
@@ -272,10 +276,10 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
             cmd += ["--kv-replay-port", str(replay_port)]
             kv_replay = f"tcp://127.0.0.1:{replay_port}"
     else:
-        print("epp sim has no --kv-events-port yet: no KV events from the simulator", flush=True)
+        print("the simulator has no --kv-events-port: no KV events from it", flush=True)
     base = f"http://127.0.0.1:{port}"
     log = LOG_DIR / "sim.log"
-    print(f"starting epp sim on {base}", flush=True)
+    print(f"starting the simulator (vllm_sim) on {base}", flush=True)
     started = time.monotonic()
     with process_group(cmd, dict(os.environ), log) as proc:
         ready_s = wait_healthy(base, proc, 60, log)
