@@ -5,7 +5,8 @@ in reverse order. Every child runs in its own session (so its own process group)
 signals the whole group, so nothing a child started survives it, and Ctrl-C in the
 terminal reaches only this process, which then shuts the children down in order.
 
-Used by the end-to-end tests and by `epp demo` / `epp run`.
+Used by the end-to-end tests, the demo (`epp demo` / `epp run`) and the benchmarks that run
+real processes (`epp bench live`, `overhead`, `pause`, `pressure`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ MODEL = "sim-llama-8b"
 
 
 def test_the_spec_herd_and_a_200_burst_on_idle_pods_are_all_served(tmp_path):
-    """The spec's thundering herd (4 pods, maxQueue 20, 50 concurrent requests of one new
+    """A thundering herd (4 pods, max_queue 20, 50 concurrent requests of one new
     prefix) and 200 distinct requests at once: zero refused (before: 140 of 200 got 429,
     since every dispatch since the last scrape counted as queued)."""
     with LocalStack(

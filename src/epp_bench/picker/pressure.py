@@ -2,7 +2,7 @@
 
 Two scenes, each on fresh idle pods:
 
-- **herd**: the spec's thundering herd, N concurrent requests that share one new prefix
+- **herd**: a thundering herd, N concurrent requests that share one new prefix
   (default 50 on 4 pods, max_queue 20);
 - **burst**: N concurrent requests with distinct prompts on idle pods (default 200 on 4).
 
