@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from epp.request import parse_request
 from epp_bench.picker.pause import SHAPES, Phase, _fmt_phases, _fmt_steps, in_process, make_body
 
@@ -14,7 +16,13 @@ def test_bodies_of_every_shape_parse_and_have_about_the_size_asked():
 def test_in_process_times_every_step_for_every_shape():
     rows = in_process([0.05], repeats=1)
     assert [r.shape for r in rows] == list(SHAPES)
-    assert all(r.total_ms > 0 for r in rows)
+    steps = ("json_loads_ms", "msgspec_ms", "parse_ms", "blocks_ms", "match_ms", "record_ms")
+    for row in rows:
+        assert row.mib == pytest.approx(0.05, rel=0.2)  # the body size asked for
+        assert all(getattr(row, step) > 0 for step in steps), row
+        assert row.total_ms == pytest.approx(
+            row.parse_ms + row.blocks_ms + row.match_ms + row.record_ms
+        )
     assert "| chat-many |" in _fmt_steps(rows)
 
 

@@ -68,18 +68,34 @@ def test_every_router_serves_every_request_deterministically(
     assert len(first.outcomes) == len(small.requests)
     assert all(o.ok for o in first.outcomes)
     assert all(o.ttft_s is not None and 0 < o.ttft_s < o.latency_s for o in first.outcomes)
-    assert first.duration_s > 0
+    # The run's span: from the first request sent to the last one ended.
+    ends = [o.start_s + o.latency_s for o in first.outcomes]
+    starts = [o.start_s for o in first.outcomes]
+    assert first.duration_s == pytest.approx(max(ends) - min(starts))
     assert first.mode == "virtual" and first.rate == 20.0 and first.pods == 4
+
+
+def _exact_prompts(workload: workloads.Workload, tokens: int) -> workloads.Workload:
+    """`workload` with each completion prompt replaced by one of exactly `tokens` engine
+    tokens (BOS, then one distinct one-token word repeated), distinct across requests."""
+    requests = tuple(
+        replace(r, prompt=f" {chr(ord('a') + r.index)}" * (tokens - 1))
+        for r in workload.requests
+    )
+    return replace(workload, requests=requests)
 
 
 def test_single_request_timing_matches_the_engine_model() -> None:
     workload = workloads.no_reuse(requests=1, prompt_tokens=100, output_tokens=50)
     outcome = _run(workload, "round_robin", pods=1).outcomes[0]
-    prefill = FAST.prefill_overhead_s + 100 * FAST.prefill_per_token_s
+    # The engine counts its own tokens: about the workload's 100 pseudo-tokens.
+    tokens = prepare(workload)[0].prompt_tokens
+    assert 80 <= tokens <= 120
+    prefill = FAST.prefill_overhead_s + tokens * FAST.prefill_per_token_s
     assert outcome.ttft_s == pytest.approx(prefill)
     # 49 more tokens, one decode step each, batch of one.
     assert outcome.latency_s == pytest.approx(prefill + 49 * FAST.decode_per_token_s)
-    assert outcome.output_tokens == 50 and outcome.prompt_tokens == 100
+    assert outcome.output_tokens == 50 and outcome.prompt_tokens == tokens
 
 
 def test_decode_slows_as_the_batch_fills() -> None:
@@ -220,14 +236,23 @@ def test_multi_lora_runs_with_adapters_on_every_router() -> None:
     workload = workloads.multi_lora(
         adapters=6, requests=60, prefix_tokens=64, question_tokens=16, output_tokens=8, rate=20.0
     )
-    epp = _run(workload, "epp")
-    assert all(o.ok for o in epp.outcomes)
-    assert epp.pod_hit_rate is not None and epp.pod_hit_rate > 0
+    assert {r.model for r in workload.requests} <= set(workload.params["adapters"])
+    hit_rates = {}
+    for router in ROUTERS:
+        result = _run(workload, router)
+        assert len(result.outcomes) == 60 and all(o.ok for o in result.outcomes), router
+        hit_rates[router] = result.pod_hit_rate
+    # Each tenant's prompts open with its own prefix: the EPP keeps a tenant where its
+    # prefix is cached, round robin scatters them.
+    assert hit_rates["epp"] is not None and hit_rates["round_robin"] is not None
+    assert hit_rates["epp"] > hit_rates["round_robin"], hit_rates
 
 
 def test_prefills_on_one_pod_queue_first_come_first_served() -> None:
     workload = workloads.no_reuse(requests=3, prompt_tokens=100, output_tokens=4, rate=1000.0)
     workload = workloads.with_rate(workload, 1e6)  # all three within a microsecond
+    workload = _exact_prompts(workload, 100)
+    assert [p.prompt_tokens for p in prepare(workload)] == [100, 100, 100]
     one_pod = _run(workload, "round_robin", pods=1)
     prefill = FAST.prefill_overhead_s + 100 * FAST.prefill_per_token_s
     ttfts = sorted(o.ttft_s or 0 for o in one_pod.outcomes)
@@ -248,6 +273,7 @@ def test_decode_steps_carry_a_prefill_chunk_while_a_prefill_runs() -> None:
         max_num_batched_tokens=10,
     )
     workload = workloads.no_reuse(requests=2, prompt_tokens=100, output_tokens=101)
+    workload = _exact_prompts(workload, 100)
     requests = (
         replace(workload.requests[0], arrival_s=0.0),
         replace(workload.requests[1], arrival_s=0.15, max_tokens=2),
