@@ -71,7 +71,7 @@ def test_non_mapping_files_are_rejected(tmp_path):
 
 def test_prefill_estimate_defaults_and_enabling_the_scorer(tmp_path):
     estimate = EppConfig().scheduling.prefill_estimate
-    # The spec's 8B on A100: 0.9 s per cold 4,096 tokens, 45 ms fully cached.
+    # Llama-3.1-8B on one A100: 0.9 s per cold 4,096 tokens, 45 ms fully cached.
     assert estimate.overhead_s + 4096 * estimate.per_token_s == pytest.approx(0.9, abs=0.002)
     cached = estimate.overhead_s + estimate.per_token_s + 4095 * estimate.per_cached_token_s
     assert cached == pytest.approx(0.045, abs=0.004)

@@ -49,7 +49,7 @@ async def test_a_burst_of_200_on_three_idle_pods_is_served_not_refused():
     assert max(spread.values()) - min(spread.values()) <= 3
 
 
-async def test_the_spec_thundering_herd_spreads_one_new_prefix_and_serves_all_50():
+async def test_a_thundering_herd_spreads_one_new_prefix_and_serves_all_50():
     """4 pods, maxQueue 20, 50 concurrent requests of one new prefix: the first pod to
     get it becomes cache-hot, then the queued prefill it draws (the
     `prefill` factor) spreads the rest over the other pods."""

@@ -13,15 +13,17 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# The spec's five-factor score. Its worked numbers (0.64 vs 0.20 on cache + load, 0.05 per
-# queued request, 0.29 excluded) hold with these weights.
+# The five-factor score the EPP was first specified with (no `prefill`). With these weights
+# a cache-hot pod at 80% load scores 0.64 on cache + load against 0.20 for an idle cold
+# one, each queued request costs 0.05 (at max_queue 20), and a pod of health 0.29 is
+# excluded (tests/scheduling/test_scorers.py).
 SPEC_WEIGHTS = {"cache": 0.60, "load": 0.20, "queue": 0.10, "health": 0.05, "adapter": 0.05}
-# The default: the spec's factors at half weight, and half on `prefill`, which prices a
+# The default: these five factors at half weight, and half on `prefill`, which prices a
 # cache match and the work queued on each pod in seconds of expected time to first token.
 # Chosen on benchmark evidence (docs/benchmarks/virtual.md, "Default weights"): at round
 # robin's saturation rate TTFT p90 21x lower than round robin vs 10x with SPEC_WEIGHTS,
 # and no worse than round robin on prompts with nothing to reuse, where SPEC_WEIGHTS
-# trails least-outstanding. Set `weights: SPEC_WEIGHTS` for the spec's score.
+# trails least-outstanding. Set `weights: SPEC_WEIGHTS` for the five-factor score alone.
 DEFAULT_WEIGHTS = {name: weight * 0.5 for name, weight in SPEC_WEIGHTS.items()} | {"prefill": 0.5}
 
 
@@ -35,7 +37,7 @@ class PrefillEstimateConfig(Strict):
 
         overhead_s + uncached tokens x per_token_s + cached tokens x per_cached_token_s
 
-    The defaults are the spec's Llama-3.1-8B on one A100 (the `llama-8b-a100` simulator
+    The defaults are Llama-3.1-8B on one A100 (the `llama-8b-a100` simulator
     preset): a cold 4,096-token prompt prefills in 0.9 s (10 ms + 4,096 x 217 us), and a
     fully cached one in 45 ms (the last block is recomputed; the rest costs ~7.7 us per
     token to look up). They are only right for that model on that GPU: set them per

@@ -85,11 +85,6 @@ class Tokenizer(Protocol):
         ...
 
 
-def token_array(ids: Sequence[int]) -> array:
-    """Token ids as the uint32 array every tokenizer returns (raises on out-of-range ids)."""
-    return array("I", ids)
-
-
 _GENERATION_PROMPT = "<|assistant|>\n"
 _TURN_OVERHEAD = len("<||>\n<|end|>\n")
 

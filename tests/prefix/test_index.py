@@ -56,14 +56,6 @@ def test_capacity_from_pod_and_removal():
     assert index.nodes == 0 and index.capacity("a") == 3
 
 
-def test_remove_blocks():
-    index = PrefixIndex(10)
-    index.record("a", [1, 2, 3])
-    index.remove_blocks("a", [2, 99])
-    assert index.match([1, 2, 3]) == {"a": 1}
-    index.remove_blocks("nobody", [1])
-
-
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError):
         PrefixIndex(0)

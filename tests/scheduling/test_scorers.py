@@ -1,4 +1,4 @@
-"""The spec's numbers, factor by factor and composed (section 2, 6, 7, 9, 15)."""
+"""Each factor's formula, and the composed score on worked examples."""
 
 from __future__ import annotations
 
@@ -93,8 +93,8 @@ def test_health_scorer_passes_health_through():
     assert HealthScorer().score(request(), [endpoint("a", health=0.7)]) == [0.7]
 
 
-def test_spec_example_cache_hot_loaded_pod_beats_idle_cold_pod():
-    """Section 2: 80% load + 100% match = 0.64 on cache+load; idle + no match = 0.20."""
+def test_cache_hot_loaded_pod_beats_idle_cold_pod():
+    """80% load + 100% match = 0.64 on cache+load; idle + no match = 0.20."""
     weights = {"cache": 0.6, "load": 0.2, "queue": 0.1, "health": 0.05, "adapter": 0.05}
     scheduler = Scheduler(SchedulingConfig(weights=weights))
     hot, idle = endpoint("hot", kv=0.8), endpoint("idle", kv=0.0)
@@ -107,8 +107,8 @@ def test_spec_example_cache_hot_loaded_pod_beats_idle_cold_pod():
     assert decision.totals == [pytest.approx(0.84), pytest.approx(0.40)]
 
 
-def test_spec_counterintuitive_case_busy_pod_with_empty_queue_wins():
-    """Section 6: 80% busy with 0 queued beats 40% busy with 10 queued? Load 0.2*0.2=0.04 vs
+def test_counterintuitive_case_busy_pod_with_empty_queue_wins():
+    """80% busy with 0 queued beats 40% busy with 10 queued? Load 0.2*0.2=0.04 vs
     0.2*0.6=0.12 and queue 0.10 vs 0.05: B wins by 0.03 with the default weights, which is
     what the formula says; with w_queue raised to 0.30 A wins."""
     a, b = endpoint("a", kv=0.8, waiting=0), endpoint("b", kv=0.4, waiting=10)
@@ -215,7 +215,7 @@ def test_unknown_scorer_name_is_a_clear_error():
 
 
 def test_custom_scorer_registered_with_a_weight_changes_the_decision():
-    """The spec's cost-aware example: equal cache, the cheap spot pod wins."""
+    """Cost-aware routing: equal cache, the cheap spot pod wins."""
     registry = ScorerRegistry()
 
     class PreferLabel:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # metric name -> field of PodMetrics; old names (vLLM <= 0.11) map to the same field, and
 # the new name wins when a page has both.
@@ -46,8 +46,6 @@ class PodMetrics:
     max_loras: int | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
-    # Which series the page had: a page without the queue gauge is not a vLLM page.
-    seen: set[str] = field(default_factory=set)
 
 
 class MetricsFormatError(ValueError):
@@ -157,7 +155,6 @@ def parse_vllm_metrics(page: str) -> PodMetrics:
     result.prefix_hits = sums.get("prefix_hits", 0.0)
     result.preemptions = sums.get("preemptions", 0.0)
     result.generation_tokens = sums.get("generation_tokens", 0.0)
-    result.seen = set(sums)
     return result
 
 

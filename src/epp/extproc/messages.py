@@ -98,10 +98,6 @@ def continue_request_headers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
 
-def continue_request_body() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_body=pb.BodyResponse())
-
-
 def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
     mutation = pb.BodyMutation(
         streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)

@@ -22,6 +22,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc import messages
 
+# Message kind -> the empty answer that lets it through unchanged.
+_NEUTRAL = {
+    "request_headers": pb.HeadersResponse,
+    "response_headers": pb.HeadersResponse,
+    "request_body": pb.BodyResponse,
+    "response_body": pb.BodyResponse,
+    "request_trailers": pb.TrailersResponse,
+    "response_trailers": pb.TrailersResponse,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Completion:
@@ -61,23 +71,13 @@ class ObserverStream:
 
     @staticmethod
     def reply(message: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
-        """In observability mode Envoy expects no answer; otherwise a neutral one."""
+        """In observability mode Envoy expects no answer; otherwise a neutral one (an empty
+        answer of the message's own kind: continue unchanged)."""
         if message.observability_mode:
             return None
         kind = message.WhichOneof("request")
-        if kind == "request_headers":
-            return messages.continue_request_headers()
-        if kind == "request_body":
-            return messages.continue_request_body()
-        if kind == "request_trailers":
-            return messages.request_trailers()
-        if kind == "response_headers":
-            return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-        if kind == "response_body":
-            return messages.continue_response_body()
-        if kind == "response_trailers":
-            return messages.response_trailers()
-        return None
+        answer = _NEUTRAL.get(kind) if kind is not None else None
+        return None if answer is None else pb.ProcessingResponse(**{kind: answer()})
 
     def end(self) -> Completion | None:
         """The response ended (or the stream did): the completion, once, if routed by us."""

@@ -1,4 +1,4 @@
-"""The EPP's Prometheus metrics (names from the spec, section 14), on its own registry.
+"""The EPP's Prometheus metrics (`epp_*`, plus per-pod gauges), on its own registry.
 
 Per-request metrics are updated once per decision outside the scoring loop; per-pod
 gauges are refreshed from the endpoint store when /metrics is scraped, not on the hot path.

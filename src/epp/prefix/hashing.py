@@ -18,8 +18,6 @@ import xxhash
 
 BlockHash = NewType("BlockHash", int)
 
-DEFAULT_BLOCK_SIZE = 16
-
 
 def chain_seed(model: str, adapter: str | None = None, cache_salt: str | None = None) -> int:
     # The parser rejects unpaired surrogates; `surrogatepass` keeps any other caller from a

@@ -18,7 +18,7 @@ held for the pod, and its head (the part other requests can share) is what is ke
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from epp.prefix.hashing import BlockHash
@@ -102,14 +102,6 @@ class PrefixIndex:
                 else:
                     pods.add(pod)
         self._evict(pod, lru)
-
-    def remove_blocks(self, pod: str, hashes: Iterable[BlockHash]) -> None:
-        lru = self._lru.get(pod)
-        if lru is None:
-            return
-        for block in hashes:
-            if lru.pop(block, 0) is None:
-                self._drop_holder(block, pod)
 
     def set_capacity(self, pod: str, capacity: int) -> None:
         capacity = max(1, min(capacity, self.default_capacity))

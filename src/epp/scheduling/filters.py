@@ -42,7 +42,7 @@ class ModelFilter:
 
 @dataclass(slots=True)
 class HealthFilter:
-    """Pods with health below the threshold (spec: 0.3) receive no new traffic."""
+    """Pods with health below the threshold (default 0.3) receive no new traffic."""
 
     threshold: float = 0.3
     name: str = "health"

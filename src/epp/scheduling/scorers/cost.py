@@ -1,4 +1,4 @@
-"""cost = 1 - pod cost / most expensive candidate's cost: the spec's custom-scorer example.
+"""cost = 1 - pod cost / most expensive candidate's cost: an example of a custom scorer.
 
 Not in the default weights. Label pods with `cost_per_hour` (e.g. 3.67 for an on-demand
 A100, 0.38 for a spot A10G) and give the scorer a weight taken from the others, e.g.
