@@ -42,8 +42,10 @@ def config(**sections: dict) -> EppConfig:
 def router_with(
     endpoint_configs: list[dict], *, clock: Callable[[], float] | None = None, **sections: dict
 ):
-    """A real Router over a store holding these endpoints as freshly scraped, idle pods;
-    `clock` replaces the store's (monotonic) clock."""
+    """A real Router over a store holding these endpoints as freshly scraped, idle pods,
+    connected to the store as the app connects it; `clock` replaces the store's
+    (monotonic) clock."""
+    from epp.app import connect
     from epp.config import EndpointConfig
     from epp.datalayer.store import EndpointStore
     from epp.observability.metrics import EppMetrics
@@ -60,4 +62,5 @@ def router_with(
     index = PrefixIndex.from_config(cfg.prefix)
     metrics = EppMetrics()
     router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
+    connect(store, index, router, cfg)
     return router, store, index, metrics

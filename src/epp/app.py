@@ -3,6 +3,15 @@
 Wires the pieces together: config -> endpoint store (static discovery) -> metrics scraper
 -> prefix index + scheduler -> router -> ext_proc gRPC server; plus an HTTP server for
 Prometheus (/metrics) and probes (/healthz, /ready).
+
+The data flows one way. Nothing subscribes itself: the app connects the endpoint store's
+events (EndpointStore.on_change) to their readers, in this order:
+
+    store --added/removed--------------------> scraper (one scrape loop per pod)
+    store --removed/reset/updated------------> prefix index (`connect`: forget a pod,
+                                               clear its cache, size it from its page)
+    store --removed/released/updated/added---> router (forget a pod's requests and scorer
+                                               state, release waiting requests)
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from epp.config import EppConfig, load_config, load_endpoints_file
+from epp.config import EppConfig, PrefixConfig, load_config, load_endpoints_file
+from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.scraper import MetricsScraper
-from epp.datalayer.store import EndpointStore
+from epp.datalayer.store import EndpointListener, EndpointStore
 from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
@@ -35,6 +45,36 @@ log = structlog.get_logger("epp.app")
 
 HEALTH_REFRESH_S = 0.25
 DRAIN_POLL_S = 0.05
+
+
+def index_listener(index: PrefixIndex, config: PrefixConfig) -> EndpointListener:
+    """What the endpoint store's events change in the prefix index: a removed pod is
+    forgotten, a restarted engine (reset) has an empty cache, and with
+    `use_reported_capacity` a pod's capacity is the KV size its page reports (in our
+    blocks), bounded by `capacity_per_pod`."""
+
+    def on_change(event: str, endpoint: Endpoint) -> None:
+        if event == "removed":
+            index.remove_pod(endpoint.name)
+        elif event == "reset":
+            index.clear_pod(endpoint.name)
+            log.info("pod_cache_reset", pod=endpoint.name)
+        elif event == "updated" and config.use_reported_capacity:
+            metrics = endpoint.metrics
+            if metrics is not None and metrics.num_gpu_blocks and metrics.block_size:
+                # The pod's blocks may differ in size from ours: convert to our blocks.
+                ours = metrics.num_gpu_blocks * metrics.block_size // config.block_size
+                index.set_capacity(endpoint.name, ours)
+
+    return on_change
+
+
+def connect(store: EndpointStore, index: PrefixIndex, router: Router, config: EppConfig) -> None:
+    """Connect the endpoint store's events to the prefix index, then to the router (the
+    data flow of the module docstring). Every EPP built from these parts calls it once:
+    the service below, and the virtual-time benchmark's."""
+    store.on_change(index_listener(index, config.prefix))
+    store.on_change(router.on_endpoint_change)
 
 
 @dataclass
@@ -60,6 +100,9 @@ class EppService:
             self.metrics,
             debug=config.log_level == "debug",
         )
+        self.scraper = MetricsScraper(self.store, config.datalayer)
+        self.store.on_change(self.scraper.on_endpoint_change)
+        connect(self.store, self.index, self.router, config)
         self.metrics.watch(self.store.all, self.index.blocks)
         # Names the operator configured keep their own label series (observability/labels.py).
         self.metrics.allow_labels(
@@ -67,7 +110,6 @@ class EppService:
             + [e.model for e in config.endpoints if e.model],
             adapters=config.adapters,
         )
-        self.scraper = MetricsScraper(self.store, config.datalayer)
         self.health = HealthState()
         self.grpc_port = 0
         self.metrics_port = 0

@@ -7,6 +7,11 @@ blocks) -> metrics/log.
 When scheduling finds every candidate saturated, `route` hands the request to admission
 (scheduling/admission.py): refused if sheddable, else it waits and is dispatched as soon
 as a pod has room. `complete` (by the request's token) releases the reservation.
+Scorers with per-pod state of their own hear of each dispatch, completion and removed pod
+through the scheduler (`Scheduler.observe`, the contract in scheduling/types.py).
+
+The Router subscribes to nothing: the app connects the endpoint store's events to it
+(`on_endpoint_change`) and to the prefix index (`epp.app.connect`).
 
 The ext_proc server awaits `route` and calls `complete`; the virtual-time benchmark and
 tests call `route_now`, the same path without waiting.
@@ -36,8 +41,14 @@ from epp.request import InferenceRequest, RequestRejected, parse_request
 from epp.scheduling.admission import FlowQueue, Waiting, request_priority
 from epp.scheduling.models import resolve_model
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.scorers.prefill import PrefillCost
-from epp.scheduling.types import Decision, SchedulingError, SchedulingRequest
+from epp.scheduling.types import (
+    Completed,
+    Decision,
+    Dispatched,
+    Removed,
+    SchedulingError,
+    SchedulingRequest,
+)
 from epp.tokenize import Tokenizer
 
 log = structlog.get_logger("epp.routing")
@@ -57,7 +68,6 @@ class RoutedRequest:
     prompt_tokens: int
     token: str = ""  # names this request in `complete`; unguessable
     dispatch: int = 0  # the endpoint's dispatch number, to release its reservation
-    uncached_tokens: int = 0
     priority: int = 0
     waited_s: float = 0.0
     done: bool = False
@@ -111,35 +121,21 @@ class Router:
         )
         self._open: dict[str, RoutedRequest] = {}
         self._release_pending = False
-        # The prefill lanes cost a clock read and an estimate per request: kept only while
-        # the `prefill` scorer, their only reader, has a weight.
-        self._prefill: PrefillCost | None = (
-            PrefillCost.from_config(scheduler.config.prefill_estimate)
-            if "prefill" in scheduler.weights
-            else None
-        )
-        store.on_change(self._on_endpoint_change)
 
-    # -- data-layer events ------------------------------------------------------
-    def _on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    # -- data-layer events (connected by the app) -----------------------------------
+    def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
+        """An endpoint store event (EndpointStore.on_change): a removed pod's open requests
+        and scorer state are forgotten; a pod with room may take waiting requests."""
         if event == "removed":
-            self._index.remove_pod(endpoint.name)
-            self._forget(endpoint)
-        elif event == "reset":
-            self._index.clear_pod(endpoint.name)
-            log.info("pod_cache_reset", pod=endpoint.name)
-        elif event == "updated" and self._config.prefix.use_reported_capacity:
-            metrics = endpoint.metrics
-            if metrics is not None and metrics.num_gpu_blocks and metrics.block_size:
-                # The pod's blocks may differ in size from ours: convert to our blocks.
-                ours = metrics.num_gpu_blocks * metrics.block_size // self._block_size
-                self._index.set_capacity(endpoint.name, ours)
-        if event in ("released", "updated", "added") and len(self._waiting):
+            for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
+                del self._open[token]
+            self._scheduler.observe(Removed(endpoint))
+        elif event in ("released", "updated", "added") and len(self._waiting):
             self._schedule_release()
-
-    def _forget(self, endpoint: Endpoint) -> None:
-        for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
-            del self._open[token]
 
     # -- the decision -------------------------------------------------------------
     def prepare(
@@ -174,8 +170,6 @@ class Router:
         saturated, RequestRejected for every other refusal."""
         request = prepared.request
         hashes = prepared.hashes
-        prefill = self._prefill
-        now = self._store.now() if prefill is not None else 0.0
         sched_request = SchedulingRequest(
             request_id=prepared.request_id,
             model=request.model,
@@ -186,7 +180,7 @@ class Router:
             subset=prepared.subset,
             prompt_tokens=prepared.prompt_tokens,
             block_size=self._block_size,
-            now=now,
+            now=self._store.now(),
         )
         try:
             decision = self._scheduler.schedule(sched_request, self._store.all())
@@ -205,14 +199,12 @@ class Router:
         try:
             if hashes:
                 self._index.record(chosen.name, hashes)
-            if prefill is not None:
-                # The match the scorer saw (taken before `record`), not the one just recorded.
-                own = prefill.seconds(prepared.prompt_tokens, matched, self._block_size)
-                self._store.prefill_dispatched(chosen, own, now)
+            # Scorer state: `prefix_match` is still the match the scorers saw.
+            self._scheduler.observe(Dispatched(sched_request, chosen))
             token = secrets.token_hex(12)
             routed = RoutedRequest(
                 prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
-                uncached, prepared.priority,
+                prepared.priority,
             )  # fmt: skip
             self._open[token] = routed
         except BaseException:
@@ -385,10 +377,6 @@ class Router:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    @property
-    def open_requests(self) -> int:
-        return len(self._open)
-
     def tick(self) -> None:
         """Periodic upkeep: retry the queue, forget reservations the store dropped."""
         if len(self._waiting):
@@ -412,12 +400,14 @@ class Router:
         if served_address and served_address != endpoint.address:
             # The gateway retried on a fallback: the primary refused, the fallback served.
             self._metrics.fallback_served.inc()
-            self._store.completed(endpoint, 503, routed.dispatch)
+            took = self._store.completed(endpoint, 503, routed.dispatch)
+            self._scheduler.observe(Completed(endpoint, 503, took))
             fallback = self._store.by_address(served_address)
             if fallback is not None:
                 self._store.record_status(fallback, status)
             return
-        self._store.completed(endpoint, status, routed.dispatch)
+        took = self._store.completed(endpoint, status, routed.dispatch)
+        self._scheduler.observe(Completed(endpoint, status, took))
 
     # -- observation -----------------------------------------------------------------
     def _count_rejection(self, prepared: PreparedRequest, exc: RequestRejected) -> None:

@@ -1,5 +1,6 @@
 """The scraper against real HTTP servers on loopback: a vLLM page, garbage, a dead port,
-a server that hangs. One bad pod never disturbs another's state."""
+a server that hangs. One bad pod never disturbs another's state. Its pacing on an
+injected clock: one scrape per interval, no burst after a slow one."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import asyncio
 import socket
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 from epp.config import DataLayerConfig, EndpointConfig
+from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 
@@ -68,10 +71,11 @@ async def test_scraper_updates_good_pods_and_degrades_bad_ones():
         ]
     )
     scraper = MetricsScraper(store, config)
+    store.on_change(scraper.on_endpoint_change)  # as the app connects it
     await scraper.start()
     try:
+        # Every pod tried once (the hung one until its 0.2 s timeout): that is enough.
         await asyncio.wait_for(scraper.first_round.wait(), 5)
-        await asyncio.sleep(0.8)
         store.refresh_health()
         good_pod = store.get("good")
         assert good_pod.metrics.waiting == 3.0 and good_pod.health == 1.0
@@ -82,17 +86,88 @@ async def test_scraper_updates_good_pods_and_degrades_bad_ones():
             assert pod.consecutive_failures >= 1 and pod.last_error
         assert "no vLLM metrics" in store.get("garbage").last_error
         # Removing a pod stops its loop; adding one starts a loop.
-        store.sync(
-            [
-                EndpointConfig(
-                    name="good",
-                    address=f"127.0.0.1:{port}",
-                    metrics_url=f"http://127.0.0.1:{port}/good",
-                )
-            ]
+        good_config = EndpointConfig(
+            name="good", address=f"127.0.0.1:{port}", metrics_url=f"http://127.0.0.1:{port}/good"
         )
+        store.sync([good_config])
         assert set(scraper._tasks) == {"good"}
+        store.sync([good_config, EndpointConfig(name="new", address="127.0.0.1:4")])
+        assert set(scraper._tasks) == {"good", "new"}
     finally:
         hang.set()
         await scraper.stop()
         await runner.cleanup()
+
+
+class FakeTime:
+    """The scraper's injected clock and sleep: sleeping moves the clock, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def scripted(scraper: MetricsScraper, store: EndpointStore, time: FakeTime, fetch_s: list):
+    """Replaces the HTTP fetch: each scrape takes `fetch_s[i]` on the fake clock (or
+    raises it, if it is an exception); after the last one the loop waits for ever."""
+    started: list[float] = []
+    finished = asyncio.Event()
+
+    async def scrape_once(endpoint):
+        started.append(time.now)
+        if len(started) > len(fetch_s):
+            finished.set()
+            await asyncio.Event().wait()
+        took = fetch_s[len(started) - 1]
+        if isinstance(took, Exception):
+            raise took
+        time.now += took
+        store.scraped(endpoint, PodMetrics(model="m"))
+
+    scraper.scrape_once = scrape_once
+    return started, finished
+
+
+async def test_a_loop_scrapes_once_per_interval_and_does_not_burst_after_a_slow_scrape():
+    time = FakeTime()
+    config = DataLayerConfig(scrape_interval_s=0.05)
+    store = EndpointStore(config, time)
+    store.sync([EndpointConfig(name="p", address="127.0.0.1:9")])
+    scraper = MetricsScraper(store, config, clock=time, sleep=time.sleep)
+    started, finished = scripted(scraper, store, time, [0.01, 0.01, 0.12, 0.01])
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert scraper.first_round.is_set()
+        # 0.10 + 0.12 ends at 0.22, past the 0.15 slot: the next starts at once, and the
+        # rhythm restarts from there (no catch-up scrape for the missed slot).
+        assert started == pytest.approx([0.0, 0.05, 0.10, 0.22, 0.27])
+        assert store.get("p").metrics_at == pytest.approx(0.23)
+    finally:
+        await scraper.stop()
+
+
+async def test_a_bug_while_scraping_is_a_failed_scrape_and_the_loop_goes_on():
+    time = FakeTime()
+    config = DataLayerConfig(scrape_interval_s=0.05)
+    store = EndpointStore(config, time)
+    store.sync([EndpointConfig(name="p", address="127.0.0.1:9")])
+    scraper = MetricsScraper(store, config, clock=time, sleep=time.sleep)
+    failures = []
+    store.on_change(lambda event, e: failures.append(e.last_error) if e.last_error else None)
+    started, finished = scripted(scraper, store, time, [RuntimeError("bug"), 0.01])
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert failures == ["internal: RuntimeError('bug')"]
+        assert started == pytest.approx([0.0, 0.05, 0.10])
+        pod = store.get("p")
+        assert pod.consecutive_failures == 0 and pod.metrics_at == pytest.approx(0.06)
+    finally:
+        await scraper.stop()

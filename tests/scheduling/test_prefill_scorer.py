@@ -1,4 +1,5 @@
-"""The optional `prefill` scorer: expected TTFT per pod, best / this pod's."""
+"""The optional `prefill` scorer: expected TTFT per pod, best / this pod's; its per-pod
+state (lanes, mean request time) kept from the router's events."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from helpers import endpoint
 from epp.config import DEFAULT_WEIGHTS, SPEC_WEIGHTS, PrefillEstimateConfig, SchedulingConfig
 from epp.scheduling.registry import BUILTIN_SCORERS
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
-from epp.scheduling.types import SchedulingRequest
+from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer, PrefillState
+from epp.scheduling.types import Completed, Dispatched, Removed, SchedulingRequest
 
 COST = PrefillCost.from_config(PrefillEstimateConfig())  # 8B on A100: 0.9 s per 4,096 cold
 NOW = 1000.0
@@ -33,10 +34,16 @@ def request(match: dict[str, int] | None = None, prompt: int = PROMPT) -> Schedu
     )
 
 
-def pod(name: str, lane_left: float = 0.0):
-    e = endpoint(name)
-    e.prefill_lane_end = NOW + lane_left
-    return e
+def pod(name: str):
+    return endpoint(name)
+
+
+def scorer_with(lanes: dict, cost: PrefillCost = COST) -> PrefillScorer:
+    """A scorer whose lanes end `lanes[pod]` seconds after NOW."""
+    scorer = PrefillScorer(cost)
+    for e, left in lanes.items():
+        scorer.state(e).lane_end = NOW + left
+    return scorer
 
 
 def test_idle_pods_without_a_match_tie_at_one():
@@ -55,8 +62,9 @@ def test_idle_pods_without_a_match_tie_at_one():
     ],
 )
 def test_full_prefix_match_wins_until_its_queued_prefill_outweighs_the_hit(hot_lane_s, winner):
-    hot, idle = pod("hot", hot_lane_s), pod("idle")
-    hot_score, idle_score = PrefillScorer(COST).score(request({"hot": 256}), [hot, idle])
+    hot, idle = pod("hot"), pod("idle")
+    scorer = scorer_with({hot: hot_lane_s, idle: 0.0})
+    hot_score, idle_score = scorer.score(request({"hot": 256}), [hot, idle])
     scores = {"hot": hot_score, "idle": idle_score}
     loser = "idle" if winner == "hot" else "hot"
     assert scores[winner] == 1.0
@@ -75,15 +83,16 @@ def test_the_last_prompt_token_is_never_counted_as_cached():
 
 def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one():
     rng = random.Random(7)
-    zero = PrefillScorer(PrefillCost(0.0, 0.0, 0.0))
     for _ in range(300):
         prompt = rng.randrange(0, 20_000)
-        pods = [pod(f"p{i}", rng.uniform(-2.0, 10.0)) for i in range(rng.randrange(1, 9))]
+        pods = [pod(f"p{i}") for i in range(rng.randrange(1, 9))]
+        scorer = scorer_with({p: rng.uniform(-2.0, 10.0) for p in pods})
         match = {p.name: rng.randrange(0, prompt // 16 + 2) for p in pods if rng.random() < 0.5}
-        scores = PrefillScorer(COST).score(request(match, prompt), pods)
+        scores = scorer.score(request(match, prompt), pods)
         assert all(0.0 <= s <= 1.0 for s in scores) and max(scores) == 1.0
         # Zero costs and every lane free: nothing to tell apart, nothing divided by zero.
-        idle = [pod(p.name, 0.0) for p in pods]
+        idle = [pod(p.name) for p in pods]
+        zero = scorer_with(dict.fromkeys(idle, 0.0), PrefillCost(0.0, 0.0, 0.0))
         assert zero.score(request(match, prompt), idle) == [1.0] * len(idle)
 
 
@@ -99,7 +108,10 @@ def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s
     # Composite: the cache factor (0.30) still favours the hot pod, so it loses only once
     # its expected TTFT is ~2.5x the idle pod's (~2.2 s of queued prefill here).
     scheduler = Scheduler(SchedulingConfig(weights=DEFAULT_WEIGHTS), rng=random.Random(0))
-    hot, idle = pod("hot", hot_lane_s), pod("idle")
+    hot, idle = pod("hot"), pod("idle")
+    prefill = scheduler.scorer("prefill")
+    assert isinstance(prefill, PrefillScorer)
+    prefill.state(hot).lane_end = NOW + hot_lane_s
     decision = scheduler.schedule(request({"hot": 256}), [hot, idle])
     assert decision.primary.name == winner
     expected = 1.0 if winner == "idle" else OWN_COLD / (hot_lane_s + OWN_HOT)
@@ -112,12 +124,14 @@ def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one():
     queued prefill. A full pod's new request waits for (on pod - slots + 1) completions,
     one every service time / slots."""
     full, free = pod("full"), pod("free")
+    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(0))
+    prefill = scheduler.scorer("prefill")
+    assert isinstance(prefill, PrefillScorer)
     for e, running, waiting in ((full, 4, 1), (free, 1, 0)):
         e.configured_slots = 4
-        e.service_s = 4.0
+        prefill.state(e).service_s = 4.0
         e.metrics.running, e.metrics.waiting = running, waiting
         e.refresh()
-    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(0))
     decision = scheduler.schedule(request({"full": 230}), [full, free])
     assert decision.primary is free
     wait = (5 - 4 + 1) * 4.0 / 4  # two completions ahead of it, one every second
@@ -149,5 +163,39 @@ def test_slot_wait_takes_the_pods_then_the_pools_mean_then_its_oldest_request():
     e.refresh()
     assert slot_wait(e, NOW) == pytest.approx(5 * 1.5 / 8)
     assert slot_wait(e, NOW, pool_service_s=3.0) == pytest.approx(5 * 3.0 / 8)
-    e.service_s = 4.0
-    assert slot_wait(e, NOW, pool_service_s=3.0) == pytest.approx(5 * 4.0 / 8)
+    assert slot_wait(e, NOW, service_s=4.0, pool_service_s=3.0) == pytest.approx(5 * 4.0 / 8)
+
+
+def test_dispatch_queues_the_prefill_on_the_pods_lane_first_come_first_served():
+    scorer, a = PrefillScorer(COST), pod("a")
+    assert scorer.score(request(), [a]) == [1.0]  # a pod never seen: an idle lane
+    scorer.observe(Dispatched(request({"a": 0}), a))
+    assert scorer.state(a).lane_end == pytest.approx(NOW + OWN_COLD)
+    # The next one starts when the first is over, and is priced with the match it saw.
+    scorer.observe(Dispatched(request({"a": 256}), a))
+    assert scorer.state(a).lane_end == pytest.approx(NOW + OWN_COLD + OWN_HOT)
+    # Once the lane has drained, a prefill starts at `now`.
+    later = request({"a": 256})
+    later.now = NOW + 60.0
+    scorer.observe(Dispatched(later, a))
+    assert scorer.state(a).lane_end == pytest.approx(NOW + 60.0 + OWN_HOT)
+
+
+def test_completions_with_a_response_move_the_mean_request_time():
+    scorer, a = PrefillScorer(COST), pod("a")
+    for status, seconds in ((None, 9.0), (503, 9.0), (200, None)):
+        scorer.observe(Completed(a, status, seconds))
+    assert scorer.state(a).service_s is None  # no response, a 5xx, or duration unknown
+    scorer.observe(Completed(a, 200, 2.0))
+    assert scorer.state(a).service_s == 2.0
+    scorer.observe(Completed(a, 404, 12.0))
+    assert scorer.state(a).service_s == pytest.approx(2.0 + 0.1 * (12.0 - 2.0))
+
+
+def test_a_removed_pod_starts_afresh():
+    scorer, a = PrefillScorer(COST), pod("a")
+    scorer.observe(Dispatched(request(), a))
+    scorer.observe(Completed(a, 200, 1.0))
+    scorer.observe(Removed(a))
+    assert scorer.state(a) == PrefillState()
+    scorer.observe(Removed(pod("never-seen")))  # nothing to forget: no error

@@ -71,14 +71,6 @@ class Endpoint:
     # Every uncached prompt token ever sent here: the long-run share of work, which places
     # new prefixes evenly when pods are otherwise equal (idle between conversation turns).
     dispatched_tokens: int = 0
-    # When the prefills this EPP sent the pod should be over (store clock, seconds),
-    # assuming the pod prefills first come, first served. Kept only while the `prefill`
-    # scorer has a weight (routing.py); 0.0: nothing sent yet.
-    prefill_lane_end: float = 0.0
-
-    # Moving average of dispatch-to-completion time of the requests this EPP saw end with a
-    # response (seconds); None until one did. Prices waiting for a running slot.
-    service_s: float | None = None
 
     # Response path: moving average of 5xx answers, decaying with time.
     error_rate: float = 0.0

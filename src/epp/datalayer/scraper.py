@@ -3,6 +3,10 @@
 Fetching (aiohttp), parsing (metrics_parser, pure) and storing (EndpointStore) are
 separate; a failure of any kind in one pod's loop is recorded against that pod and never
 leaves the loop, so one bad pod never affects another.
+
+Each loop starts a scrape every `scrape_interval_s` on its `clock`, waiting with `sleep`
+(both injected: tests drive the loops on a fake clock). The app connects the store's
+`added`/`removed` events to `on_endpoint_change`, which starts and stops loops.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -26,9 +31,18 @@ MAX_PAGE_BYTES = 8 * 1024 * 1024
 
 
 class MetricsScraper:
-    def __init__(self, store: EndpointStore, config: DataLayerConfig) -> None:
+    def __init__(
+        self,
+        store: EndpointStore,
+        config: DataLayerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self._store = store
         self._config = config
+        self._clock = clock
+        self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self.first_round = asyncio.Event()
@@ -37,7 +51,6 @@ class MetricsScraper:
         timeout = aiohttp.ClientTimeout(total=self._config.scrape_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        self._store.on_change(self._on_change)
         for endpoint in self._store.all():
             self._start_loop(endpoint)
         if not self._tasks:
@@ -54,7 +67,9 @@ class MetricsScraper:
         if self._session is not None:
             await self._session.close()
 
-    def _on_change(self, event: str, endpoint: Endpoint) -> None:
+    def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
+        """An endpoint store event: a pod added gets a loop (once started), a pod removed
+        loses its loop."""
         if event == "added" and self._session is not None:
             self._start_loop(endpoint)
         elif event == "removed":
@@ -96,7 +111,8 @@ class MetricsScraper:
 
     async def _loop(self, endpoint: Endpoint) -> None:
         interval = self._config.scrape_interval_s
-        next_at = time.monotonic()
+        clock = self._clock
+        next_at = clock()
         while True:
             try:
                 await self.scrape_once(endpoint)
@@ -110,8 +126,8 @@ class MetricsScraper:
             ):
                 self.first_round.set()
             next_at += interval
-            delay = next_at - time.monotonic()
+            delay = next_at - clock()
             if delay < 0:  # fell behind (slow pod): do not burst to catch up
-                next_at = time.monotonic()
-                delay = 0
-            await asyncio.sleep(delay)
+                next_at = clock()
+                delay = 0.0
+            await self._sleep(delay)

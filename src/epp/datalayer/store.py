@@ -21,8 +21,6 @@ EndpointListener = Callable[[str, Endpoint], None]
 # connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
 # than this are compared with the pod's counts.
 RECONCILE_GRACE_S = 2.0
-# Weight of each completed request in a pod's moving mean request time.
-SERVICE_ALPHA = 0.1
 # KV usage at which a pod's waiting requests are blamed on its KV cache, not its slots.
 KV_FULL = 0.9
 
@@ -265,32 +263,27 @@ class EndpointStore:
         endpoint.refresh()
         return seq
 
-    def prefill_dispatched(self, endpoint: Endpoint, seconds: float, now: float) -> None:
-        """A prefill of `seconds` was queued on the pod at `now`: it starts when the pod's
-        earlier prefills are over (first come, first served), or at once if they are."""
-        lane_end = endpoint.prefill_lane_end
-        endpoint.prefill_lane_end = (now if now > lane_end else lane_end) + seconds
-
     def _release(self, endpoint: Endpoint, dispatch: Dispatch) -> None:
         if endpoint.open.pop(dispatch.seq, None) is not None:
             endpoint.in_flight -= 1
             endpoint.in_flight_tokens -= dispatch.tokens
 
-    def completed(self, endpoint: Endpoint, status: int | None, dispatch: int | None) -> None:
-        """The request numbered `dispatch` ended with `status` (None: no response seen)."""
+    def completed(
+        self, endpoint: Endpoint, status: int | None, dispatch: int | None
+    ) -> float | None:
+        """The request numbered `dispatch` ended with `status` (None: no response seen).
+        Returns its time since dispatch, or None if it was no longer open (released by a
+        page that showed it over, expired, or never dispatched)."""
         entry = endpoint.open.get(dispatch) if dispatch is not None else None
+        took = None
         if entry is not None:
             self._release(endpoint, entry)
             endpoint.refresh()
-            if status is not None and status < 500:
-                took = max(0.0, self._clock() - entry.at)
-                previous = endpoint.service_s
-                endpoint.service_s = (
-                    took if previous is None else previous + SERVICE_ALPHA * (took - previous)
-                )
+            took = max(0.0, self._clock() - entry.at)
         self.record_status(endpoint, status)
         if entry is not None:
             self._emit("released", endpoint)
+        return took
 
     def record_status(self, endpoint: Endpoint, status: int | None) -> None:
         if status is None:

@@ -16,7 +16,16 @@ from epp.scheduling.filters import (
 )
 from epp.scheduling.picker import MaxScorePicker
 from epp.scheduling.registry import ScorerRegistry
-from epp.scheduling.types import Decision, Filter, Picker, SchedulingError, SchedulingRequest
+from epp.scheduling.types import (
+    Decision,
+    Filter,
+    Picker,
+    PodEvent,
+    PodStateScorer,
+    SchedulingError,
+    SchedulingRequest,
+    Scorer,
+)
 
 
 class Scheduler:
@@ -38,7 +47,19 @@ class Scheduler:
             self.filters.append(BalanceFilter(config.balance.abs_requests, config.balance.ratio))
         self.profile = (registry or ScorerRegistry()).build(config)
         self.weights = {scorer.name: weight for scorer, weight in self.profile}
+        # Scorers with per-pod state of their own (types.PodStateScorer).
+        self._observers = [s for s, _ in self.profile if isinstance(s, PodStateScorer)]
         self.picker = picker or MaxScorePicker(rng, config.tie_epsilon)
+
+    def scorer(self, name: str) -> Scorer | None:
+        """The profile's scorer of that name (None if it has no weight)."""
+        return next((s for s, _ in self.profile if s.name == name), None)
+
+    def observe(self, event: PodEvent) -> None:
+        """What the router did (a dispatch, a completion, a pod removed), for the scorers
+        that keep per-pod state; nothing happens when none does."""
+        for scorer in self._observers:
+            scorer.observe(event)
 
     def schedule(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> Decision:
         if not endpoints:

@@ -1,10 +1,14 @@
-"""The contracts: what a filter, a scorer and a picker are, and what a decision holds."""
+"""The contracts: what a filter, a scorer and a picker are, and what a decision holds.
+
+Also the one contract for state that is not the data layer's: a scorer that keeps per-pod
+state of its own (`PodStateScorer`) and learns what the router did through one hook.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from epp.datalayer.endpoint import Endpoint
 from epp.prefix.hashing import BlockHash
@@ -15,7 +19,7 @@ class SchedulingRequest:
     """One request as scheduling sees it. `prefix_match` is produced once, before scoring,
     by the prefix index (pod name -> leading blocks it holds); scorers only read it.
     `now` is the data layer's clock at routing time, passed in because scheduling has no
-    clock of its own; the Router sets it only while the `prefill` scorer is on (else 0.0)."""
+    clock of its own."""
 
     request_id: str
     model: str | None = None
@@ -48,6 +52,63 @@ class Scorer(Protocol):
     name: str
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """The router sent `request` to `endpoint`: after the pick and the endpoint's
+    reservation. `request.prefix_match` is the match the scorers saw (the prefix index
+    records the prompt for the chosen pod only afterwards), `request.now` the time."""
+
+    request: SchedulingRequest
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A request the router sent to `endpoint` ended with `status` (None: no response was
+    seen, e.g. the client went away). `seconds` is its time from dispatch to completion on
+    the data layer's clock, None when the data layer had already let the request go (the
+    pod's page showed it over, or it expired): its duration is then unknown. A request
+    served by a gateway fallback ends on its primary as a 503."""
+
+    endpoint: Endpoint
+    status: int | None
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """The endpoint left the pool: forget what is kept for it."""
+
+    endpoint: Endpoint
+
+
+PodEvent: TypeAlias = Dispatched | Completed | Removed
+
+
+@runtime_checkable
+class PodStateScorer(Scorer, Protocol):
+    """A scorer that keeps state of its own per pod (an optional extension of Scorer).
+
+    The data layer's Endpoint holds what the data layer measures: scraped pages, the EPP's
+    own count of what it sent where, health. A scorer that needs more, e.g. a model of each
+    pod's queue built from what was sent there, keeps that state itself, in its own module:
+
+    - per pod, keyed by the Endpoint object (a pod removed and added again is a new object
+      and starts afresh); a pod it has no state for yet has the state's defaults;
+    - changed only by `observe`, which the Router calls synchronously on the event loop's
+      thread, never during `score`: `Dispatched` once per routed request, `Completed` at
+      most once per dispatch (not at all when the request's end is never heard of), and
+      `Removed` when the pod leaves the pool;
+    - `observe` is cheap and does no I/O; an exception in it on dispatch fails that
+      request (its reservation is released).
+
+    The Scheduler passes each event to every scorer of its profile that has `observe`, so
+    a scorer without a weight keeps no state at all.
+    """
+
+    def observe(self, event: PodEvent) -> None: ...
 
 
 class Picker(Protocol):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
+from epp.app import connect
 from epp.config import EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
@@ -104,6 +105,7 @@ def in_process(
     index = PrefixIndex(config.prefix.capacity_per_pod)
     tokenizer = ByteEstimateTokenizer()
     router = Router(config, store, index, Scheduler(config.scheduling), tokenizer, EppMetrics())
+    connect(store, index, router, config)
     system = _words(rng, prompt_tokens)
     body = json.dumps(
         {

@@ -1,9 +1,10 @@
 """Our EPP in virtual time: the server's own library, driven as the ext_proc server drives it.
 
 An EndpointStore on a virtual clock, one Endpoint per simulated pod, a PrefixIndex, the
-Scheduler and the Router of `epp.routing`, wired as `epp.app.EppService` wires them. Each
-request is routed with `Router.route(path=..., body=..., request_id=..., subset=None)` on
-the JSON body Envoy would forward, and ended with `Router.complete(...)`.
+Scheduler and the Router of `epp.routing`, wired as `epp.app.EppService` wires them
+(`epp.app.connect`). Each request is routed with `Router.route(path=..., body=...,
+request_id=..., subset=None)` on the JSON body Envoy would forward, and ended with
+`Router.complete(...)`.
 
 Every 50 ms of virtual time (the configured scrape interval) each engine's gauges are
 turned into the PodMetrics a scrape of its /metrics page would give, so the scheduler
@@ -21,6 +22,7 @@ import random
 import time
 from typing import Any
 
+from epp.app import connect
 from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
@@ -34,11 +36,6 @@ from epp.scheduling.scheduler import Scheduler
 from epp.tokenize import ByteEstimateTokenizer
 from epp_bench.virtual.types import WAITING, PreparedRequest, RouteChoice, VirtualPods
 from vllm_sim.engine import SimEngine
-
-_SEEN = frozenset(
-    {"waiting", "running", "kv_usage", "prefix_queries", "prefix_hits", "preemptions"}
-)
-
 
 # The virtual pods' requests carry their workload priority in this header, which the
 # EPP here is configured to trust (live, the gateway must strip it from clients).
@@ -76,7 +73,6 @@ def scrape(
         max_loras=config.max_loras if with_lora else None,
         block_size=config.block_size,
         num_gpu_blocks=config.num_gpu_blocks,
-        seen=set(_SEEN),
     )
 
 
@@ -126,6 +122,7 @@ class EppVirtualRouter:
             ByteEstimateTokenizer(),
             EppMetrics(),
         )
+        connect(self.store, self.index, self.router, self.config)
         self._endpoints = [self.store.get(name) for name in pods.names]
         self._pod_of = {name: i for i, name in enumerate(pods.names)}
         self._interval = self.config.datalayer.scrape_interval_s

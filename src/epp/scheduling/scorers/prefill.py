@@ -1,25 +1,34 @@
 """prefill = best expected TTFT among the candidates / this pod's expected TTFT (optional).
 
-Not in the default weights. The EPP keeps, per pod, when the prefills it dispatched there
-should be over (`Endpoint.prefill_lane_end`, moved by the Router at each dispatch),
-assuming the pod prefills first come, first served as vLLM's token budget does. Then:
+Not in the default weights. The scorer keeps, per pod, when the prefills the EPP
+dispatched there should be over (`PrefillState.lane_end`), assuming the pod prefills first
+come, first served as vLLM's token budget does. Then:
 
     cached(pod) = min(prompt tokens - 1, matched blocks(pod) x block size)
     own(pod)    = overhead + (prompt tokens - cached) x per-token cost
                   + cached x per-cached-token cost
-    wait(pod)   = max(prefill_lane_end(pod) - now, slot wait(pod), 0)
+    wait(pod)   = max(lane_end(pod) - now, slot wait(pod), 0)
     ttft(pod)   = wait(pod) + own(pod)
     prefill     = min(ttft over the candidates) / ttft(pod)       (1 for the best pod)
 
 The slot wait covers what the lanes cannot see: a pod whose running slots are all taken
 starts a new request only when one finishes, after (requests on the pod - slots + 1) x
-its mean request time / slots (the EPP's own dispatch-to-completion times, `service_s`).
-It needs `scheduling.running_slots` (vLLM's max_num_seqs), see `slot_wait`.
+its mean request time / slots (the EPP's own dispatch-to-completion times,
+`PrefillState.service_s`). It needs `scheduling.running_slots` (vLLM's max_num_seqs), see
+`slot_wait`.
 
 Inputs: the prompt's token count, the prefix index's match per pod and the block size
-(all on the SchedulingRequest), `now` (the data layer's clock, on the request too), each
-pod's lane end, and the costs of `scheduling.prefill_estimate`. The last prompt token is
-never counted as cached: the engine computes it to produce the first token.
+(all on the SchedulingRequest), `now` (the data layer's clock, on the request too), the
+pods' load figures (Endpoint), the costs of `scheduling.prefill_estimate`, and the state
+below. The last prompt token is never counted as cached: the engine computes it to
+produce the first token.
+
+State (the PodStateScorer contract, scheduling/types.py), all of it in this module:
+- Dispatched: the chosen pod's lane grows by the request's own prefill, priced with the
+  match the scorers saw; it starts at `now` if the lane has drained, else at its end.
+- Completed with a response below 500 and a known duration: the pod's mean request time
+  moves towards that duration (weight SERVICE_ALPHA).
+- Removed: the pod's state is dropped.
 
 It turns a cache match into seconds saved and sees how much prefill a pod has queued
 (the queue score counts requests whatever their length, 50 ms late). With equal cold
@@ -30,11 +39,14 @@ weight taken from the others, e.g. every default weight halved and `prefill: 0.5
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.config import PrefillEstimateConfig
 from epp.datalayer.endpoint import Endpoint
-from epp.scheduling.types import SchedulingRequest
+from epp.scheduling.types import Completed, Dispatched, PodEvent, Removed, SchedulingRequest
+
+# Weight of each completed request in a pod's mean request time.
+SERVICE_ALPHA = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +71,26 @@ class PrefillCost:
         )
 
 
-def slot_wait(endpoint: Endpoint, now: float, pool_service_s: float | None = None) -> float:
+@dataclass(slots=True)
+class PrefillState:
+    """What the scorer keeps per pod (times on the data layer's clock, seconds)."""
+
+    # When the prefills the EPP sent the pod should be over; 0.0: nothing sent yet.
+    lane_end: float = 0.0
+    # Moving mean of dispatch-to-completion time of the requests the EPP saw end with a
+    # response below 500; None until one did. Prices waiting for a running slot.
+    service_s: float | None = None
+
+
+_FRESH = PrefillState()  # read-only: the state of a pod nothing was sent to yet
+
+
+def slot_wait(
+    endpoint: Endpoint,
+    now: float,
+    service_s: float | None = None,
+    pool_service_s: float | None = None,
+) -> float:
     """Expected wait for a running slot: with every slot taken, a new request starts when
     the requests ahead of it have freed one each, one per `service_s / slots` on average.
     0 while a slot is free.
@@ -79,7 +110,7 @@ def slot_wait(endpoint: Endpoint, now: float, pool_service_s: float | None = Non
     ahead = endpoint.concurrency - slots + 1
     if ahead <= 0:
         return 0.0
-    service = endpoint.service_s if endpoint.service_s is not None else pool_service_s
+    service = service_s if service_s is not None else pool_service_s
     if service is None and endpoint.open:
         service = max(0.0, now - next(iter(endpoint.open.values())).at)
     return ahead * service / slots if service else 0.0
@@ -89,6 +120,38 @@ def slot_wait(endpoint: Endpoint, now: float, pool_service_s: float | None = Non
 class PrefillScorer:
     cost: PrefillCost
     name: str = "prefill"
+    _pods: dict[Endpoint, PrefillState] = field(default_factory=dict, repr=False)
+
+    def state(self, endpoint: Endpoint) -> PrefillState:
+        """The pod's state, created on first use."""
+        state = self._pods.get(endpoint)
+        if state is None:
+            state = self._pods[endpoint] = PrefillState()
+        return state
+
+    def observe(self, event: PodEvent) -> None:
+        if isinstance(event, Dispatched):
+            request = event.request
+            own = self.cost.seconds(
+                request.prompt_tokens,
+                request.prefix_match.get(event.endpoint.name, 0),
+                request.block_size,
+            )
+            state = self.state(event.endpoint)
+            now = request.now
+            # First come, first served: it starts when the earlier prefills are over.
+            state.lane_end = (now if now > state.lane_end else state.lane_end) + own
+        elif isinstance(event, Completed):
+            took = event.seconds
+            if took is None or event.status is None or event.status >= 500:
+                return
+            state = self.state(event.endpoint)
+            previous = state.service_s
+            state.service_s = (
+                took if previous is None else previous + SERVICE_ALPHA * (took - previous)
+            )
+        elif isinstance(event, Removed):
+            self._pods.pop(event.endpoint, None)
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
         if not candidates:
@@ -98,12 +161,14 @@ class PrefillScorer:
         prompt_tokens = request.prompt_tokens
         block_size = request.block_size
         now = request.now
-        known = [e.service_s for e in candidates if e.service_s is not None]
+        pods = self._pods.get
+        states = [pods(e, _FRESH) for e in candidates]
+        known = [s.service_s for s in states if s.service_s is not None]
         pool = sum(known) / len(known) if known else None
         ttft = [
-            max(max(0.0, e.prefill_lane_end - now), slot_wait(e, now, pool))
+            max(max(0.0, s.lane_end - now), slot_wait(e, now, s.service_s, pool))
             + seconds(prompt_tokens, matched(e.name, 0), block_size)
-            for e in candidates
+            for e, s in zip(candidates, states, strict=True)
         ]
         best = min(ttft)
         # t is 0 only with zero costs and an idle lane: then every such pod is the best.
