@@ -43,7 +43,7 @@ _ENGINE_FLAGS: tuple[tuple[str, str, float], ...] = (
 )
 
 _EPILOG = f"""\
-presets (--preset; sources in epp/sim/presets.py):
+presets (--preset; sources in vllm_sim/presets.py):
 {chr(10).join(f"  {name:15s} {presets.preset(name).description}" for name in presets.names())}
 
 LoRA:

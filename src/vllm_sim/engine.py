@@ -62,10 +62,12 @@ scheduled it yet, counts it as waiting: `num_prefill_queued(now)` gives how many
 requests there are, and the /metrics page reports them as waiting. `vllm_sim.presets` has
 configurations for real GPUs and models.
 
-Prefix caching follows vLLM's block pool (`vllm_sim.kv_cache`): a request reuses the
-cached blocks at the start of its prompt, at most `(prompt_tokens - 1) // block_size` of
-them (the last prompt token is always computed, to sample from), and every later full
-prompt block is computed and cached anew, even when a copy of it is already cached (the
+Prefix caching follows vLLM's block pool (`vllm_sim.kv_cache`), with blocks keyed by
+vLLM's chained block hashes (`vllm_sim.hashing`: the driver hashes the prompt, the engine
+the output, with the same adapter and salt). A request reuses the cached blocks at the
+start of its prompt, at most `(prompt_tokens - 1) // block_size` of them (the last
+prompt token is always computed, to sample from), and every later full prompt block is
+computed and cached anew, even when a copy of it is already cached (the
 recomputed last block of a fully cached prompt, the blocks after a hole). Full blocks of
 generated tokens are cached too, chained to the prompt's, when the driver tells `finish`
 which tokens it generated (`output_token_ids`): the KV of every token but the last
@@ -106,13 +108,12 @@ same leaves it queued until its next drain after a start or finish.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from epp.prefix.hashing import BlockHash, block_hashes
+from vllm_sim.hashing import BlockHash, block_extra_keys, block_hashes
 from vllm_sim.kv_cache import BlockTable, PrefixBlockPool
 from vllm_sim.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from vllm_sim.latency import RequestTokenStats
@@ -271,7 +272,6 @@ class _Request:
     adapter_rank: int = DEFAULT_LORA_RANK
     token_ids: Sequence[int] | None = None  # the prompt's, when the driver gave them
     cache_salt: str | None = None
-    hash_seed: int | None = None  # what block 0's hash is chained to
     cached_tokens: int = 0  # set when it starts
     pool_epoch: int = 0  # the block pool's epoch when its blocks were pinned
     block_table: BlockTable = field(default_factory=list)  # set when it starts
@@ -329,20 +329,19 @@ class SimEngine:
         *,
         prompt_token_ids: Sequence[int] | None = None,
         cache_salt: str | None = None,
-        hash_seed: int | None = None,
     ) -> Admission:
         """Queue a request, or refuse it when the queue is full or it can never fit.
 
-        `prompt_hashes` are the chained hashes of the prompt's full blocks
-        (`block_hashes(tokens, block_size, seed)`), so there are `prompt_tokens //
-        block_size` of them. The queue is full when it already holds `max_waiting`
-        requests beyond those the free running slots will take.
+        `prompt_hashes` are the chained hashes of the prompt's full blocks,
+        `vllm_sim.hashing.block_hashes(tokens, block_size, lora_name=adapter,
+        cache_salt=cache_salt)`, so there are `prompt_tokens // block_size` of them. The
+        queue is full when it already holds `max_waiting` requests beyond those the free
+        running slots will take.
 
         `prompt_token_ids` (required with KV events on) and `cache_salt` feed the
-        `BlockStored` events; the hashes alone decide what is reused. The token ids and
-        `hash_seed` (the seed `prompt_hashes` were chained from) also let `finish` hash
-        the blocks the output fills: without the ids no output block is cached, without
-        the seed none of a prompt shorter than one block.
+        `BlockStored` events; the hashes alone decide what is reused. The token ids also
+        let `finish` hash the blocks the output fills, chained to the prompt's with the
+        same adapter and salt: without them no output block is cached.
         """
         config = self.config
         if prompt_tokens < 1 or max_tokens < 1:
@@ -373,7 +372,6 @@ class SimEngine:
             else self._adapter_ranks.get(adapter, DEFAULT_LORA_RANK),
             token_ids=prompt_token_ids,
             cache_salt=cache_salt,
-            hash_seed=hash_seed,
         )
         return Admission.QUEUED
 
@@ -645,7 +643,8 @@ class SimEngine:
                 lora_id=None if adapter is None else self._adapter_id(adapter),
                 lora_name=adapter,
                 extra_keys=[
-                    _extra_keys(adapter, req.cache_salt, i) for i in range(first_block, end_block)
+                    block_extra_keys(i, adapter, req.cache_salt)
+                    for i in range(first_block, end_block)
                 ],
             )
         )
@@ -668,18 +667,19 @@ class SimEngine:
         if full <= first:
             return 0
         parent: BlockHash | None = req.prompt_hashes[-1] if first else None
-        seed = parent if parent is not None else req.hash_seed
-        if seed is None:
-            return 0
-        generated_ids = output_token_ids[: full * block_size - prompt_tokens]
-        tail = array("I", prompt_ids[first * block_size :])
-        tail.extend(generated_ids)
-        hashes = block_hashes(tail, block_size, seed)
+        sequence = list(prompt_ids)
+        sequence.extend(output_token_ids[: full * block_size - prompt_tokens])
+        hashes = block_hashes(
+            sequence,
+            block_size,
+            lora_name=req.adapter,
+            cache_salt=req.cache_salt,
+            start_block=first,
+            parent=parent,
+        )
         pool.cache_anonymous(req.block_table, hashes)
         if self._kv_events is not None:
             # vLLM caches (and announces) each output block in the step that fills it.
-            sequence = array("I", prompt_ids)
-            sequence.extend(generated_ids)
             for index, block_hash in enumerate(hashes, start=first):
                 self._record_stored(req, index, [block_hash], parent, sequence)
                 parent = block_hash
@@ -766,13 +766,3 @@ class SimEngine:
 
     def is_waiting(self, req_id: str) -> bool:
         return req_id in self._waiting
-
-
-def _extra_keys(
-    adapter: str | None, cache_salt: str | None, block_index: int
-) -> tuple[str, ...] | None:
-    """vLLM's extra hash keys of one block: the LoRA name, then cache_salt on block 0."""
-    keys = [adapter] if adapter is not None else []
-    if cache_salt is not None and block_index == 0:
-        keys.append(cache_salt)
-    return tuple(keys) if keys else None

@@ -4,7 +4,7 @@ Modelled on vLLM v1's block pool (`vllm/v1/core/block_pool.py`), reduced to what
 can observe:
 
 - A cached block is a physical block holding a full block of tokens, keyed by its chained
-  hash (see `epp.prefix.hashing`), so one hash stands for the whole prefix up to and
+  hash (see `vllm_sim.hashing`), so one hash stands for the whole prefix up to and
   including its block, as in vLLM.
 - vLLM does not de-duplicate: a block computed anew is cached even when another block
   already holds the same hash, so a hash can have several copies. That happens when a
@@ -44,7 +44,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from epp.prefix.hashing import BlockHash
+from vllm_sim.hashing import BlockHash
 
 BlockTable = list[int]
 """The physical blocks a request holds, in order (ids private to one pool)."""

@@ -32,9 +32,11 @@ REPLAY_END_SEQ = b"\xff" * SEQ_BYTES
 class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     """Full blocks just computed and cached, in prompt order.
 
-    `parent_block_hash` is the hash of the block before the first one (None when the first
-    one starts the prompt); `token_ids` holds every token of the blocks; `extra_keys` has
-    one entry per block (the LoRA name, then `cache_salt` on block 0), None when empty.
+    `block_hashes` are the engine's own (`vllm_sim.hashing`); `parent_block_hash` is the
+    hash of the block before the first one (None when the first one starts the prompt);
+    `token_ids` holds every token of the blocks (the simulator's tokenizer's ids);
+    `extra_keys` has one entry per block (the LoRA name, then `cache_salt` on block 0),
+    None when empty: with them a subscriber can recompute every hash.
     `kv_cache_spec_kind` is the attention type of the KV cache group, last on the wire as
     vLLM 0.32 puts it (older vLLMs do not send it: it decodes as None then).
     """

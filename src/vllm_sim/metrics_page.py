@@ -173,9 +173,9 @@ def cache_config_labels(config: EngineConfig) -> dict[str, str]:
     `hash_block_size` is "None", as vLLM's API server prints it when the engine resolves
     it (so a scraper must read the block size from `block_size`).
     `prefix_caching_hash_algo` is vLLM's default, "sha256": the label names the setting of
-    the vLLM imitated. The simulator's own block hashes are chained xxHash64 (see
-    `epp.prefix.hashing`); no pod's hash values can be recomputed from this label anyway,
-    vLLM's depend on its pickled extra keys and seed.
+    the vLLM imitated. The simulator hashes SHA-256 over msgpack, not pickle (see
+    `vllm_sim.hashing`); no pod's hash values can be recomputed from this label anyway,
+    vLLM's depend on its encoding and its seed.
     """
     labels = dict.fromkeys(_UNSET_CACHE_CONFIG_LABELS, "None")
     labels.update(

@@ -4,6 +4,13 @@ Bodies are hostile input: every field is type-checked and every failure becomes 
 404 for an unknown model) in vLLM's error shape, never an exception that escapes. Checks
 run in vLLM's order: field types first, then the model name, then tokenization (the only
 costly step, so it runs last).
+
+Tokenizing follows vLLM: a completion prompt as text gets the BOS token
+(`add_special_tokens=True`), token ids are taken as they are, and a chat is rendered
+through the chat template (`add_generation_prompt`, default true). `engine_prompt` adds
+the block hashes (`vllm_sim.hashing`): it is everything the pod does to a request body
+before the engine sees it, and what the virtual-time benchmark calls to see a prompt as
+the simulated pod sees it.
 """
 
 from __future__ import annotations
@@ -14,15 +21,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from epp.tokenize import ChatMessage, Tokenizer
+from vllm_sim.hashing import BlockHash, block_hashes
 from vllm_sim.openai_errors import ApiError
 from vllm_sim.served_models import ServedModels
+from vllm_sim.tokenizer import ChatMessage, Tokenizer
 
 __all__ = [
     "ApiError",
     "Endpoint",
+    "EnginePrompt",
     "GenerationRequest",
     "ServedModels",
+    "engine_prompt",
     "parse_generation_request",
     "parse_json_object",
 ]
@@ -83,13 +93,21 @@ def parse_generation_request(
         if max_tokens is None:
             max_tokens = _max_tokens(body, "max_tokens")
         messages = _chat_messages(body.get("messages"))
+        generation_prompt = _optional(body, "add_generation_prompt", bool)
         model, adapter = served.resolve(requested)
-        tokens = tokenizer.encode_chat(messages)
+        tokens = tokenizer.encode_chat(
+            messages, add_generation_prompt=generation_prompt is not False
+        )
     else:
         max_tokens = _max_tokens(body, "max_tokens")
         prompt = _completion_prompt(body.get("prompt"))
         model, adapter = served.resolve(requested)
-        tokens = prompt if isinstance(prompt, array) else tokenizer.encode(prompt)
+        if isinstance(prompt, array):
+            tokens = prompt
+        elif prompt:
+            tokens = tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            tokens = array("I")  # no text: refused below, BOS or not
     if not tokens:
         raise ApiError(400, "The prompt is empty.", param="prompt")
     return GenerationRequest(
@@ -103,6 +121,44 @@ def parse_generation_request(
         cache_salt=cache_salt,
         return_token_ids=return_token_ids,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePrompt:
+    """A request as the engine takes it: validated and tokenized (`request`), and the
+    chained hashes of its prompt's full blocks."""
+
+    request: GenerationRequest
+    block_hashes: list[BlockHash]
+
+
+def engine_prompt(
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    served: ServedModels,
+    tokenizer: Tokenizer,
+    block_size: int,
+    max_context_tokens: int | None = None,
+) -> EnginePrompt:
+    """Parse, tokenize and hash one request body, as the simulated pod does for every
+    request it receives; raises `ApiError` for what the pod refuses.
+
+    With `max_context_tokens` (the pod's KV capacity in tokens), a prompt plus
+    `max_tokens` longer than that is refused with vLLM's 400 before it is hashed.
+    """
+    gen = parse_generation_request(endpoint, body, served, tokenizer)
+    prompt_tokens = len(gen.tokens)
+    if max_context_tokens is not None and prompt_tokens + gen.max_tokens > max_context_tokens:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_context_tokens} tokens. However, "
+            f"you requested {prompt_tokens + gen.max_tokens} tokens ({prompt_tokens} in the "
+            f"messages, {gen.max_tokens} in the completion). Please reduce the length of the "
+            "messages or completion.",
+            param="max_tokens",
+        )
+    hashes = block_hashes(gen.tokens, block_size, lora_name=gen.adapter, cache_salt=gen.cache_salt)
+    return EnginePrompt(gen, hashes)
 
 
 def _optional(body: dict[str, Any], key: str, kind: type, where: str | None = None) -> Any:

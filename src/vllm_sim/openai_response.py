@@ -3,15 +3,14 @@
 The output is filler words, one per token, the same for every request: the simulator
 models timing and caching, not language, and fixed text keeps tests reproducible.
 
-Every filler token is a space and a three-letter word: 4 bytes of UTF-8, which is exactly
-one pseudo-token of the byte-estimate tokenizer (`epp.tokenize`). So the text of N
-tokens is N pseudo-tokens, and a client that sends it back inside a later prompt sends
-exactly the token ids the engine generated, and can hit the blocks the engine cached for
-them (as a real tokenizer re-encodes a model's reply to its own ids). The ids line up
-when the reply starts on a 4-byte boundary of the new prompt: always with token-id
-prompts; with text when what precedes the reply is a multiple of 4 bytes long. When it is
-not, the new prompt's block holding the reply's start differs from the engine's (its
-last prompt token was padded), as a BPE merge across the boundary would make it differ.
+Every filler token is a space and a three-letter word, which the simulator's tokenizer
+(`vllm_sim.tokenizer`) encodes as one token: a letter run after one space, short enough
+not to be split. Its pre-tokenizer always cuts before such a space, whatever precedes
+it, so the text of N tokens re-encodes to exactly the N token ids the engine generated
+wherever it sits in a later prompt, as long as no letter follows it directly (a letter
+would join the last word, as it would merge with BPE; the chat template ends the turn
+with a special token). A client that sends a reply back thus reuses the blocks the
+engine cached for it, as a real tokenizer re-encodes a model's reply to its own ids.
 """
 
 from __future__ import annotations

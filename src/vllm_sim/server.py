@@ -30,9 +30,13 @@ publishes nothing by itself: its `AllBlocksCleared` goes out with the next batch
 vLLM, whose engine sends events only with a scheduler step (so an idle pod tells its
 subscribers of a reset when the next request arrives).
 
-Output tokens are filler words whose ids are the tokenizer's own ids for them
-(`vllm_sim.openai_response`), passed to the engine when the request finishes, so that a
-later prompt that quotes the output reuses its cached blocks. `return_token_ids: true`
+Prompts are tokenized by the simulator's own tokenizer (`vllm_sim.tokenizer`, Llama 3's
+chat template) and their blocks hashed as vLLM hashes them (`vllm_sim.hashing`), both
+through `vllm_sim.openai_request.engine_prompt`: nothing here is the router's code, so a
+router's view of a pod's cache is only as good as what it can observe. Output tokens are
+filler words whose ids are the tokenizer's own ids for them (`vllm_sim.openai_response`),
+passed to the engine when the request finishes, so that a later prompt that quotes the
+output reuses its cached blocks. `return_token_ids: true`
 answers with the prompt's and the output's token ids, as vLLM does.
 
 Failure injection (`vllm_sim.failures`) happens here: error answers before anything
@@ -53,8 +57,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from epp.prefix.hashing import block_hashes, chain_seed
-from epp.tokenize import ByteEstimateTokenizer
 from vllm_sim.engine import (
     DEFAULT_LORA_RANK,
     Admission,
@@ -86,7 +88,7 @@ from vllm_sim.openai_errors import ApiError, error_type
 from vllm_sim.openai_request import (
     Endpoint,
     GenerationRequest,
-    parse_generation_request,
+    engine_prompt,
     parse_json_object,
 )
 from vllm_sim.openai_response import (
@@ -99,6 +101,7 @@ from vllm_sim.openai_response import (
     usage,
 )
 from vllm_sim.served_models import LoraAdapter, ServedModels
+from vllm_sim.tokenizer import SimTokenizer, Tokenizer
 
 log = logging.getLogger("vllm_sim")
 
@@ -188,7 +191,7 @@ class SimPod:
         self.faults = PodFaults()
         self.injected = FailureCounts()
         self.kv_publisher: KvEventPublisher | None = None
-        self.tokenizer = ByteEstimateTokenizer()
+        self.tokenizer: Tokenizer = SimTokenizer()
         # The id of each filler word: what the engine generated, and what the word's text
         # encodes to when a client sends it back.
         self._filler_ids = filler_token_ids(self.tokenizer.encode)
@@ -238,31 +241,26 @@ class SimPod:
             if failure in ERROR_KINDS:
                 raise _injected(failure)
         body = parse_json_object(await request.read())
-        gen = parse_generation_request(endpoint, body, self.served, self.tokenizer)
         engine_config = self.config.engine
-        prompt_tokens = len(gen.tokens)
-        if prompt_tokens + gen.max_tokens > engine_config.max_context_tokens:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {engine_config.max_context_tokens} "
-                f"tokens. However, you requested {prompt_tokens + gen.max_tokens} tokens "
-                f"({prompt_tokens} in the messages, {gen.max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-                param="max_tokens",
-            )
-        seed = chain_seed(gen.model, None, gen.cache_salt)
-        hashes = block_hashes(gen.tokens, engine_config.block_size, seed)
+        prompt = engine_prompt(
+            endpoint,
+            body,
+            self.served,
+            self.tokenizer,
+            engine_config.block_size,
+            engine_config.max_context_tokens,
+        )
+        gen = prompt.request
         prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
         req_id = f"{prefix}-{uuid.uuid4().hex}"
         admission = self.engine.submit(
             req_id,
-            hashes,
-            prompt_tokens,
+            prompt.block_hashes,
+            len(gen.tokens),
             gen.max_tokens,
             gen.adapter,
             prompt_token_ids=gen.tokens,
             cache_salt=gen.cache_salt,
-            hash_seed=seed,
         )
         if admission is Admission.QUEUE_FULL:
             raise ApiError(

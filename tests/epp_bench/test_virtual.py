@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -10,13 +11,18 @@ import pytest
 import structlog
 
 from epp.config import EppConfig
+from epp.prefix.hashing import block_hashes as epp_block_hashes
+from epp.prefix.hashing import chain_seed
+from epp.tokenize import ByteEstimateTokenizer
 from epp_bench.virtual.baselines import ConsistentHash
 from epp_bench.virtual.prepare import distinct_prefix_blocks, prepare, size_kv_for_fraction
 from epp_bench.virtual.runner import ROUTERS, make_router, run_virtual
 from epp_bench.virtual.types import VirtualPods
 from epp_bench.workloads import catalog as workloads
 from epp_bench.workloads.types import RunResult
-from vllm_sim.engine import EngineConfig, SimEngine
+from vllm_sim.engine import Admission, EngineConfig, SimEngine
+from vllm_sim.hashing import block_hashes as sim_block_hashes
+from vllm_sim.tokenizer import ChatMessage, SimTokenizer
 
 FAST = EngineConfig(
     num_gpu_blocks=2048,
@@ -79,8 +85,7 @@ def _exact_prompts(workload: workloads.Workload, tokens: int) -> workloads.Workl
     """`workload` with each completion prompt replaced by one of exactly `tokens` engine
     tokens (BOS, then one distinct one-token word repeated), distinct across requests."""
     requests = tuple(
-        replace(r, prompt=f" {chr(ord('a') + r.index)}" * (tokens - 1))
-        for r in workload.requests
+        replace(r, prompt=f" {chr(ord('a') + r.index)}" * (tokens - 1)) for r in workload.requests
     )
     return replace(workload, requests=requests)
 
@@ -347,7 +352,24 @@ def test_expected_ttft_what_if_is_the_epp_with_its_prefill_scorer_on() -> None:
 def test_kv_fraction_sizes_the_pods_from_distinct_prefix_blocks(small: workloads.Workload) -> None:
     prepared = prepare(small)
     distinct = distinct_prefix_blocks(prepared)
-    assert distinct == SMALL.groups * SMALL.system_tokens // 16  # only system prompts repeat
+    # Only system prompts repeat: the full blocks of the tokens each group's prompts share
+    # (the engine's tokens, about the 256 pseudo-tokens each system prompt was sized as).
+    tokenizer = SimTokenizer()
+    groups: dict[str, list[list[int]]] = {}
+    for r in small.requests:
+        assert r.prompt is not None
+        groups.setdefault(r.group, []).append(
+            list(tokenizer.encode(r.prompt, add_special_tokens=True))
+        )
+    shared = [
+        next(
+            (i for i, ids in enumerate(zip(*prompts, strict=False)) if len(set(ids)) > 1),
+            min(map(len, prompts)),
+        )
+        for prompts in groups.values()
+    ]
+    assert distinct == sum(length // 16 for length in shared)
+    assert distinct == pytest.approx(SMALL.groups * SMALL.system_tokens // 16, rel=0.1)
     sized = size_kv_for_fraction(FAST, prepared, 4, 2.0)
     assert sized.num_gpu_blocks * 4 == pytest.approx(2.0 * distinct, abs=4)
     # Never smaller than the largest request.
@@ -356,11 +378,43 @@ def test_kv_fraction_sizes_the_pods_from_distinct_prefix_blocks(small: workloads
 
 def test_prepared_hashes_are_the_simulated_pods_hashes(small: workloads.Workload) -> None:
     request = prepare(small)[0]
-    engine = SimEngine(FAST)
-    engine.submit("a", request.hashes, request.prompt_tokens, request.max_tokens)
-    assert request.prompt_tokens == SMALL.system_tokens + SMALL.question_tokens + 1  # " " pads
+    body = json.loads(request.body)
+    # The simulated pod's tokens (BOS first, as vLLM tokenizes a completion) and hashes.
+    tokens = SimTokenizer().encode(body["prompt"], add_special_tokens=True)
+    assert request.prompt_tokens == len(tokens)
+    assert list(request.hashes) == sim_block_hashes(tokens, 16)
     assert len(request.hashes) == request.prompt_tokens // 16
+    # About as many tokens as the workload's pseudo-tokens, and no hash of the router's.
+    assert request.prompt_tokens == pytest.approx(
+        SMALL.system_tokens + SMALL.question_tokens, rel=0.1
+    )
+    router_tokens = ByteEstimateTokenizer().encode(body["prompt"])
+    router_hashes = epp_block_hashes(router_tokens, 16, chain_seed(body["model"]))
+    assert not set(request.hashes) & set(router_hashes)
+    engine = SimEngine(FAST)
+    assert (
+        engine.submit("a", request.hashes, request.prompt_tokens, request.max_tokens)
+        is Admission.QUEUED
+    )
     assert request.path == "/v1/completions" and b'"stream":true' in request.body
+
+
+def test_prepared_chats_are_rendered_by_the_simulated_pods_template() -> None:
+    workload = workloads.multi_turn(
+        conversations=2, turns=2, system_tokens=64, user_tokens=8, reply_tokens=8
+    )
+    for bench, request in zip(workload.requests, prepare(workload), strict=True):
+        assert bench.messages is not None and request.path == "/v1/chat/completions"
+        messages = [ChatMessage(m.role, m.content) for m in bench.messages]
+        tokens = SimTokenizer().encode_chat(messages)
+        assert request.prompt_tokens == len(tokens)
+        assert list(request.hashes) == sim_block_hashes(tokens, 16)
+
+
+def test_prepare_refuses_what_a_simulated_pod_would_refuse(small: workloads.Workload) -> None:
+    unknown = replace(small.requests[0], model="not-served")
+    with pytest.raises(ValueError, match="would refuse"):
+        prepare(replace(small, requests=(unknown, *small.requests[1:])))
 
 
 def test_pods_view_is_read_only_for_routers() -> None:

@@ -7,19 +7,19 @@ from array import array
 
 import pytest
 
-from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage
 from vllm_sim.engine import Admission, EngineConfig, FinishReason, SimEngine, StartedRequest
-
-MODEL = "sim-llama-8b"
+from vllm_sim.hashing import BlockHash, block_hashes
+from vllm_sim.tokenizer import ChatMessage, SimTokenizer
 
 
 def tokens(n: int, start: int = 0) -> array[int]:
     return array("I", range(start, start + n))
 
 
-def hashes_of(toks: array[int], block_size: int = 16, salt: str | None = None) -> list[BlockHash]:
-    return block_hashes(toks, block_size, chain_seed(MODEL, None, salt))
+def hashes_of(
+    toks: array[int], block_size: int = 16, salt: str | None = None, adapter: str | None = None
+) -> list[BlockHash]:
+    return block_hashes(toks, block_size, lora_name=adapter, cache_salt=salt)
 
 
 def common_prefix_length(a: list[BlockHash], b: list[BlockHash]) -> int:
@@ -48,7 +48,7 @@ class Driver:
         salt: str | None = None,
     ) -> tuple[str, Admission]:
         req_id = f"r{next(self._ids)}"
-        hashes = hashes_of(toks, self.engine.config.block_size, salt)
+        hashes = hashes_of(toks, self.engine.config.block_size, salt, adapter)
         return req_id, self.engine.submit(req_id, hashes, len(toks), max_tokens, adapter)
 
     def run(
@@ -113,7 +113,7 @@ def test_cached_tokens_stay_below_the_prompt_length(
 
 
 def test_growing_chat_conversation_reuses_earlier_turns() -> None:
-    tokenizer = ByteEstimateTokenizer()
+    tokenizer = SimTokenizer()
     driver = Driver()
     conversation = [ChatMessage("system", "You are a terse assistant for a hardware store. " * 4)]
     previous: list[BlockHash] = []
@@ -564,13 +564,19 @@ def serve_with_output(
     output: list[int],
     *,
     produced: int | None = None,
-    seed: int | None = None,
+    adapter: str | None = None,
+    salt: str | None = None,
 ) -> StartedRequest:
     block_size = engine.config.block_size
-    seed = chain_seed(MODEL) if seed is None else seed
-    hashes = block_hashes(toks, block_size, seed)
+    hashes = hashes_of(toks, block_size, salt, adapter)
     admission = engine.submit(
-        req_id, hashes, len(toks), len(output), prompt_token_ids=toks, hash_seed=seed
+        req_id,
+        hashes,
+        len(toks),
+        len(output),
+        adapter,
+        prompt_token_ids=toks,
+        cache_salt=salt,
     )
     assert admission is Admission.QUEUED
     [started] = engine.start_ready(0.0)
@@ -590,7 +596,7 @@ def test_full_output_blocks_are_cached_and_a_prompt_quoting_the_output_hits_them
     assert serve_with_output(engine, "next", follow_up, [1]).cached_tokens == 64
     # A different output is a different block: only the prompt's first block hits.
     other = array("I", [*prompt, *range(6000, 6040), *extra])
-    assert engine.cached_prefix_blocks(block_hashes(other, 32, chain_seed(MODEL))) == 1
+    assert engine.cached_prefix_blocks(block_hashes(other, 32)) == 1
 
 
 @pytest.mark.parametrize(
@@ -600,7 +606,7 @@ def test_full_output_blocks_are_cached_and_a_prompt_quoting_the_output_hits_them
         (40, 24, 1),  # 63: the second block lacks the last generated token's KV
         (40, 25, 2),  # 64
         (64, 1, 2),  # the first token is sampled from the prompt: nothing to cache
-        (10, 30, 1),  # 39: block 0 holds prompt and output, chained to the seed
+        (10, 30, 1),  # 39: block 0 holds prompt and output, chained to NONE_HASH
     ],
 )
 def test_output_blocks_count_every_token_but_the_last_generated(
@@ -611,28 +617,43 @@ def test_output_blocks_count_every_token_but_the_last_generated(
     serve_with_output(engine, "r", tokens(prompt_tokens, 100), output, produced=produced)
     assert engine.cached_blocks == cached
     sequence = array("I", [*tokens(prompt_tokens, 100), *output[: produced - 1]])
-    hashes = block_hashes(sequence, 32, chain_seed(MODEL))
+    hashes = block_hashes(sequence, 32)
     assert engine.cached_prefix_blocks(hashes) == cached == len(hashes)
 
 
-def test_no_output_blocks_without_the_output_ids_or_for_a_short_prompt_without_seed() -> None:
+def test_output_blocks_carry_the_adapter_and_salt_of_their_request() -> None:
+    # Hashed as the prompt's are: the LoRA name on every block, cache_salt on block 0 (a
+    # short prompt's block 0 is filled by its output).
+    engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40))
+    prompt, output = tokens(10, 100), list(range(7000, 7030))
+    serve_with_output(engine, "r", prompt, output, adapter="sql", salt="tenant-a")
+    sequence = array("I", [*prompt, *output[:29]])
+    salted = hashes_of(sequence, 16, "tenant-a", "sql")
+    assert len(salted) == 2 and engine.cached_prefix_blocks(salted) == 2
+    assert engine.cached_prefix_blocks(hashes_of(sequence, 16, None, "sql")) == 0
+    assert engine.cached_prefix_blocks(hashes_of(sequence, 16, "tenant-a")) == 0
+
+
+def test_no_output_blocks_without_the_output_ids() -> None:
     engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40))
     toks = tokens(20)
     engine.submit("a", hashes_of(toks), 20, 20)  # the virtual benchmark's way: no ids
     engine.start_ready(0.0)
     engine.finish("a", 20)
     assert engine.cached_blocks == 1
-    short = tokens(8, start=300)
-    engine.submit("b", [], 8, 20, prompt_token_ids=short)  # no seed for block 0's hash
+    # With the ids, a prompt shorter than a block gets its block 0 from the output.
+    short, output = tokens(8, start=300), list(range(20))
+    engine.submit("b", [], 8, 20, prompt_token_ids=short)
     engine.start_ready(0.0)
-    engine.finish("b", 20, output_token_ids=list(range(20)))
-    assert engine.cached_blocks == 1
+    engine.finish("b", 20, output_token_ids=output)
+    assert engine.cached_blocks == 2
+    assert engine.cached_prefix_blocks(hashes_of(array("I", [*short, *output[:8]]))) == 1
 
 
 def test_a_request_running_through_a_reset_caches_no_output_blocks() -> None:
     engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40))
-    toks, seed = tokens(20), chain_seed(MODEL)
-    engine.submit("a", hashes_of(toks), 20, 30, prompt_token_ids=toks, hash_seed=seed)
+    toks = tokens(20)
+    engine.submit("a", hashes_of(toks), 20, 30, prompt_token_ids=toks)
     engine.start_ready(0.0)
     engine.reset_prefix_cache()
     engine.finish("a", 30, output_token_ids=list(range(30)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.prefix.hashing import BlockHash
+from vllm_sim.hashing import BlockHash
 from vllm_sim.kv_cache import PrefixBlockPool
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from vllm_sim.engine import EngineConfig, SimEngine
+from vllm_sim.hashing import BlockHash, block_hashes, hash_block_tokens
 from vllm_sim.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
@@ -54,7 +54,7 @@ class EventDriver:
         self._ids = itertools.count()
 
     def hashes(self, toks: array[int], adapter: str | None = None, salt: str | None = None):
-        return block_hashes(toks, 4, chain_seed(adapter or "m", None, salt))
+        return block_hashes(toks, 4, lora_name=adapter, cache_salt=salt)
 
     def serve(
         self, toks: array[int], adapter: str | None = None, salt: str | None = None
@@ -195,15 +195,13 @@ def serve_generating(
 ) -> tuple[list[KvEvent], list[KvEvent]]:
     """Start one request, then finish it with `output`: the events of each."""
     engine = driver.engine
-    seed = chain_seed("m", None, salt)
     engine.submit(
         "gen",
-        block_hashes(toks, 4, seed),
+        driver.hashes(toks, None, salt),
         len(toks),
         len(output),
         prompt_token_ids=toks,
         cache_salt=salt,
-        hash_seed=seed,
     )
     engine.start_ready(0.0)
     started = engine.drain_kv_events()
@@ -216,7 +214,7 @@ def test_output_blocks_are_stored_one_event_each_chained_to_the_prompt() -> None
     toks, output = tokens(6), list(range(100, 108))
     started, finished = serve_generating(driver, toks, output)
     sequence = array("I", [*toks, *output[:7]])  # 13 tokens with KV: 3 full blocks
-    hashes = block_hashes(sequence, 4, chain_seed("m"))
+    hashes = block_hashes(sequence, 4)
     assert started == [
         BlockStored(
             block_hashes=hashes[:1],
@@ -249,10 +247,9 @@ def test_an_output_block_that_is_block_0_carries_the_salt_and_no_parent() -> Non
     driver = EventDriver(num_gpu_blocks=16)
     started, finished = serve_generating(driver, tokens(2), [50, 51, 52], salt="tenant-a")
     assert started == []
-    seed = chain_seed("m", None, "tenant-a")
     assert finished == [
         BlockStored(
-            block_hashes=block_hashes(array("I", [0, 1, 50, 51]), 4, seed),
+            block_hashes=block_hashes(array("I", [0, 1, 50, 51]), 4, cache_salt="tenant-a"),
             parent_block_hash=None,
             token_ids=[0, 1, 50, 51],
             block_size=4,
@@ -306,13 +303,13 @@ def test_adapter_ids_follow_registration_order_like_vllm_lora_int_id() -> None:
 def test_events_off_by_default_and_tokens_required_when_on() -> None:
     quiet = SimEngine(EngineConfig(block_size=4))
     toks = tokens(8)
-    quiet.submit("a", block_hashes(toks, 4, 1), 8, 1)
+    quiet.submit("a", block_hashes(toks, 4), 8, 1)
     quiet.start_ready(0.0)
     quiet.reset_prefix_cache()
     assert (quiet.kv_events_enabled, quiet.drain_kv_events()) == (False, [])
     loud = SimEngine(EngineConfig(block_size=4), kv_events=True)
     with pytest.raises(ValueError, match="token ids"):
-        loud.submit("a", block_hashes(toks, 4, 1), 8, 1)
+        loud.submit("a", block_hashes(toks, 4), 8, 1)
 
 
 def test_hashes_are_the_engines_own_unsigned_64_bit_ints() -> None:
@@ -321,6 +318,40 @@ def test_hashes_are_the_engines_own_unsigned_64_bit_ints() -> None:
     assert isinstance(stored, BlockStored)
     assert all(isinstance(h, int) and 0 <= h < 2**64 for h in stored.block_hashes)
     assert stored.block_hashes == [BlockHash(h) for h in driver.hashes(tokens(8))]
+
+
+@pytest.mark.parametrize(("adapter", "salt"), [(None, None), ("sql-lora", "tenant-a")])
+def test_a_subscriber_recomputes_every_stored_hash_from_the_event_alone(
+    adapter: str | None, salt: str | None
+) -> None:
+    # vLLM's BlockStored carries what each hash was made of: the parent, the blocks'
+    # token ids and their extra keys. Prompt blocks, a run after a reused prefix, and
+    # output blocks alike.
+    driver = EventDriver(num_gpu_blocks=32)
+    events = driver.serve(tokens(10), adapter, salt)
+    events += driver.serve(tokens(18), adapter, salt)
+    driver.engine.submit(
+        "gen",
+        driver.hashes(tokens(6, 50), adapter, salt),
+        6,
+        9,
+        adapter,
+        prompt_token_ids=tokens(6, 50),
+        cache_salt=salt,
+    )
+    driver.engine.start_ready(0.0)
+    driver.engine.finish("gen", 9, output_token_ids=list(range(900, 909)))
+    events += driver.engine.drain_kv_events()
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    # 2 prompt blocks; the 2 after them; a 1-block prompt; its 2 output blocks, 1 each.
+    assert [len(e.block_hashes) for e in stored] == [2, 2, 1, 1, 1]
+    for event in stored:
+        assert event.extra_keys is not None
+        parent = event.parent_block_hash
+        for index, block_hash in enumerate(event.block_hashes):
+            ids = event.token_ids[index * 4 : (index + 1) * 4]
+            parent = hash_block_tokens(parent, ids, event.extra_keys[index])
+            assert parent == block_hash
 
 
 # -- wire format -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from epp.prefix.hashing import block_hashes, chain_seed
+from vllm_sim.hashing import block_hashes
 from vllm_sim.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
@@ -97,10 +97,9 @@ async def test_live_batches_number_and_describe_a_request_sequence(
     pod = await start(num_gpu_blocks=12, kv_events=KvEventsConfig(port=0, replay_port=0))
     assert pod.kv_publisher is not None and pod.kv_publisher.pub_port is not None
     sub = await subscribe(zmq_context, pod.kv_publisher.pub_port)
-    seed = chain_seed("sim-llama-8b")
     a, b = list(range(64)), list(range(1000, 1160))
-    a_hashes = block_hashes(array("I", a), 16, seed)
-    b_hashes = block_hashes(array("I", b), 16, seed)
+    a_hashes = block_hashes(array("I", a), 16)
+    b_hashes = block_hashes(array("I", b), 16)
 
     assert await complete(http, pod, a) == 0
     topic, seq, batch, _ = await receive(sub)

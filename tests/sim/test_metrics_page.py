@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.prefix.hashing import block_hashes, chain_seed
 from vllm_sim.engine import EngineConfig, FinishReason, SimEngine
+from vllm_sim.hashing import block_hashes
 from vllm_sim.latency import Histogram, LatencyStats, RequestTimeline
 from vllm_sim.metrics_page import (
     MAX_LORA_INFO_SERIES,
@@ -57,7 +57,7 @@ def busy_engine() -> SimEngine:
     """Two requests served (the second a prefix hit), one running, one waiting."""
     engine = SimEngine(EngineConfig(max_num_seqs=1, num_gpu_blocks=100))
     toks = array("I", range(40))
-    hashes = block_hashes(toks, 16, chain_seed("m"))
+    hashes = block_hashes(toks, 16)
     for req_id in ("a", "b"):
         engine.submit(req_id, hashes, 40, 4)
         engine.start_ready(0.0)

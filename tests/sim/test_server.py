@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage
 from vllm_sim.engine import EngineConfig, FinishReason
 from vllm_sim.openai_response import filler_text
 from vllm_sim.server import POD_HEADER, POD_KEY, RunningPod, SimPodConfig, create_app
+from vllm_sim.tokenizer import ChatMessage, SimTokenizer
 
 from .conftest import FAST_ENGINE, StartPod
 
-TOKENIZER = ByteEstimateTokenizer()
+TOKENIZER = SimTokenizer()
 SYSTEM = "You are a helpful assistant who answers questions about routing. " * 10
 
 
@@ -73,7 +73,7 @@ async def test_completion_returns_openai_json(start: StartPod, http: aiohttp.Cli
             "stop_reason": None,
         }
     ]
-    prompt_tokens = len(TOKENIZER.encode(prompt))
+    prompt_tokens = len(TOKENIZER.encode(prompt, add_special_tokens=True))  # BOS first
     assert body["usage"] == {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 5,
@@ -85,8 +85,8 @@ async def test_completion_returns_openai_json(start: StartPod, http: aiohttp.Cli
 @pytest.mark.parametrize(
     ("prompt", "prompt_tokens"),
     [
-        ("abcdefgh" * 10, 20),
-        (["abcdefgh" * 10], 20),
+        (" sed" * 19, 20),  # BOS + 19 one-token words
+        ([" sed" * 19], 20),
         (list(range(37)), 37),
         ([list(range(37))], 37),
     ],
@@ -214,9 +214,11 @@ def test_filler_text_encodes_to_exactly_the_generated_token_ids() -> None:
     pod = create_app(SimPodConfig())[POD_KEY]
     for count in (1, 7, 16, 33):
         assert list(TOKENIZER.encode(filler_text(count))) == pod.output_token_ids(count)
-    # ... also inside a longer text, from any 4-byte boundary.
-    text = "abcd" * 3 + filler_text(20) + " and more"
-    assert list(TOKENIZER.encode(text))[3:23] == pod.output_token_ids(20)
+    # ... also inside a longer text, whatever precedes it.
+    for before in ("abcd", "abc ", "pods.", "12", "\n", "  ", "日本"):
+        text = before + filler_text(20) + " and more"
+        start = len(TOKENIZER.encode(before))
+        assert list(TOKENIZER.encode(text))[start : start + 20] == pod.output_token_ids(20)
 
 
 async def test_return_token_ids_answers_with_prompt_and_output_ids(
@@ -286,17 +288,18 @@ async def test_a_text_prompt_quoting_the_reply_reuses_the_output_blocks(
     start: StartPod, http: aiohttp.ClientSession
 ) -> None:
     pod = await start()
-    prompt = "Tell me about pods. " * 6  # 120 bytes: 30 tokens, 1 full block of 16
+    prompt = "Tell me about pods. " * 6
     request = {"prompt": prompt, "max_tokens": 20}
     _, answer = await cached_tokens(http, pod, "/v1/completions", request)
+    assert answer["usage"]["prompt_tokens"] == 38  # BOS, 6 x 6 pieces, the last space
     reply = answer["choices"][0]["text"]
-    # 30 + 19 tokens have KV: 3 full blocks, 2 of them holding output.
+    # 38 + 19 tokens have KV: 3 full blocks, the last 2 holding output.
     follow_up = {"prompt": prompt + reply + " Go on.", "max_tokens": 1}
     assert (await cached_tokens(http, pod, "/v1/completions", follow_up))[0] == 48
-    # Off a 4-byte boundary the reply re-encodes differently (as a BPE merge across the
-    # boundary would): only the prompt's own full block is reused.
-    shifted = {"prompt": prompt + " " + reply, "max_tokens": 1}
-    assert (await cached_tokens(http, pod, "/v1/completions", shifted))[0] == 16
+    # A reply the client changed re-encodes to other ids: only the prompt's own full
+    # blocks are reused.
+    changed = {"prompt": prompt + reply.upper() + " Go on.", "max_tokens": 1}
+    assert (await cached_tokens(http, pod, "/v1/completions", changed))[0] == 32
 
 
 async def test_the_next_chat_turn_reuses_the_blocks_of_the_previous_reply(
@@ -304,15 +307,6 @@ async def test_the_next_chat_turn_reuses_the_blocks_of_the_previous_reply(
 ) -> None:
     pod = await start()
     question = "Which pod holds my prefix?"
-    # Pad the question until the rendered prompt is whole pseudo-tokens (a multiple of 4
-    # bytes, so no padding after its last newline): the reply then starts on a token
-    # boundary when the client sends it back.
-    while (
-        not TOKENIZER.encode_chat([ChatMessage("system", SYSTEM), ChatMessage("user", question)])
-        .tobytes()
-        .endswith(b"\n")
-    ):
-        question += "?"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     request = {"messages": messages, "max_tokens": 40}
     _, answer = await cached_tokens(http, pod, "/v1/chat/completions", request)
@@ -322,7 +316,8 @@ async def test_the_next_chat_turn_reuses_the_blocks_of_the_previous_reply(
         {"role": "user", "content": "And then?"},
     ]
     cached, _ = await cached_tokens(http, pod, "/v1/chat/completions", request)
-    # Every full block of the first turn's prompt and its output but the last token.
+    # Every full block of the first turn's prompt and its output but the last token: the
+    # template renders the reply right after the generation prompt the engine saw.
     assert cached == 16 * ((turn1 + 40 - 1) // 16)
     assert cached > 16 * (turn1 // 16)
 
@@ -562,7 +557,7 @@ async def test_disconnect_mid_stream_frees_the_slot_and_blocks(
 ) -> None:
     pod = await start(**SLOW)
     engine = pod.pod.engine
-    request = {"prompt": "x" * 400, "max_tokens": 1000, "stream": True}
+    request = {"prompt": " sed" * 100, "max_tokens": 1000, "stream": True}
     resp = await http.post(pod.url + "/v1/completions", json=request)
     assert (await resp.content.readline()).startswith(b"data: ")
     assert engine.num_running == 1
@@ -574,10 +569,11 @@ async def test_disconnect_mid_stream_frees_the_slot_and_blocks(
     assert engine.counters.generation_tokens >= 1
     # The slot is free again: a new request runs at once.
     status, body, _ = await post(
-        http, pod, "/v1/completions", {"prompt": "x" * 400, "max_tokens": 1}
+        http, pod, "/v1/completions", {"prompt": " sed" * 100, "max_tokens": 1}
     )
     assert status == 200
-    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 96  # blocks stayed cached
+    # BOS + 100 tokens: its 6 full blocks stayed cached.
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
 
 
 async def test_disconnect_while_queued_or_decoding_without_stream(

@@ -2,6 +2,13 @@
 
 Preparing is the costly part of a virtual run that does not depend on the router or the
 rate (JSON bodies, tokenizing, hashing), so a ladder prepares once and replays many times.
+
+The two sides of the wire see each request through their own code, as in a live run: the
+EPP gets the JSON body and parses it with the router's own code at routing time
+(`epp_bench.virtual.epp`), while the engine side (prompt length, block hashes) is what a
+simulated pod computes for the same body, `vllm_sim.openai_request.engine_prompt`: the
+simulator's tokenizer and chat template, and vLLM's block hashing. The router's hit
+rates are thus measured against a cache it cannot reproduce by construction.
 """
 
 from __future__ import annotations
@@ -12,48 +19,62 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from epp.prefix.hashing import block_hashes, chain_seed
 from epp.request import CHAT_PATH, COMPLETIONS_PATH
-from epp.tokenize import ByteEstimateTokenizer
 from epp_bench.virtual.types import PreparedRequest
 from epp_bench.workloads.types import BenchRequest, Workload
 from vllm_sim.engine import EngineConfig
+from vllm_sim.openai_request import ApiError, Endpoint, ServedModels, engine_prompt
+from vllm_sim.tokenizer import SimTokenizer, Tokenizer
+
+
+def served_models(workload: Workload) -> ServedModels:
+    """The models a simulated pod of this workload answers to: the workload's base model
+    and its LoRA adapters (`params["adapters"]`), as `run_virtual` names them."""
+    adapters = tuple(workload.params.get("adapters", {}))
+    base = str(
+        workload.params.get("base_model")
+        or workload.params.get("model")
+        or next((r.model for r in workload.requests if r.model not in adapters), "")
+    )
+    return ServedModels(base, adapters)
 
 
 def _prepare_one(
-    request: BenchRequest,
-    adapters: frozenset[str],
-    block_size: int,
-    tokenizer: ByteEstimateTokenizer,
+    request: BenchRequest, served: ServedModels, block_size: int, tokenizer: Tokenizer
 ) -> PreparedRequest:
+    body = request.body(stream=True)
     if request.kind == "chat":
-        assert request.messages is not None
-        tokens = tokenizer.encode_chat(request.messages)
-        path = CHAT_PATH
+        endpoint, path = Endpoint.CHAT, CHAT_PATH
     else:
-        assert request.prompt is not None
-        tokens = tokenizer.encode(request.prompt)
-        path = COMPLETIONS_PATH
-    # As the simulated pod hashes: seeded by the model name as requested (an adapter's
-    # name selects the adapter) and cache_salt.
-    seed = chain_seed(request.model, None, request.cache_salt)
+        endpoint, path = Endpoint.COMPLETIONS, COMPLETIONS_PATH
+    try:
+        prompt = engine_prompt(endpoint, body, served, tokenizer, block_size)
+    except ApiError as exc:
+        raise ValueError(
+            f"request {request.index}: a simulated pod would refuse it ({exc.status}): {exc}"
+        ) from None
+    gen = prompt.request
     return PreparedRequest(
         index=request.index,
         path=path,
-        body=json.dumps(request.body(stream=True), separators=(",", ":")).encode(),
+        body=json.dumps(body, separators=(",", ":")).encode(),
         model=request.model,
-        adapter=request.model if request.model in adapters else None,
-        prompt_tokens=len(tokens),
+        adapter=gen.adapter,
+        prompt_tokens=len(gen.tokens),
         max_tokens=request.max_tokens,
-        hashes=tuple(block_hashes(tokens, block_size, seed)),
+        hashes=tuple(prompt.block_hashes),
     )
 
 
 def prepare(workload: Workload, block_size: int = 16) -> tuple[PreparedRequest, ...]:
-    """Every request of `workload`, indexed as in the workload."""
-    adapters = frozenset(workload.params.get("adapters", {}))
-    tokenizer = ByteEstimateTokenizer()
-    prepared = tuple(_prepare_one(r, adapters, block_size, tokenizer) for r in workload.requests)
+    """Every request of `workload`, indexed as in the workload.
+
+    Raises ValueError for a request a simulated pod would refuse (an unknown model, an
+    empty prompt).
+    """
+    served = served_models(workload)
+    tokenizer = SimTokenizer()
+    prepared = tuple(_prepare_one(r, served, block_size, tokenizer) for r in workload.requests)
     for position, request in enumerate(prepared):
         if request.index != position:
             raise ValueError("workload requests must be indexed 0..n-1 in order")

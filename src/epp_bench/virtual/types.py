@@ -7,17 +7,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from epp.prefix.hashing import BlockHash
 from vllm_sim.engine import SimEngine
+from vllm_sim.hashing import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """A workload request turned into what both sides of the wire need, computed once.
 
-    `path` and `body` are what Envoy would hand the EPP; `hashes` are the engine's own
-    block hashes, computed as the simulated pod computes them (`vllm_sim.server`: byte
-    tokenizer, chain seeded with the requested model name and cache_salt).
+    `path` and `body` are what Envoy would hand the EPP; `prompt_tokens` and `hashes`
+    are the engine's own view of the prompt, computed by the simulated pod's code
+    (`vllm_sim.openai_request.engine_prompt`: the simulator's tokenizer and chat
+    template, vLLM's block hashing with the adapter and cache_salt as extra keys), never
+    by the router's.
     """
 
     index: int

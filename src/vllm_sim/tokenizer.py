@@ -1,0 +1,201 @@
+"""The simulated model's tokenizer and chat template.
+
+The simulated pod keys its KV blocks by token ids, so it needs a tokenizer; this one is
+deliberately not the router's (`epp.tokenize`, 4 UTF-8 bytes per pseudo-token, a chat
+rendered as `<|role|>` text tags). A router in front of these pods, like one in front of
+real vLLM pods, cannot reproduce the engine's token ids by construction: an approximate
+router must be consistent with itself, and a precise one must read the ids from the
+pod's KV events. It works like a real pre-tokenizer plus a fixed vocabulary:
+
+- Text is cut into pieces by a regex shaped like tiktoken's (cl100k / Llama 3): an
+  optional leading space or punctuation mark plus a run of letters, runs of up to three
+  digits, runs of punctuation, and runs of whitespace (newlines apart).
+- A piece of more than `MAX_PIECE_BYTES` UTF-8 bytes is split, on character boundaries,
+  into the fewest chunks of at most that many bytes, of about equal size (a stand-in for
+  BPE cutting a long word into sub-words; a CJK run becomes one or two characters per
+  token, as BPE vocabularies roughly do).
+- A piece's id is a stable hash (BLAKE2b) of its UTF-8 bytes into `VOCAB_SIZE` regular
+  ids: the same in every process, unlike Python's `hash`. Distinct pieces may share an
+  id, as they would share a row of a finite vocabulary.
+
+Size: on the benchmark workloads (`epp_bench.workloads.catalog`, random words of 2-9
+letters, lengths counted in the router's pseudo-tokens of 4 bytes) this gives 4.0 UTF-8
+bytes per token for completion prompts (shared-prefix: 0.998 tokens per pseudo-token;
+no-reuse and multi-LoRA alike) and 4.0-4.1 for the multi-turn chats, template included
+(0.99 tokens per pseudo-token), so prompts keep the lengths the workloads were sized for.
+On English prose (this repository's README) it gives 3.7 bytes per token; real BPE
+vocabularies give about 4 to 4.5.
+
+The chat template is Llama 3's, without its date preamble and without trimming content:
+
+    <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>...
+    <|start_header_id|>assistant<|end_header_id|>\\n\\n      (add_generation_prompt)
+
+Special tokens are ids above the regular vocabulary and never come out of text: the
+text between them (a role name, "\\n\\n" plus the content) is encoded on its own, as HF
+tokenizers encode the text between special tokens. A completion prompt starts with
+<|begin_of_text|> (vLLM tokenizes completions with `add_special_tokens=True`, chats,
+whose template writes it, without). The rendering is prefix-stable: a conversation that
+grows by a turn keeps every earlier id, and a generation prompt is the start of the
+assistant turn that answers it, so a client that sends the reply back reuses the
+engine's blocks.
+
+Content is kept verbatim: Llama 3's template trims it, which would drop the leading space
+of the simulator's output (`vllm_sim.openai_response`), so that a reply quoted back would
+no longer re-encode to the ids generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Protocol
+
+VOCAB_SIZE = 128_000  # regular ids are 0 .. VOCAB_SIZE - 1
+MAX_PIECE_BYTES = 5
+
+# Llama 3's special tokens, at their ids.
+BEGIN_OF_TEXT = 128_000
+END_OF_TEXT = 128_001
+START_HEADER = 128_006
+END_HEADER = 128_007
+END_OF_TURN = 128_009
+SPECIAL_TOKENS = {
+    "<|begin_of_text|>": BEGIN_OF_TEXT,
+    "<|end_of_text|>": END_OF_TEXT,
+    "<|start_header_id|>": START_HEADER,
+    "<|end_header_id|>": END_HEADER,
+    "<|eot_id|>": END_OF_TURN,
+}
+
+# tiktoken's cl100k pattern in Python's `re`: \p{L} is [^\W\d_] (word characters that
+# are neither digits nor "_"), \p{N} is \d, and "_" counts as punctuation.
+_PIECES = re.compile(
+    r"""'(?i:[sdmt]|ll|ve|re)"""  # contractions
+    r"""|[^\r\n\w]?[^\W\d_]+|_[^\W\d_]+"""  # letters, after at most one space or mark
+    r"""|\d{1,3}"""  # digits in groups of three
+    r"""| ?(?:[^\s\w]|_)+[\r\n]*"""  # punctuation
+    r"""|\s*[\r\n]+"""  # newlines, with the spaces before them
+    r"""|\s+(?!\S)"""  # spaces before spaces (the last one joins the next piece)
+    r"""|\s+"""
+)
+_PIECE_CACHE_LIMIT = 1 << 20  # distinct pieces remembered before the cache starts over
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat turn, its content as text."""
+
+    role: str
+    content: str
+
+
+class Tokenizer(Protocol):
+    """What the simulated pod needs from a tokenizer."""
+
+    name: str
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> array[int]:
+        """Token ids of `text` (uint32); with `add_special_tokens`, after the BOS token."""
+        ...
+
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> array[int]:
+        """Token ids of a conversation rendered through the chat template."""
+        ...
+
+
+def split_pieces(text: str) -> list[str]:
+    """The pre-tokenizer's pieces of `text` (before long pieces are split); they join
+    back to `text`."""
+    return _PIECES.findall(text)
+
+
+def piece_chunks(piece: str) -> list[str]:
+    """`piece` cut into the fewest chunks of at most `MAX_PIECE_BYTES` UTF-8 bytes, of about
+    equal size, on character boundaries (one chunk when it is short enough)."""
+    raw = piece.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_PIECE_BYTES:
+        return [piece]
+    count = -(-len(raw) // MAX_PIECE_BYTES)
+    if len(raw) == len(piece):  # ASCII: bytes are characters
+        size, extra = divmod(len(piece), count)
+        chunks = []
+        start = 0
+        for index in range(count):
+            end = start + size + (index < extra)
+            chunks.append(piece[start:end])
+            start = end
+        return chunks
+    # Fill each chunk up to about its share of the bytes, never past MAX_PIECE_BYTES.
+    target = -(-len(raw) // count)
+    chunks = []
+    current: list[str] = []
+    used = 0
+    for char in piece:
+        width = len(char.encode("utf-8", "surrogatepass"))
+        if current and (used + width > MAX_PIECE_BYTES or used >= target):
+            chunks.append("".join(current))
+            current, used = [], 0
+        current.append(char)
+        used += width
+    chunks.append("".join(current))
+    return chunks
+
+
+def piece_id(chunk: str) -> int:
+    """The vocabulary id of one chunk: a stable hash of its UTF-8 bytes."""
+    digest = hashlib.blake2b(chunk.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % VOCAB_SIZE
+
+
+class _PieceIds(dict[str, tuple[int, ...]]):
+    """piece -> its ids, filled on first sight (bounded: it starts over when full)."""
+
+    def __missing__(self, piece: str) -> tuple[int, ...]:
+        if len(self) >= _PIECE_CACHE_LIMIT:
+            self.clear()
+        ids = self[piece] = tuple(piece_id(chunk) for chunk in piece_chunks(piece))
+        return ids
+
+
+class SimTokenizer:
+    """The simulator's default tokenizer (module docstring): pieces, hashed ids, and
+    Llama 3's chat template."""
+
+    name = "vllm-sim-pieces"
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids = _PieceIds()
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> array[int]:
+        ids: array[int] = array("I", (BEGIN_OF_TEXT,) if add_special_tokens else ())
+        ids.extend(self._text_ids(text))
+        return ids
+
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> array[int]:
+        ids: array[int] = array("I", (BEGIN_OF_TEXT,))
+        for message in messages:
+            ids.append(START_HEADER)
+            ids.extend(self._text_ids(message.role))
+            ids.append(END_HEADER)
+            ids.extend(self._text_ids("\n\n" + message.content))
+            ids.append(END_OF_TURN)
+        if add_generation_prompt:
+            ids.append(START_HEADER)
+            ids.extend(self._text_ids("assistant"))
+            ids.append(END_HEADER)
+            ids.extend(self._text_ids("\n\n"))
+        return ids
+
+    def _text_ids(self, text: str) -> Iterable[int]:
+        return chain.from_iterable(map(self._ids.__getitem__, _PIECES.findall(text)))
