@@ -28,6 +28,7 @@ run: $(VENV)/.installed-demo
 test: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
 	$(BIN)/pytest $(ARGS)
 
 # Benchmarks (docs/benchmarks/): virtual time and EPP overhead here; live with the peers

@@ -22,8 +22,10 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -138,7 +140,7 @@ class EppService:
             self._web_runner, self.config.server.metrics_host, self.config.server.metrics_port
         )
         await site.start()
-        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.metrics_port = self._web_runner.addresses[0][1]  # (host, port) of the site
         await self.scraper.start()
         self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
         self._tasks.append(self.metrics.loop_lag.start())  # cancelled in stop() with the rest
@@ -329,6 +331,7 @@ def main(argv: list[str]) -> int:
         print(f"epp serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

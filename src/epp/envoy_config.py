@@ -283,7 +283,7 @@ def render(
             },
         }
     )
-    hcm = {
+    hcm: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llm",
         # No byte either way for this long ends the request. It also bounds the one hang

@@ -141,7 +141,7 @@ _UNPAIRED_SURROGATE = re.compile(
 )
 
 
-def _invalid_json(body: bytes, exc: Exception) -> RequestRejected:
+def _invalid_json(body: bytes | bytearray | memoryview, exc: Exception) -> RequestRejected:
     message = f"the body is not valid JSON: {exc}"
     if _UNPAIRED_SURROGATE.search(body):
         # msgspec reports a lone high surrogate as "truncated": name the real cause.
@@ -256,11 +256,13 @@ def _chat_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
         # "Expected `object`, got `str` - at `$[0]`" -> "... at `messages[0]`"
         detail = str(exc).replace("`$", "`messages")
         raise _bad(f"invalid 'messages': {detail}", "messages") from None
-    turns = [ChatMessage(m.role, m.content) if type(m.content) is str else None for m in messages]
-    for i, turn in enumerate(turns):
-        if turn is None:  # content None or a list of parts: the uncommon case
-            message = messages[i]
-            turns[i] = ChatMessage(message.role, _content_text(message.content, i))
+    turns = [
+        ChatMessage(m.role, m.content)
+        if type(m.content) is str
+        # content None or a list of parts: the uncommon case
+        else ChatMessage(m.role, _content_text(m.content, i))
+        for i, m in enumerate(messages)
+    ]
     # A turn's JSON ({"role": "", "content": ""}, ~24 bytes) is ~12 bytes longer than its
     # rendering (<||>\n<|end|>\n, 13): subtract that per omitted turn.
     omitted_bytes = max(0, ends[-1] - ends[keep - 1] - _JSON_TURN_EXTRA * (len(raws) - keep))
@@ -328,5 +330,5 @@ def parse_request(
     except RecursionError:
         raise _bad("the body is nested too deeply to parse", reason="invalid-json") from None
     adapter = model if model in adapters else None
-    base = adapters[model] if adapter else model
+    base = adapters[adapter] if adapter else model
     return InferenceRequest(kind, model, base, adapter, prompt, stream, salt)

@@ -101,9 +101,10 @@ class Endpoint:
     def refresh(self) -> None:
         m = self.metrics
         self.model = self.configured_model or (m.model if m is not None else None)
-        gauges = m is not None and self.gauges_valid and not self.gauges_frozen
-        running = m.running if gauges else 0.0  # type: ignore[union-attr]
-        waiting = m.waiting if gauges else 0.0  # type: ignore[union-attr]
+        page = m if self.gauges_valid and not self.gauges_frozen else None  # trusted gauges
+        gauges = page is not None
+        running = page.running if page is not None else 0.0
+        waiting = page.waiting if page is not None else 0.0
         unseen = 0
         if self.dispatched_total > self.seen_through:
             through = self.seen_through
@@ -122,7 +123,7 @@ class Endpoint:
         else:
             self.queue_depth = waiting
             busy = 0.0
-        usage = m.kv_usage if gauges else 0.0  # type: ignore[union-attr]
+        usage = page.kv_usage if page is not None else 0.0
         usage = 0.0 if usage < 0.0 else 1.0 if usage > 1.0 else usage
         self.kv_usage = usage
         self.load = usage if usage > busy else busy

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,7 +49,7 @@ class _Endpoint(Protocol):
 
 class _Decision(Protocol):
     @property
-    def endpoints(self) -> list[_Endpoint]: ...
+    def endpoints(self) -> Sequence[_Endpoint]: ...
 
 
 class Routed(Protocol):

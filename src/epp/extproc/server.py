@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 import structlog
@@ -111,7 +111,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     # -- routing streams ----------------------------------------------------------------
     async def _route(
         self, first: pb.ProcessingRequest, rest: AsyncIterator[pb.ProcessingRequest]
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncGenerator[pb.ProcessingResponse, None]:
         stream = ExtProcStream(
             max_body_bytes=self._config.max_body_bytes,
             chunk_bytes=self._config.stream_chunk_bytes,
@@ -203,7 +203,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     # -- observer streams ---------------------------------------------------------------
     async def _observe(
         self, first: pb.ProcessingRequest, rest: AsyncIterator[pb.ProcessingRequest]
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncGenerator[pb.ProcessingResponse, None]:
         observer = ObserverStream()
         try:
             message: pb.ProcessingRequest | None = first

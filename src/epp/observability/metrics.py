@@ -11,10 +11,10 @@ the configuration or the pods know, plus at most `client_label_limit` others, th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoint import Endpoint
@@ -34,7 +34,7 @@ class _PodCollector(Collector):
         self._endpoints = endpoints
         self._index_blocks = index_blocks
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         families = {
             "epp_queue_depth": (
                 "Waiting requests per pod (scraped + sent since).",
