@@ -243,6 +243,25 @@ async def test_return_token_ids_answers_with_prompt_and_output_ids(
     assert "token_ids" not in body["choices"][0]
 
 
+async def test_chat_prompt_ids_follow_the_template_and_add_generation_prompt(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start()
+    messages = [ChatMessage("system", SYSTEM), ChatMessage("user", "Which pod?")]
+    body = {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "max_tokens": 1,
+        "return_token_ids": True,
+    }
+    for flag in (None, True, False):
+        request = body if flag is None else {**body, "add_generation_prompt": flag}
+        status, answer, _ = await post(http, pod, "/v1/chat/completions", request)
+        assert status == 200, answer
+        expected = TOKENIZER.encode_chat(messages, add_generation_prompt=flag is not False)
+        assert answer["prompt_token_ids"] == list(expected)
+        assert answer["usage"]["prompt_tokens"] == len(expected)
+
+
 async def test_return_token_ids_streams_one_id_per_chunk(
     start: StartPod, http: aiohttp.ClientSession
 ) -> None:
@@ -462,6 +481,7 @@ MALFORMED_CHATS: list[Any] = [
     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
     {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
+    {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "yes"},
 ]
 
 
