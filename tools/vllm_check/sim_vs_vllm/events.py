@@ -98,7 +98,7 @@ def event_census(events: list[Event]) -> dict[str, Any]:
     types: Counter[str] = Counter()
     fields: dict[str, set[str]] = {}
     media: Counter[str] = Counter()
-    sizes: Counter[int] = Counter()
+    sizes: Counter[Any] = Counter()  # block_size may be absent (None)
     kinds: Counter[str] = Counter()
     salts: list[Any] = []
     max_removed = 0
@@ -142,7 +142,7 @@ def stream_summary(cap: Capture) -> dict[str, Any]:
     """Sequence numbers, topics, event types and fields, the cache the events imply
     (see ImpliedCache) and the replay, for one capture's whole stream."""
     msgs = messages(cap)
-    seqs = [m.get("seq") for m in msgs]
+    seqs: list[Any] = [m.get("seq") for m in msgs]
     events = [e for m in msgs for e in m["events"]]
     cache = ImpliedCache()
     for event in events:
