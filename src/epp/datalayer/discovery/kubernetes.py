@@ -1,0 +1,382 @@
+"""Kubernetes discovery: an InferencePool's Ready pods -> endpoints; InferenceModel and
+InferenceObjective -> the model table.
+
+One watch thread per resource in `kubernetes_resources.WATCHED_RESOURCES` (the pool, its
+pods, and the two optional model CRDs), each a `Reflector` (list, then watch). Their
+results move onto the asyncio loop with `call_soon_threadsafe` (bursts coalesce into one
+call), where the pure functions of `pool.py` and `models.py` turn them into
+
+- `on_endpoints(list[EndpointConfig])`: the pool's endpoints, called with the whole new
+  list whenever it changes (first when the pool and its pods are listed), so a pod that
+  is deleted, stops being Ready, starts terminating or loses its IP leaves at once;
+- `on_models(ModelTable)`: when either model CRD's objects for this pool change (first
+  once both are listed or known absent).
+
+Both run on the loop thread. The sync `kubernetes` client blocks, hence the threads:
+JSON decoding of a large pod list then yields the GIL every few milliseconds instead of
+holding the routing loop for the whole parse.
+
+A pool edit applies at once: a new selector aborts the pod watch and relists with it
+(pods that no longer match drop out even before that), new targetPorts recompute the
+endpoints. A pool that is deleted empties the endpoint list; an edit that makes the pool
+invalid is logged and the last valid spec kept.
+
+Read only: get/list/watch of exactly the resources in `WATCHED_RESOURCES`, namespaced,
+plus API discovery (`GET /apis/<group>/<version>`, which needs no RBAC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import structlog
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from epp.config import EndpointConfig
+from epp.datalayer.discovery.models import ModelTable, build_model_table
+from epp.datalayer.discovery.pool import InvalidPool, PoolSpec, endpoints_for_pool, parse_pool
+from epp.datalayer.discovery.reflector import (
+    ListCall,
+    Reflector,
+    Response,
+    Snapshot,
+    WatchSettings,
+)
+from epp.datalayer.discovery.state import DiscoveryState
+from epp.datalayer.kubernetes_resources import (
+    INFERENCE_MODEL,
+    INFERENCE_OBJECTIVE,
+    INFERENCE_POOL,
+    POD,
+    WatchedResource,
+)
+
+log = structlog.get_logger("epp.discovery")
+
+SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def default_namespace(path: Path = SERVICEACCOUNT_NAMESPACE) -> str:
+    """The pod's own namespace (from its service account), else "default"."""
+    try:
+        namespace = path.read_text().strip()
+    except OSError:
+        return "default"
+    return namespace or "default"
+
+
+def make_api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
+    """In a pod: its service account (the token is re-read as it rotates). Elsewhere:
+    the kubeconfig (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config)."""
+    configuration = k8s.Configuration()
+    # Both loaders are untyped in the client; typed here by assignment.
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        load_incluster: Callable[..., None] = k8s_config.load_incluster_config
+        load_incluster(client_configuration=configuration)
+    else:
+        load_kube: Callable[..., None] = k8s_config.load_kube_config
+        load_kube(config_file=kubeconfig, context=context, client_configuration=configuration)
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 8)
+    return k8s.ApiClient(configuration)
+
+
+def _list_call(api_client: k8s.ApiClient, resource: WatchedResource, namespace: str) -> ListCall:
+    if resource.group == "" and resource.resource == "pods":
+        core = k8s.CoreV1Api(api_client)
+
+        def list_pods(**query: Any) -> Response:
+            # With _preload_content=False the generated methods return the raw response.
+            return cast(Response, core.list_namespaced_pod(namespace, **query))
+
+        return list_pods
+    if resource.group == "":
+        raise ValueError(f"no list call for core resource {resource.resource!r}")
+    custom = k8s.CustomObjectsApi(api_client)
+
+    def list_custom(**query: Any) -> Response:
+        return cast(
+            Response,
+            custom.list_namespaced_custom_object(
+                resource.group, resource.version, namespace, resource.resource, **query
+            ),
+        )
+
+    return list_custom
+
+
+def crd_installed(
+    api_client: k8s.ApiClient, resource: WatchedResource, timeout_s: float = 30.0
+) -> bool:
+    """API discovery: does `GET /apis/<group>/<version>` list the resource? 404: no."""
+    api = k8s.CustomObjectsApi(api_client)
+    try:
+        resp = cast(
+            Response,
+            api.get_api_resources(
+                resource.group,
+                resource.version,
+                _preload_content=False,
+                _request_timeout=(timeout_s, timeout_s),
+            ),
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    try:
+        doc = json.loads(resp.read())
+    finally:
+        resp.release_conn()
+    resources = doc.get("resources") if isinstance(doc, Mapping) else None
+    return any(
+        isinstance(r, Mapping) and r.get("name") == resource.resource for r in resources or ()
+    )
+
+
+@dataclass(slots=True)
+class _View:
+    """What the loop thread knows, from the reflectors' latest snapshots."""
+
+    pool_synced: bool = False
+    pool: PoolSpec | None = None
+    pool_problem: str | None = None
+    pods: Snapshot | None = None
+    inference_models: Snapshot | None = None
+    inference_objectives: Snapshot | None = None
+
+
+class KubernetesDiscovery:
+    """Watch one InferencePool and its pods (and the model CRDs, when installed).
+
+    `await start()` on the loop that should receive the callbacks; `await stop()` ends
+    the threads (an open watch is cut at once). `synced` is set once the first endpoint
+    list was delivered; `state()` is a snapshot of the counters for metrics.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        pool_name: str,
+        namespace: str,
+        on_endpoints: Callable[[list[EndpointConfig]], None],
+        on_models: Callable[[ModelTable], None] | None = None,
+        *,
+        settings: WatchSettings | None = None,
+        read_models: bool = True,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool_name = pool_name
+        self.namespace = namespace
+        self._on_endpoints = on_endpoints
+        self._on_models = on_models
+        self._clock = clock
+        self.settings = settings or WatchSettings()
+        self.synced = asyncio.Event()
+        self.endpoints: list[EndpointConfig] = []
+        self.models = ModelTable()
+        self._delivered_endpoints = False
+        self._delivered_models = False
+        self._last_sync_unix: float | None = None
+        self._view = _View()
+        self._lock = threading.Lock()
+        self._pending: dict[str, Snapshot] = {}
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        rng = rng or random.Random()
+        s = self.settings
+
+        def reflector(resource: WatchedResource, **kwargs: Any) -> Reflector:
+            return Reflector(
+                resource,
+                _list_call(api_client, resource, namespace),
+                lambda snapshot: self._post(resource.resource, snapshot),
+                settings=s,
+                rng=random.Random(rng.random()),
+                **kwargs,
+            )
+
+        self._pool = reflector(INFERENCE_POOL, field_selector=f"metadata.name={pool_name}")
+        self._pods = reflector(POD, needs_label_selector=True)
+        self._reflectors = [self._pool, self._pods]
+        if read_models:
+            for resource in (INFERENCE_MODEL, INFERENCE_OBJECTIVE):
+                self._reflectors.append(
+                    reflector(
+                        resource,
+                        present=lambda r=resource: crd_installed(
+                            api_client, r, s.request_timeout_s
+                        ),
+                    )
+                )
+        self._read_models = read_models
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        log.info(
+            "discovery_started",
+            mode="kubernetes",
+            pool=self.pool_name,
+            namespace=self.namespace,
+            models=self._read_models,
+        )
+        for r in self._reflectors:
+            r.start()
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        for r in self._reflectors:
+            r.stop()
+
+        def join() -> bool:
+            deadline = time.monotonic() + timeout_s
+            return all(r.join(max(0.0, deadline - time.monotonic())) for r in self._reflectors)
+
+        if not await asyncio.to_thread(join):
+            log.warning("discovery_stop_timeout", timeout_s=timeout_s)
+
+    def state(self) -> DiscoveryState:
+        stats = tuple(r.stats.copy() for r in self._reflectors)
+        return DiscoveryState(
+            mode="kubernetes",
+            last_sync_ok=all(s.last_sync_ok for s in stats) and self._view.pool is not None,
+            last_sync_unix=self._last_sync_unix,
+            endpoints=len(self.endpoints),
+            relists=sum(s.relists for s in stats),
+            watch_restarts=sum(s.watch_restarts for s in stats),
+            errors=sum(s.errors for s in stats),
+            resources=stats,
+            pool_found=self._view.pool is not None,
+            problems=(self._view.pool_problem,) if self._view.pool_problem else (),
+        )
+
+    # --- from the watch threads ---------------------------------------------------------
+
+    def _post(self, resource: str, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._pending[resource] = snapshot
+            if self._scheduled:
+                return
+            self._scheduled = True
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: we are shutting down
+            loop.call_soon_threadsafe(self._drain)
+
+    # --- on the loop --------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._scheduled = False
+        view = self._view
+        if (snapshot := pending.get(INFERENCE_POOL.resource)) is not None:
+            self._apply_pool(snapshot)
+        if (snapshot := pending.get(POD.resource)) is not None:
+            view.pods = snapshot
+        if (snapshot := pending.get(INFERENCE_MODEL.resource)) is not None:
+            view.inference_models = snapshot
+        if (snapshot := pending.get(INFERENCE_OBJECTIVE.resource)) is not None:
+            view.inference_objectives = snapshot
+        self._update_endpoints()
+        self._update_models()
+
+    def _apply_pool(self, snapshot: Snapshot) -> None:
+        view = self._view
+        view.pool_synced = True
+        obj = snapshot.objects.get(self.pool_name)
+        old = view.pool
+        if obj is None:
+            if old is not None or view.pool_problem is None:
+                log.warning(
+                    "discovery_pool_not_found", pool=self.pool_name, namespace=self.namespace
+                )
+            view.pool, view.pool_problem = None, "InferencePool not found"
+            self._pods.set_label_selector(None)
+            return
+        try:
+            pool = parse_pool(obj)
+        except InvalidPool as exc:
+            if str(exc) != view.pool_problem:
+                log.error("discovery_pool_invalid", error=str(exc), keeping=old is not None)
+            view.pool_problem = str(exc)
+            return  # keep the last valid spec, if any
+        view.pool, view.pool_problem = pool, None
+        if old != pool:
+            log.info(
+                "discovery_pool",
+                pool=pool.name,
+                selector=pool.label_selector,
+                target_ports=list(pool.target_ports),
+                endpoint_picker_ref=dict(pool.endpoint_picker_ref or {}) or None,
+            )
+        self._pods.set_label_selector(pool.label_selector)
+
+    def _update_endpoints(self) -> None:
+        view = self._view
+        if not view.pool_synced:
+            return
+        if view.pool is None:
+            endpoints: list[EndpointConfig] = []
+        elif view.pods is None or (
+            not self._delivered_endpoints and view.pods.label_selector != view.pool.label_selector
+        ):
+            return  # the first pod list is on its way
+        else:
+            endpoints = endpoints_for_pool(view.pool, view.pods.objects.values())
+        if self._delivered_endpoints and endpoints == self.endpoints:
+            return
+        self.endpoints = endpoints
+        self._delivered_endpoints = True
+        self._last_sync_unix = self._clock()
+        log.info(
+            "discovery_endpoints",
+            count=len(endpoints),
+            endpoints=[e.name for e in endpoints][:32],
+        )
+        try:
+            self._on_endpoints(list(endpoints))
+        except Exception:
+            log.exception("discovery_on_endpoints_failed")
+        self.synced.set()
+
+    def _update_models(self) -> None:
+        view = self._view
+        if not self._read_models or view.inference_models is None:
+            return
+        if view.inference_objectives is None:
+            return
+        table = build_model_table(
+            view.inference_models.objects.values(),
+            view.inference_objectives.objects.values(),
+            self.pool_name,
+        )
+        if self._delivered_models and table == self.models:
+            return
+        for problem in table.problems:
+            if problem not in self.models.problems:
+                log.warning("discovery_model_skipped", problem=problem)
+        self.models = table
+        self._delivered_models = True
+        log.info(
+            "discovery_models",
+            models=sorted(table.models),
+            objectives=sorted(table.objectives),
+        )
+        if self._on_models is not None:
+            try:
+                self._on_models(table)
+            except Exception:
+                log.exception("discovery_on_models_failed")
