@@ -11,20 +11,22 @@ pod's KV events. It works like a real pre-tokenizer plus a fixed vocabulary:
   optional leading space or punctuation mark plus a run of letters, runs of up to three
   digits, runs of punctuation, and runs of whitespace (newlines apart).
 - A piece of more than `MAX_PIECE_BYTES` UTF-8 bytes is split, on character boundaries,
-  into the fewest chunks of at most that many bytes, of about equal size (a stand-in for
-  BPE cutting a long word into sub-words; a CJK run becomes one or two characters per
-  token, as BPE vocabularies roughly do).
+  into chunks of at most that many bytes, of about equal size (a stand-in for BPE
+  cutting a long word into sub-words): an ASCII piece into the fewest such chunks, a CJK
+  run into one character per token, as BPE vocabularies roughly do.
 - A piece's id is a stable hash (BLAKE2b) of its UTF-8 bytes into `VOCAB_SIZE` regular
   ids: the same in every process, unlike Python's `hash`. Distinct pieces may share an
   id, as they would share a row of a finite vocabulary.
 
-Size: on the benchmark workloads (`epp_bench.workloads.catalog`, random words of 2-9
-letters, lengths counted in the router's pseudo-tokens of 4 bytes) this gives 4.0 UTF-8
-bytes per token for completion prompts (shared-prefix: 0.998 tokens per pseudo-token;
-no-reuse and multi-LoRA alike) and 4.0-4.1 for the multi-turn chats, template included
-(0.99 tokens per pseudo-token), so prompts keep the lengths the workloads were sized for.
-On English prose (this repository's README) it gives 3.7 bytes per token; real BPE
-vocabularies give about 4 to 4.5.
+Size, measured: on the benchmark workloads (`epp_bench.workloads.catalog`: random words
+of 2-9 letters, lengths counted in the router's pseudo-tokens of 4 bytes) completion
+prompts come out at 4.0 UTF-8 bytes per token (shared-prefix 4.01, shared-prefix-small
+4.00, multi-LoRA 4.00, no-reuse 4.00, burst 4.01), i.e. 0.997-1.000 tokens per
+pseudo-token, and the multi-turn chats at 1.006 tokens per pseudo-token (each side's
+template included), so prompts keep the lengths the workloads were sized for. Common
+English words are shorter than the workloads' words but long ones are split more often
+than BPE would: the prose of this repository's README gives 3.2 bytes per token, where
+real BPE vocabularies give about 4 to 4.5.
 
 The chat template is Llama 3's, without its date preamble and without trimming content:
 
