@@ -36,8 +36,8 @@ through `vllm_sim.openai_request.engine_prompt`: nothing here is the router's co
 router's view of a pod's cache is only as good as what it can observe. Output tokens are
 filler words whose ids are the tokenizer's own ids for them (`vllm_sim.openai_response`),
 passed to the engine when the request finishes, so that a later prompt that quotes the
-output reuses its cached blocks. `return_token_ids: true`
-answers with the prompt's and the output's token ids, as vLLM does.
+output reuses its cached blocks. `return_token_ids: true` answers with the prompt's and
+the output's token ids, as vLLM does.
 
 Failure injection (`vllm_sim.failures`) happens here: error answers before anything
 reaches the engine; `hang` and `drop` after the request got its slot, so that a router's
