@@ -107,10 +107,12 @@ class FakeRouted:
 
 @dataclass
 class FakeRouter:
-    """Answers with `addresses` (or raises `reject`); records calls and completions."""
+    """Answers with `addresses` (or raises `reject`, or `error` as a bug would); records
+    calls and completions."""
 
     addresses: list[str] = field(default_factory=lambda: ADDRESSES[:1])
     reject: RequestRejected | None = None
+    error: Exception | None = None
     gate: asyncio.Event | None = None  # route waits on it (an admission queue)
     calls: list[dict] = field(default_factory=list)
     completed: list[tuple[str, int | None, str | None]] = field(default_factory=list)
@@ -138,6 +140,8 @@ class FakeRouter:
             await self.gate.wait()
         if self.reject is not None:
             raise self.reject
+        if self.error is not None:
+            raise self.error
         token = f"token-{next(self._ids)}"
         return FakeRouted(token, request_id, _Decision([_Endpoint(a) for a in self.addresses]))
 

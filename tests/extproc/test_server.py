@@ -11,6 +11,7 @@ import structlog
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.fakes import (
+    ADDRESSES,
     BUFFERED,
     DUPLEX,
     FakeRouter,
@@ -23,7 +24,8 @@ from extproc.fakes import (
 )
 
 from epp.config import ServerConfig
-from epp.extproc.server import ExternalProcessor, RoutingStreams
+from epp.extproc.observer import ObserverStream
+from epp.extproc.server import INTERNAL_ERROR_BODY, ExternalProcessor, RoutingStreams
 from epp.observability.metrics import EppMetrics
 from epp.request import RequestRejected
 
@@ -62,6 +64,21 @@ def processor(router, streams=None) -> ExternalProcessor:
     return ExternalProcessor(router, ServerConfig(), EppMetrics(), streams)
 
 
+async def until(condition, turns: int = 1000) -> None:
+    """Lets the event loop run until `condition()` holds: no wall-clock wait."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not true after {turns} turns of the event loop")
+
+
+async def settle(turns: int = 50) -> None:
+    """Lets every task that can run, run (a bounded number of event-loop turns)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 async def replies_of(proc, envoy, metadata=(), timeout=2.0):
     out = []
 
@@ -87,7 +104,8 @@ async def test_route_is_awaited_with_the_request_headers():
     envoy = Envoy([headers_msg(mode=BUFFERED, extra=[("x-gateway-inference-objective", "o")])])
     envoy.messages.append(body_msg(body_of(), True))
     task = asyncio.ensure_future(replies_of(processor(router), envoy))
-    await asyncio.sleep(0.05)
+    await until(lambda: router.calls)
+    await settle()
     assert not task.done()  # waiting in the "admission queue"
     router.gate.set()
     replies = await task
@@ -137,8 +155,9 @@ async def test_observer_takes_the_token_from_attributes_and_ends_on_trailers():
     ]
     envoy = Envoy(messages)  # stays open: the trailers are the end
     task = asyncio.ensure_future(replies_of(processor(router), envoy))
-    await asyncio.sleep(0.05)
-    assert router.completed == [("tok-3", 503, "1.2.3.4:5")]
+    await until(lambda: router.completed)
+    await settle()
+    assert router.completed == [("tok-3", 503, "1.2.3.4:5")] and not task.done()
     envoy.forever.set()
     await task
     assert len(router.completed) == 1
@@ -190,10 +209,61 @@ async def test_routing_streams_are_counted_observers_are_not():
     observing = asyncio.ensure_future(
         replies_of(proc, Envoy([headers_msg(extra=[("x-epp-route-token", "t")])]), OBSERVER)
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: router.calls)
+    await settle()
     assert streams.open == 1 and streams.quiet_for() == 0.0
     router.gate.set()
     await routing
     now[0] += 2.5
     assert streams.open == 0 and streams.quiet_for() == pytest.approx(2.5)
     observing.cancel()
+
+
+def duplex_request() -> Envoy:
+    return Envoy([headers_msg(mode=DUPLEX), body_msg(body_of(), True)])
+
+
+async def test_an_exception_inside_routing_is_a_500_for_that_stream_only():
+    metrics = EppMetrics()
+    router = FakeRouter(error=RuntimeError("a bug in routing"))
+    proc = ExternalProcessor(router, ServerConfig(), metrics)
+    (reply,) = await replies_of(proc, duplex_request())
+    assert reply.immediate_response.status.code == 500
+    assert reply.immediate_response.body == INTERNAL_ERROR_BODY
+    assert set_headers(reply.immediate_response)["x-epp-request-id"] == "rid-1"
+    assert metrics.streams_failed._value.get() == 1
+    assert router.completed == []  # nothing was routed, nothing to release
+    router.error = None  # the next stream is served as if nothing happened
+    replies = await replies_of(proc, duplex_request())
+    assert destination(replies[0]) == ADDRESSES[0]
+    assert metrics.streams_failed._value.get() == 1
+
+
+async def test_a_decision_that_cannot_be_sent_is_released_and_the_stream_ends():
+    metrics = EppMetrics()
+    router = FakeRouter(addresses=[None])  # a broken decision: no address to join
+    proc = ExternalProcessor(router, ServerConfig(), metrics)
+    await replies_of(proc, duplex_request())  # ends, no exception escapes
+    assert router.completed == [("token-0", None, None)]  # the reservation is released
+    assert metrics.streams_failed._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "request_headers",
+        "request_body",
+        "request_trailers",
+        "response_headers",
+        "response_body",
+        "response_trailers",
+    ],
+)
+def test_an_observer_outside_observability_mode_lets_every_message_through_unchanged(kind):
+    message = pb.ProcessingRequest()
+    getattr(message, kind).SetInParent()
+    reply = ObserverStream.reply(message)
+    assert reply.WhichOneof("response") == kind
+    assert reply == pb.ProcessingResponse(**{kind: getattr(reply, kind).__class__()})
+    message.observability_mode = True
+    assert ObserverStream.reply(message) is None

@@ -184,7 +184,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         try:
             return stream.routed(routed)
         except BaseException:
-            self._complete(Completion(routed.token, None, None))
+            if stream.token is None:  # else the stream's end releases it (_route)
+                self._complete(Completion(routed.token, None, None))
             raise
 
     def _report_unsupported(self, mode: str) -> None:
