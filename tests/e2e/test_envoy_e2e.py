@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp_harness.stack import LocalStack
+from vllm_sim.tokenizer import SimTokenizer
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-llama-8b"
@@ -151,7 +152,11 @@ def test_large_prompt_over_grpc_default_message_size(stack):
     )
     assert "x-sim-pod" in headers, body[:300]
     assert status == 400
-    assert f"you requested {len(big) // 4 + 2} tokens" in json.loads(body)["error"]["message"]
+    # The pod's own tokenizer (BOS first on a completion) counts the whole body.
+    prompt_tokens = len(SimTokenizer().encode(big, add_special_tokens=True))
+    assert prompt_tokens > 1_000_000
+    message = json.loads(body)["error"]["message"]
+    assert f"you requested {prompt_tokens + 2} tokens ({prompt_tokens} in the messages" in message
 
 
 def test_prometheus_metrics_and_grpc_health(stack):
