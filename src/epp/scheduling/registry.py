@@ -27,8 +27,8 @@ BUILTIN_SCORERS: dict[str, ScorerFactory] = {
     "queue": lambda config: QueueScorer(max_queue=config.max_queue),
     "health": lambda config: HealthScorer(),
     "adapter": lambda config: AdapterScorer(),
-    # Optional, off unless given a weight. `prefill` reads the prefill lanes that the
-    # Router keeps only while the scorer has a weight.
+    # `cost` is off unless given a weight; `prefill` has 0.5 in the default weights. It
+    # keeps per-pod state of its own (types.PodStateScorer): without a weight, none exists.
     "cost": lambda config: CostScorer(),
     "prefill": lambda config: PrefillScorer(PrefillCost.from_config(config.prefill_estimate)),
 }

@@ -1,8 +1,9 @@
-"""prefill = best expected TTFT among the candidates / this pod's expected TTFT (optional).
+"""prefill = best expected TTFT among the candidates / this pod's expected TTFT.
 
-Not in the default weights. The scorer keeps, per pod, when the prefills the EPP
-dispatched there should be over (`PrefillState.lane_end`), assuming the pod prefills first
-come, first served as vLLM's token budget does. Then:
+Weight 0.5 in the default weights (config.DEFAULT_WEIGHTS); `weights: SPEC_WEIGHTS` turns
+it off. The scorer keeps, per pod, when the prefills the EPP dispatched there should be
+over (`PrefillState.lane_end`), assuming the pod prefills first come, first served as
+vLLM's token budget does. Then:
 
     cached(pod) = min(prompt tokens - 1, matched blocks(pod) x block size)
     own(pod)    = overhead + (prompt tokens - cached) x per-token cost
@@ -32,8 +33,7 @@ State (the PodStateScorer contract, scheduling/types.py), all of it in this modu
 
 It turns a cache match into seconds saved and sees how much prefill a pod has queued
 (the queue score counts requests whatever their length, 50 ms late). With equal cold
-prompts it routes like round robin in the order pods free up. Enable it by giving it a
-weight taken from the others, e.g. every default weight halved and `prefill: 0.5`.
+prompts it routes like round robin in the order pods free up.
 """
 
 from __future__ import annotations
