@@ -79,6 +79,10 @@ types and enums when Helm installs; these hold for any renderer).
 {{- fail (printf "scheduling.weights must sum to 1.0, got %v" $sum) -}}
 {{- end -}}
 {{- end -}}
+{{- $ports := default (list) .Values.pool.targetPorts -}}
+{{- if and .Values.pool.create (or (lt (len $ports) 1) (gt (len $ports) 8)) -}}
+{{- fail "pool.targetPorts must list 1 to 8 ports" -}}
+{{- end -}}
 {{- if and .Values.standaloneEnvoy.enabled .Values.tls.enabled -}}
 {{- fail "standaloneEnvoy does not speak TLS to the EPP: disable tls or standaloneEnvoy" -}}
 {{- end -}}
