@@ -10,7 +10,7 @@ dicts, see ../capture.py for their shape) and render docs/benchmarks/sim-vs-vllm
 - report_format, report_tables, report: the markdown.
 
 Hash values are never compared across the two: they differ by design (vLLM: sha256 of
-pickled tuples, the sim: chained xxHash64). Blocks are compared by position, size, parent
+pickled tuples, the sim: sha256 of msgpack over its own token ids). Blocks are compared by position, size, parent
 links and token contents instead.
 """
 

@@ -3,7 +3,7 @@ whole stream (sequence numbers, event types and fields, the cache the events imp
 replay).
 
 Hash values are never compared across the two servers: they differ by design (vLLM:
-sha256 of pickled tuples, the sim: chained xxHash64).
+sha256 of pickled tuples, the sim: sha256 of msgpack over its own token ids).
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ def tokenization_and_chat_template(vllm: Capture, sim: Capture) -> Finding:
         verdict(prompt_tokens(vllm, "chat_sys_q1") == prompt_tokens(sim, "chat_sys_q1")),
         f"chat (system + user): vLLM {prompt_tokens(vllm, 'chat_sys_q1')} tokens (template "
         f"with BOS and header tokens; /tokenize says {tok_chat.get('count')}), sim "
-        f"{prompt_tokens(sim, 'chat_sys_q1')} (4 bytes per token of its own role-tagged "
-        f"rendering). Text completion: vLLM {prompt_tokens(vllm, 'text_cold')} tokens, first "
+        f"{prompt_tokens(sim, 'chat_sys_q1')} (its own tokenizer, ~4 bytes per "
+        f"token, and a Llama-3-style chat template). Text completion: vLLM {prompt_tokens(vllm, 'text_cold')} tokens, first "
         f"ids {tok_text.get('ids', [])[:3]} (BOS first), sim {prompt_tokens(sim, 'text_cold')}. "
         f"Shared system prompt hit: vLLM {cached_tokens(vllm, 'chat_sys_q2')}, sim "
         f"{cached_tokens(sim, 'chat_sys_q2')}. Event tokens of the chat equal /tokenize's "
