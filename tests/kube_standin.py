@@ -57,7 +57,7 @@ class Seen:
 @dataclass
 class _Entry:
     rv: int
-    type: str  # ADDED / MODIFIED / DELETED; control: BOOKMARK / GONE / DROP
+    type: str  # ADDED / MODIFIED / DELETED; control: BOOKMARK / GONE / DROP / END
     key: Key | None  # None: every watch
     obj: Obj | None = None
     old: Obj | None = None
@@ -135,7 +135,9 @@ class KubeStandIn:
                 standin._handle(self)
 
         self._server = _QuietServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -208,7 +210,8 @@ class KubeStandIn:
         with self._cond:
             for r in resources:
                 self._installed.pop((r.group, r.version, r.resource), None)
-            self._log.append(_Entry(self._rv, "DROP", None))
+            ended = [[r.group, r.version, r.resource] for r in resources]
+            self._log.append(_Entry(self._rv, "END", None, {"resources": ended}))
             self._cond.notify_all()
 
     # --- faults and events, from tests --------------------------------------------------
@@ -419,6 +422,12 @@ class KubeStandIn:
                         h.close_connection = True
                         h.connection.shutdown(socket.SHUT_RDWR)
                         return
+                    if (
+                        entry.type == "END"
+                        and entry.obj
+                        and list(key[:3]) in entry.obj["resources"]
+                    ):
+                        return end()  # the CRD was removed: its watches end
                     if entry.type == "GONE":
                         send({"type": "ERROR", "object": gone})
                         return end()

@@ -160,7 +160,6 @@ class Reflector:
         self._label_selector: str | None = None
         self._generation = 0  # bumped by every selector change
         self._resp: Response | None = None
-        self._rv: str | None = None  # where the next watch starts; None: list first
         self._objects: dict[str, Obj] = {}
         self._absent_logged = False
         self._watched = False  # a watch was opened since the last list
@@ -213,14 +212,14 @@ class Reflector:
         self._publish(Snapshot(dict(self._objects), selector, present))
 
     def _run(self) -> None:
-        listed: int | None = None  # the generation self._rv belongs to
+        listed: int | None = None  # the generation self.stats.resource_version belongs to
         while True:
             with self._lock:
                 if self._stopping:
                     return
                 generation, selector = self._generation, self._label_selector
             if generation != listed:
-                self._rv = None
+                self.stats.resource_version = None
             if self._needs_label_selector and selector is None:
                 if self._objects:
                     self._objects = {}
@@ -228,7 +227,7 @@ class Reflector:
                 self._sleep(3600.0)  # until a selector is set (or stop)
                 continue
             try:
-                if self._rv is None:
+                if self.stats.resource_version is None:
                     if self._present is not None and not self._check_present():
                         self._sleep(self._settings.crd_recheck_s)
                         continue
@@ -238,10 +237,10 @@ class Reflector:
                 self._watch(selector, generation)
             except _Gone:
                 self.stats.gone += 1
-                self._rv = None
+                self.stats.resource_version = None
                 log.info("discovery_relist", resource=self.resource.resource, reason="410 Gone")
             except _Absent:
-                self._rv = None
+                self.stats.resource_version = None
                 self._mark_absent()
                 self._sleep(self._settings.crd_recheck_s)
             except Exception as exc:
@@ -256,7 +255,7 @@ class Reflector:
                     resource=self.resource.resource,
                     error=self.stats.last_error,
                     retry_in_s=round(delay, 3),
-                    then="watch" if self._rv is not None else "list",
+                    then="watch" if self.stats.resource_version is not None else "list",
                 )
                 self._sleep(delay)
 
@@ -343,7 +342,7 @@ class Reflector:
         self.stats.synced = True
         self.stats.present = True
         self.stats.last_sync_ok = True
-        self._rv = rv
+        self.stats.resource_version = rv
         self._emit(selector)
 
     def _watch(self, selector: str | None, generation: int) -> None:
@@ -356,7 +355,7 @@ class Reflector:
             generation,
             **self._query(selector),
             watch=True,
-            resource_version=self._rv,
+            resource_version=self.stats.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
             _request_timeout=(s.request_timeout_s, timeout + s.read_slack_s),
@@ -382,7 +381,7 @@ class Reflector:
             raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
         rv = _resource_version(obj)
         if kind == "BOOKMARK":
-            self._rv = rv or self._rv
+            self.stats.resource_version = rv or self.stats.resource_version
             return
         name = _name(obj)
         if name is None:
@@ -394,5 +393,5 @@ class Reflector:
             self._objects.pop(name, None)
         else:
             raise WatchError(f"watch of {self.resource.resource}: unknown event type {kind!r}")
-        self._rv = rv or self._rv
+        self.stats.resource_version = rv or self.stats.resource_version
         self._emit(selector)

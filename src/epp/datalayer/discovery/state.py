@@ -23,6 +23,7 @@ class ResourceStats:
     errors: int = 0
     events: int = 0
     objects: int = 0
+    resource_version: str | None = None  # where the next watch starts; None: list first
     last_error: str | None = None
 
     def copy(self) -> ResourceStats:

@@ -1,0 +1,523 @@
+"""Kubernetes discovery against a stand-in API server (tests/kube_standin.py): no real API
+server can run here, so a local HTTP server speaks the list/watch protocol (chunked watch
+events, bookmarks, 410 Gone, dropped connections, API discovery) and the real
+`kubernetes` client talks to it.
+
+Each test drives the cluster through the stand-in's Python methods and asserts the
+endpoint lists (or model tables) the callback received. After every test, the requests
+the stand-in saw are checked against WATCHED_RESOURCES: the runtime half of the RBAC
+check (the manifests' half compares the Role with the same list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_standin import KubeStandIn, Seen, pod, pool, running
+from kubernetes import client as k8s
+
+from epp.config import EndpointConfig
+from epp.datalayer.discovery import (
+    Backoff,
+    KubernetesDiscovery,
+    ModelTable,
+    WatchSettings,
+    crd_installed,
+    default_namespace,
+)
+from epp.datalayer.kubernetes_resources import (
+    INFERENCE_MODEL,
+    INFERENCE_OBJECTIVE,
+    INFERENCE_POOL,
+    POD,
+    VERBS,
+    WATCHED_RESOURCES,
+)
+
+NS = "inference"
+VLLM = {"app": "vllm"}
+# Short backoff and CRD recheck so that recoveries take milliseconds; watches that would
+# outlive every test, so that any restart seen is one the test caused.
+FAST = WatchSettings(
+    watch_timeout_s=60,
+    request_timeout_s=5.0,
+    read_slack_s=5.0,
+    backoff_initial_s=0.01,
+    backoff_max_s=0.05,
+    crd_recheck_s=0.05,
+)
+WAIT_S = 5.0
+
+
+def allowed(seen: Seen, namespace: str = NS) -> bool:
+    """A request that get/list/watch RBAC on WATCHED_RESOURCES (or API discovery) allows."""
+    assert set(VERBS) == {"get", "list", "watch"}
+    if seen.method != "GET":
+        return False
+    for r in WATCHED_RESOURCES:
+        base = f"/api/{r.version}" if r.group == "" else f"/apis/{r.group}/{r.version}"
+        if r.optional and seen.path == base and not seen.query:
+            return True  # API discovery: no RBAC needed
+        if seen.path == f"{base}/namespaces/{namespace}/{r.resource}":
+            return True  # list, or watch with ?watch=true
+    return False
+
+
+@dataclass
+class Recorder:
+    endpoints: list[list[EndpointConfig]] = field(default_factory=list)
+    models: list[ModelTable] = field(default_factory=list)
+    loop_thread: set[int] = field(default_factory=set)
+
+    def on_endpoints(self, endpoints: list[EndpointConfig]) -> None:
+        self.loop_thread.add(threading.get_ident())
+        self.endpoints.append(endpoints)
+
+    def on_models(self, table: ModelTable) -> None:
+        self.loop_thread.add(threading.get_ident())
+        self.models.append(table)
+
+    @property
+    def last(self) -> list[tuple[str, str]]:
+        return [(e.name, e.address) for e in self.endpoints[-1]] if self.endpoints else []
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def standin() -> Iterator[KubeStandIn]:
+    with running() as s:
+        yield s
+        bad = [r for r in s.requests if not allowed(r)]
+        assert bad == [], "requests outside WATCHED_RESOURCES / API discovery"
+
+
+def api_client(standin: KubeStandIn) -> k8s.ApiClient:
+    return k8s.ApiClient(k8s.Configuration(host=standin.url))
+
+
+@pytest.fixture
+async def discovery_factory(
+    standin: KubeStandIn,
+) -> AsyncIterator[Callable[..., Any]]:
+    started: list[KubernetesDiscovery] = []
+
+    async def make(recorder: Recorder, **kwargs: Any) -> KubernetesDiscovery:
+        kwargs.setdefault("settings", FAST)
+        d = KubernetesDiscovery(
+            api_client(standin),
+            "pool",
+            NS,
+            recorder.on_endpoints,
+            recorder.on_models,
+            rng=random.Random(7),
+            **kwargs,
+        )
+        await d.start()
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        await d.stop()
+
+
+def step(standin: KubeStandIn, obj: dict[str, Any]) -> None:
+    standin.apply(POD, obj, NS)
+
+
+async def test_pods_follow_add_ready_not_ready_terminating_ip_and_delete(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    step(standin, pod("b", VLLM, "10.0.0.2", ready=False))
+    step(standin, pod("c", {"app": "other"}, "10.0.0.3"))  # not selected
+    standin.apply(POD, pod("x", VLLM, "10.0.0.9"), "elsewhere")  # another namespace
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.endpoints == [
+        [
+            EndpointConfig(
+                name="a",
+                address="10.0.0.1:8000",
+                metrics_url="http://10.0.0.1:8000/metrics",
+                labels=VLLM,
+            )
+        ]
+    ]
+
+    cases: list[tuple[str, dict[str, Any] | str, list[tuple[str, str]]]] = [
+        (
+            "b becomes ready",
+            pod("b", VLLM, "10.0.0.2"),
+            [("a", "10.0.0.1:8000"), ("b", "10.0.0.2:8000")],
+        ),
+        ("a becomes not ready", pod("a", VLLM, "10.0.0.1", ready=False), [("b", "10.0.0.2:8000")]),
+        (
+            "d added ready",
+            pod("d", VLLM, "10.0.0.4"),
+            [("b", "10.0.0.2:8000"), ("d", "10.0.0.4:8000")],
+        ),
+        ("b terminating", pod("b", VLLM, "10.0.0.2", terminating=True), [("d", "10.0.0.4:8000")]),
+        (
+            "a ready again",
+            pod("a", VLLM, "10.0.0.1"),
+            [("a", "10.0.0.1:8000"), ("d", "10.0.0.4:8000")],
+        ),
+        ("a loses its IP", pod("a", VLLM, None), [("d", "10.0.0.4:8000")]),
+        ("d relabelled out of the pool", pod("d", {"app": "old"}, "10.0.0.4"), []),
+        ("e added", pod("e", VLLM, "10.0.0.5"), [("e", "10.0.0.5:8000")]),
+        ("e deleted", "e", []),
+    ]
+    for what, change, expected in cases:
+        calls = len(rec.endpoints)
+        if isinstance(change, str):
+            standin.delete(POD, change, NS)
+        else:
+            step(standin, change)
+        await until(lambda calls=calls: len(rec.endpoints) > calls, what)
+        assert rec.last == expected, what
+        assert len(rec.endpoints) == calls + 1, what  # one call per change
+
+    state = d.state()
+    assert state.mode == "kubernetes" and state.last_sync_ok and state.pool_found
+    assert state.endpoints == 0 and state.relists == 0 and state.errors == 0
+    assert rec.loop_thread == {threading.get_ident()}  # callbacks on the loop's thread
+    # One list and one watch each: nothing else was needed.
+    assert [s.query.get("labelSelector") for s in standin.seen(POD, watch=False)] == ["app=vllm"]
+
+
+async def test_a_pod_change_the_callback_does_not_need_is_not_delivered(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    unready = pod("u", VLLM, "10.0.0.2", ready=False)
+    step(standin, unready)  # an event, but no endpoint change
+    step(standin, pod("z", VLLM, "10.0.0.3"))
+    await until(lambda: len(rec.endpoints) == 2, "z")
+    assert [[e.name for e in call] for call in rec.endpoints] == [["a"], ["a", "z"]]
+
+
+@pytest.mark.parametrize("gone_as_status", [False, True], ids=["error-event", "http-410"])
+async def test_410_gone_relists(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any], gone_as_status: bool
+) -> None:
+    standin.gone_as_status = gone_as_status
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    lists_before = len(standin.seen(POD, watch=False))
+
+    if gone_as_status:
+        # The watch is cut; by the time it resumes its version is compacted: the watch
+        # request itself is answered 410.
+        standin.drop_watches()
+        standin.expire()
+    else:
+        standin.expire()  # open watches get an ERROR event with a 410 Status
+    standin.delete(POD, "a", NS)
+    step(standin, pod("b", VLLM, "10.0.0.2"))
+
+    await until(lambda: rec.last == [("b", "10.0.0.2:8000")], "b alone after the relist")
+    assert len(standin.seen(POD, watch=False)) == lists_before + 1  # relisted
+    pods = next(r for r in d.state().resources if r.resource == "pods")
+    assert pods.gone >= 1 and pods.relists >= 1
+    # The relist and the watch after it carry on: later changes still arrive.
+    step(standin, pod("c", VLLM, "10.0.0.3"))
+    await until(lambda: len(rec.last) == 2, "c after the relist")
+
+
+async def test_a_dropped_connection_resumes_from_the_last_version_without_a_relist(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    step(standin, pod("b", VLLM, "10.0.0.2"))
+    await until(lambda: len(rec.last) == 2, "b")
+    last_event_rv = standin.get(POD, "b", NS)["metadata"]["resourceVersion"]
+
+    standin.drop_watches()
+    standin.delete(POD, "a", NS)  # while the watch is down, or just after it resumed
+    await until(lambda: rec.last == [("b", "10.0.0.2:8000")], "a's deletion after the drop")
+
+    rewatch = standin.seen(POD, watch=True)[-1]
+    assert rewatch.query["resourceVersion"] == last_event_rv
+    assert len(standin.seen(POD, watch=False)) == 1  # no relist
+    pods = next(r for r in d.state().resources if r.resource == "pods")
+    assert pods.watch_restarts == 1 and pods.relists == 0 and pods.errors == 1
+
+
+async def test_a_bookmark_moves_the_resume_version(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    await until(lambda: standin.open_watches(POD) == 1, "the pod watch")
+    for i in range(3):  # writes the pod watch does not see: the version moves on
+        standin.apply(POD, pod(f"o{i}", {"app": "other"}, f"10.0.1.{i}"), NS)
+    mark = standin.bookmark()
+
+    # The bookmark carries no object: wait until the client has read it, via its state.
+    def resume_version() -> str | None:
+        return next(r for r in d.state().resources if r.resource == "pods").resource_version
+
+    await until(lambda: resume_version() == str(mark), "the bookmark read")
+    standin.drop_watches()
+    await until(lambda: len(standin.seen(POD, watch=True)) == 2, "the rewatch")
+    assert standin.seen(POD, watch=True)[-1].query["resourceVersion"] == str(mark)
+    assert standin.seen(POD, watch=True)[0].query["allowWatchBookmarks"] == "true"
+
+
+async def test_pool_edits_selector_and_target_ports(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    step(standin, pod("b", {"app": "vllm", "version": "2"}, "10.0.0.2"))
+    step(standin, pod("c", {"app": "next"}, "10.0.0.3"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.last == [("a", "10.0.0.1:8000"), ("b", "10.0.0.2:8000")]
+
+    # targetPorts 1 -> 2: every pod gives two endpoints, named by rank.
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000, 8001]), NS)
+    await until(lambda: len(rec.last) == 4, "two ranks per pod")
+    assert rec.last == [
+        ("a-rank-0", "10.0.0.1:8000"),
+        ("a-rank-1", "10.0.0.1:8001"),
+        ("b-rank-0", "10.0.0.2:8000"),
+        ("b-rank-1", "10.0.0.2:8001"),
+    ]
+
+    # Selector narrowed: a drops out at once; the pod watch restarts with the new selector.
+    standin.apply(INFERENCE_POOL, pool("pool", {"app": "vllm", "version": "2"}, [8000]), NS)
+    await until(lambda: rec.last == [("b", "10.0.0.2:8000")], "b alone")
+    # Selector moved to other pods: they are listed afresh.
+    standin.apply(INFERENCE_POOL, pool("pool", {"app": "next"}, [8000]), NS)
+    await until(lambda: rec.last == [("c", "10.0.0.3:8000")], "c alone")
+    selectors = [s.query.get("labelSelector") for s in standin.seen(POD, watch=False)]
+    assert selectors == ["app=vllm", "app=vllm,version=2", "app=next"]
+    # And the new watch follows its pods.
+    step(standin, pod("n", {"app": "next"}, "10.0.0.4"))
+    await until(lambda: len(rec.last) == 2, "n")
+
+    # An invalid edit is logged and the last valid spec kept.
+    standin.apply(INFERENCE_POOL, pool("pool", {"app": "next"}, []), NS)
+    await until(lambda: bool(d.state().problems), "the problem noted")
+    assert rec.last == [("c", "10.0.0.3:8000"), ("n", "10.0.0.4:8000")]
+
+    # The pool deleted: no endpoints.
+    standin.delete(INFERENCE_POOL, "pool", NS)
+    await until(lambda: rec.last == [], "no endpoints without a pool")
+    assert d.state().pool_found is False
+
+
+async def test_no_pool_yet_then_created(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.endpoints == [[]]  # known: there is nothing to route to
+    assert standin.seen(POD) == []  # no selector, no pod requests
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    await until(lambda: rec.last == [("a", "10.0.0.1:8000")], "a once the pool exists")
+
+
+async def test_api_errors_back_off_and_recover(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    standin.fail_next(3, 500, path_contains="/pods")
+    standin.fail_next(2, 503, path_contains="/inferencepools")
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.last == [("a", "10.0.0.1:8000")]
+    state = d.state()
+    assert state.errors == 5 and state.last_sync_ok
+    pods = next(r for r in state.resources if r.resource == "pods")
+    assert pods.errors == 3 and "500" in (pods.last_error or "")
+
+
+async def test_stop_ends_the_threads_while_watches_are_open(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    await until(lambda: standin.open_watches() == 4, "four open watches")
+    # The watches would run for a minute or more (FAST.watch_timeout_s): only cutting the
+    # connection can end the threads within the join timeout.
+    await d.stop(timeout_s=5.0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("epp-discovery-")]
+
+
+async def test_models_from_inference_model_and_objective(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    standin.apply(
+        INFERENCE_MODEL,
+        {
+            "metadata": {"name": "chat"},
+            "spec": {
+                "modelName": "chat",
+                "criticality": "Critical",
+                "targetModels": [
+                    {"name": "chat-v1", "weight": 80},
+                    {"name": "chat-v2", "weight": 20},
+                ],
+                "poolRef": {"name": "pool"},
+            },
+        },
+        NS,
+    )
+    standin.apply(
+        INFERENCE_MODEL,
+        {"metadata": {"name": "x"}, "spec": {"modelName": "x", "poolRef": {"name": "another"}}},
+        NS,
+    )
+    standin.apply(
+        INFERENCE_OBJECTIVE,
+        {"metadata": {"name": "batch"}, "spec": {"priority": -1, "poolRef": {"name": "pool"}}},
+        NS,
+    )
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await until(lambda: bool(rec.models), "the model table")
+    table = rec.models[-1]
+    assert set(table.models) == {"chat"}
+    assert [t.name for t in table.models["chat"].targets] == ["chat-v1", "chat-v2"]
+    assert table.priorities() == {"chat": 1} and dict(table.objectives) == {"batch": -1}
+
+    # An edit arrives through the watch.
+    standin.apply(
+        INFERENCE_MODEL,
+        {
+            "metadata": {"name": "summarize"},
+            "spec": {
+                "modelName": "summarize",
+                "criticality": "Sheddable",
+                "poolRef": {"name": "pool"},
+            },
+        },
+        NS,
+    )
+    await until(lambda: "summarize" in rec.models[-1].models, "summarize")
+    assert rec.models[-1].priorities() == {"chat": 1, "summarize": -1}
+    standin.delete(INFERENCE_OBJECTIVE, "batch", NS)
+    await until(lambda: not rec.models[-1].objectives, "batch deleted")
+    assert d.models == rec.models[-1]
+    crds = {r.resource: r.present for r in d.state().resources}
+    assert crds["inferencemodels"] is True and crds["inferenceobjectives"] is True
+
+
+async def test_absent_model_crds_are_not_an_error_and_are_found_once_installed(
+    discovery_factory: Callable[..., Any], standin: KubeStandIn
+) -> None:
+    standin.uninstall(INFERENCE_MODEL, INFERENCE_OBJECTIVE)
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    await until(lambda: bool(rec.models), "an empty model table")
+    assert rec.models == [ModelTable()]
+    assert rec.last == [("a", "10.0.0.1:8000")]  # endpoints unaffected
+    state = d.state()
+    assert state.errors == 0 and state.last_sync_ok
+    assert {
+        r.resource: r.present
+        for r in state.resources
+        if r.resource.startswith("inference") and r.resource != "inferencepools"
+    } == {
+        "inferencemodels": False,
+        "inferenceobjectives": False,
+    }
+    # Only API discovery was asked, never the absent collections.
+    assert standin.seen(INFERENCE_MODEL) == [] and standin.seen(INFERENCE_OBJECTIVE) == []
+    assert any(r.path == "/apis/inference.networking.x-k8s.io/v1alpha2" for r in standin.requests)
+
+    # The CRD is installed later: found on the next recheck.
+    standin.install(INFERENCE_MODEL, INFERENCE_OBJECTIVE)
+    standin.apply(
+        INFERENCE_MODEL,
+        {
+            "metadata": {"name": "m"},
+            "spec": {"modelName": "m", "criticality": "Critical", "poolRef": {"name": "pool"}},
+        },
+        NS,
+    )
+    await until(lambda: "m" in rec.models[-1].models, "m once the CRD is installed")
+
+    # And removed again: the table empties, still not an error.
+    standin.uninstall(INFERENCE_MODEL, INFERENCE_OBJECTIVE)
+    await until(lambda: not rec.models[-1].models, "the table empties")
+    assert d.state().errors == 0
+
+
+def test_crd_installed_reads_api_discovery(standin: KubeStandIn) -> None:
+    client = api_client(standin)
+    assert crd_installed(client, INFERENCE_MODEL) is True
+    standin.uninstall(INFERENCE_OBJECTIVE)
+    assert crd_installed(client, INFERENCE_OBJECTIVE) is False  # group there, resource not
+    standin.uninstall(INFERENCE_MODEL)
+    assert crd_installed(client, INFERENCE_MODEL) is False  # 404: group absent
+
+
+def test_the_rbac_check_rejects_what_it_should() -> None:
+    assert allowed(Seen("GET", f"/api/v1/namespaces/{NS}/pods", {"watch": "true"}))
+    assert not allowed(Seen("GET", f"/api/v1/namespaces/{NS}/services", {}))
+    assert not allowed(Seen("GET", "/api/v1/pods", {}))  # cluster-wide
+    assert not allowed(Seen("GET", "/api/v1/namespaces/other/pods", {}))
+    assert not allowed(Seen("POST", f"/api/v1/namespaces/{NS}/pods", {}))
+    assert not allowed(Seen("GET", "/apis/inference.networking.k8s.io/v1", {}))  # not optional
+
+
+def test_default_namespace(tmp_path: Path) -> None:
+    path = tmp_path / "namespace"
+    assert default_namespace(path) == "default"
+    path.write_text("inference\n")
+    assert default_namespace(path) == "inference"
+
+
+def test_backoff_grows_with_jitter_up_to_the_cap() -> None:
+    backoff = Backoff(initial_s=0.5, max_s=4.0, rng=random.Random(1))
+    delays = [backoff.next() for _ in range(8)]
+    caps = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    assert all(cap / 2 <= d <= cap for d, cap in zip(delays, caps, strict=True))
+    assert len(set(delays)) == len(delays)  # jittered
+    backoff.reset()
+    assert 0.25 <= backoff.next() <= 0.5
