@@ -73,8 +73,8 @@ def index_listener(index: PrefixIndex, config: PrefixConfig) -> EndpointListener
 
 def connect(store: EndpointStore, index: PrefixIndex, router: Router, config: EppConfig) -> None:
     """Connect the endpoint store's events to the prefix index, then to the router (the
-    data flow of the module docstring). Every EPP built from these parts calls it once:
-    the service below, and the virtual-time benchmark's."""
+    data flow of the module docstring). Whatever builds a Router calls it once: the
+    service below, the virtual-time and overhead benchmarks, the tests' `router_with`."""
     store.on_change(index_listener(index, config.prefix))
     store.on_change(router.on_endpoint_change)
 
