@@ -271,6 +271,25 @@ async def test_a_dropped_connection_resumes_from_the_last_version_without_a_reli
     assert pods.watch_restarts == 1 and pods.relists == 0 and pods.errors == 1
 
 
+async def test_a_watch_ended_by_its_server_timeout_is_opened_again_from_its_version(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    rec = Recorder()
+    settings = WatchSettings(watch_timeout_s=1, backoff_initial_s=0.01, backoff_max_s=0.05)
+    d = await discovery_factory(rec, read_models=False, settings=settings)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    await until(lambda: len(standin.seen(POD, watch=True)) >= 2, "the second watch")
+    first, second = standin.seen(POD, watch=True)[:2]
+    assert first.query["timeoutSeconds"] in ("1", "2")  # drawn from [t, 2t]
+    assert second.query["resourceVersion"] == first.query["resourceVersion"]
+    step(standin, pod("b", VLLM, "10.0.0.2"))
+    await until(lambda: len(rec.last) == 2, "b through the second watch")
+    pods = next(r for r in d.state().resources if r.resource == "pods")
+    assert pods.watch_restarts >= 1 and pods.relists == 0 and pods.errors == 0
+
+
 async def test_a_bookmark_moves_the_resume_version(
     standin: KubeStandIn, discovery_factory: Callable[..., Any]
 ) -> None:

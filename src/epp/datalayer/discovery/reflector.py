@@ -6,9 +6,11 @@ The protocol, as client-go's reflector speaks it:
 2. WATCH from rv with `allowWatchBookmarks=true` and a server-side `timeoutSeconds`
    (jittered in [t, 2t]). Events arrive as JSON lines: ADDED / MODIFIED / DELETED carry
    the object and advance rv; BOOKMARK only advances rv; ERROR carries a Status.
-3. The watch ends normally at the server's timeout: watch again from the last rv.
-   A dropped connection or other error: wait (capped exponential backoff with jitter),
-   then watch again from the last rv. A 410 Gone (as an ERROR event or as the answer to
+3. The watch ends normally at the server's timeout: watch again from the last rv (after
+   a backoff wait if it ended without a single line, so a proxy that closes watches at
+   once is not hammered). A dropped connection or other error: wait (capped exponential
+   backoff with jitter, reset by a successful list or by a watch line), then watch again
+   from the last rv. A 410 Gone (as an ERROR event or as the answer to
    the watch request) means the history since rv was compacted: LIST again at once.
 4. A change of label selector (the pool was edited) aborts the watch and relists.
 
@@ -361,13 +363,22 @@ class Reflector:
             _request_timeout=(s.request_timeout_s, timeout + s.read_slack_s),
         )
         self.stats.last_sync_ok = True
+        heard = False
         try:
             for line in _lines(resp):
                 if self._stale(generation):
                     return
+                if not heard:
+                    heard = True
+                    self._backoff.reset()  # the connection works: a later drop starts afresh
                 self._apply(json.loads(line), selector)
         finally:
             self._release(resp, reuse=False)
+        if not heard and not self._stale(generation):
+            # Ended without a single event or bookmark: a real server's watch lasts minutes
+            # and bookmarks about every minute; one that ends at once (a proxy closing it)
+            # must not turn into a busy loop.
+            self._sleep(self._backoff.next())
 
     def _apply(self, event: Any, selector: str | None) -> None:
         if not isinstance(event, Mapping):
