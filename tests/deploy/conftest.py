@@ -28,7 +28,11 @@ VALUES_STATIC = HERE / "values-static.yaml"
 GO_PACKAGES = "golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev"
 INSTALL_HINT = f"apt-get install -y {GO_PACKAGES}"
 GOPATH = Path(os.environ.get("HELM_RENDER_GOPATH", "/usr/share/gocode"))
-GO_IMPORTS = ("github.com/Masterminds/sprig", "github.com/Masterminds/semver", "github.com/ghodss/yaml")
+GO_IMPORTS = (
+    "github.com/Masterminds/sprig",
+    "github.com/Masterminds/semver",
+    "github.com/ghodss/yaml",
+)
 
 # The Kubernetes version the chart is rendered and validated for (the renderer's
 # .Capabilities and kubernetes-validate's schemas).
@@ -80,7 +84,9 @@ def standalone_envoy_objects() -> list[dict]:
     kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert kustomization["generatorOptions"]["disableNameSuffixHash"] is True
     objects = [
-        doc for name in kustomization["resources"] for doc in load_documents((base / name).read_text())
+        doc
+        for name in kustomization["resources"]
+        for doc in load_documents((base / name).read_text())
     ]
     for generator in kustomization["configMapGenerator"]:
         objects.append(
@@ -142,7 +148,7 @@ def render_chart(helm_render_binary, tmp_path_factory) -> Callable[..., Rendered
 
     def render(
         *values: Path,
-        set: Iterable[str] = (),  # noqa: A002 - Helm's flag name
+        set: Iterable[str] = (),
         chart: Path = CHART,
         name: str = "epp",
         namespace: str = "default",
@@ -165,3 +171,11 @@ def render_chart(helm_render_binary, tmp_path_factory) -> Callable[..., Rendered
         )
 
     return render
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "image_install: runs the Dockerfile's pip steps in a fresh virtualenv (~20-40 s, "
+        "pip cache reused; deselect with -m 'not image_install')",
+    )

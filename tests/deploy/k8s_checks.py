@@ -31,7 +31,10 @@ BUILTIN_KINDS = {
 _NAME = {"type": "string", "minLength": 1, "maxLength": 253}
 _DNS_LABEL = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 _PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
-_GROUP = {"type": "string", "pattern": r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"}
+_GROUP = {
+    "type": "string",
+    "pattern": r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
 
 
 def _object(properties: dict, required: list[str], *, closed: bool = True) -> dict:
@@ -146,7 +149,10 @@ GATEWAY_CLASS = _resource(
     "GatewayClass",
     _object(
         {
-            "controllerName": {"type": "string", "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"}
+            "controllerName": {
+                "type": "string",
+                "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$",
+            }
         },
         ["controllerName"],
     ),
@@ -219,7 +225,9 @@ HTTP_ROUTE = _resource(
                                 {
                                     "path": _object(
                                         {
-                                            "type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
+                                            "type": {
+                                                "enum": ["Exact", "PathPrefix", "RegularExpression"]
+                                            },
                                             "value": {"type": "string", "pattern": "^/"},
                                         },
                                         ["type", "value"],
@@ -231,7 +239,10 @@ HTTP_ROUTE = _resource(
                         "backendRefs": {"type": "array", "minItems": 1, "items": _BACKEND_REF},
                         "timeouts": _object(
                             {
-                                "request": {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"},
+                                "request": {
+                                    "type": "string",
+                                    "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
+                                },
                                 "backendRequest": {"type": "string"},
                             },
                             [],
@@ -250,7 +261,9 @@ SERVICE_MONITOR = _resource(
     "ServiceMonitor",
     _object(
         {
-            "selector": _object({"matchLabels": {"type": "object", "minProperties": 1}}, ["matchLabels"]),
+            "selector": _object(
+                {"matchLabels": {"type": "object", "minProperties": 1}}, ["matchLabels"]
+            ),
             "endpoints": {
                 "type": "array",
                 "minItems": 1,
@@ -258,7 +271,10 @@ SERVICE_MONITOR = _resource(
                     {
                         "port": {"type": "string"},
                         "path": {"type": "string", "pattern": "^/"},
-                        "interval": {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"},
+                        "interval": {
+                            "type": "string",
+                            "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                        },
                     },
                     ["port"],
                 ),
@@ -319,18 +335,33 @@ def check_wiring(objects: list[dict], *, external_pool: str | None = None) -> li
         if len(matches) != 1:
             problems.append(f"Service {name} selects {len(matches)} Deployments")
             continue
-        container_ports = {p["name"] for c in matches[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+        container_ports = {
+            p["name"]
+            for c in matches[0]["spec"]["template"]["spec"]["containers"]
+            for p in c["ports"]
+        }
         for port in svc["spec"]["ports"]:
             if port["targetPort"] not in container_ports:
-                problems.append(f"Service {name} port {port['name']}: no container port {port['targetPort']}")
+                problems.append(
+                    f"Service {name} port {port['name']}: no container port {port['targetPort']}"
+                )
     for name, dep in deployments.items():
         spec = dep["spec"]
-        if not spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items():
+        if (
+            not spec["selector"]["matchLabels"].items()
+            <= spec["template"]["metadata"]["labels"].items()
+        ):
             problems.append(f"Deployment {name}: selector does not match its pod labels")
         for volume in spec["template"]["spec"].get("volumes", []):
             if "configMap" in volume and volume["configMap"]["name"] not in config_maps:
-                problems.append(f"Deployment {name}: ConfigMap {volume['configMap']['name']} missing")
-        mounts = {m["name"] for c in spec["template"]["spec"]["containers"] for m in c.get("volumeMounts", [])}
+                problems.append(
+                    f"Deployment {name}: ConfigMap {volume['configMap']['name']} missing"
+                )
+        mounts = {
+            m["name"]
+            for c in spec["template"]["spec"]["containers"]
+            for m in c.get("volumeMounts", [])
+        }
         volumes = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
         if mounts - volumes:
             problems.append(f"Deployment {name}: mounts without volumes {sorted(mounts - volumes)}")
@@ -341,7 +372,9 @@ def check_wiring(objects: list[dict], *, external_pool: str | None = None) -> li
         ref = pool["spec"]["endpointPickerRef"]
         svc = services.get(ref["name"])
         if svc is None or ref["port"]["number"] not in {p["port"] for p in svc["spec"]["ports"]}:
-            problems.append(f"InferencePool {name}: endpointPickerRef {ref} resolves to no Service port")
+            problems.append(
+                f"InferencePool {name}: endpointPickerRef {ref} resolves to no Service port"
+            )
     for name, route in _by(objects, "HTTPRoute").items():
         for parent in route["spec"]["parentRefs"]:
             if parent["name"] not in gateways:
@@ -352,18 +385,24 @@ def check_wiring(objects: list[dict], *, external_pool: str | None = None) -> li
                     problems.append(f"HTTPRoute {name}: InferencePool {backend['name']} missing")
     for name, model in _by(objects, "InferenceModel").items():
         if model["spec"]["poolRef"]["name"] not in pools:
-            problems.append(f"InferenceModel {name}: pool {model['spec']['poolRef']['name']} missing")
+            problems.append(
+                f"InferenceModel {name}: pool {model['spec']['poolRef']['name']} missing"
+            )
     roles = _by(objects, "Role")
     for name, binding in _by(objects, "RoleBinding").items():
         if binding["roleRef"]["name"] not in roles:
             problems.append(f"RoleBinding {name}: Role {binding['roleRef']['name']} missing")
         for subject in binding["subjects"]:
-            if subject["kind"] == "ServiceAccount" and subject["name"] not in _by(objects, "ServiceAccount"):
+            if subject["kind"] == "ServiceAccount" and subject["name"] not in _by(
+                objects, "ServiceAccount"
+            ):
                 problems.append(f"RoleBinding {name}: ServiceAccount {subject['name']} missing")
     for name, gateway in gateways.items():
         classes = _by(objects, "GatewayClass")
         if classes and gateway["spec"]["gatewayClassName"] not in classes:
-            problems.append(f"Gateway {name}: GatewayClass {gateway['spec']['gatewayClassName']} missing")
+            problems.append(
+                f"Gateway {name}: GatewayClass {gateway['spec']['gatewayClassName']} missing"
+            )
     return problems
 
 
@@ -372,9 +411,12 @@ def epp_container(objects: list[dict]) -> dict:
         o
         for o in objects
         if o["kind"] == "Deployment"
-        and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "endpoint-picker"
+        and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        == "endpoint-picker"
     ]
-    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"
+    ]
     return container
 
 
@@ -384,12 +426,17 @@ def epp_config_text(objects: list[dict]) -> str:
         o
         for o in objects
         if o["kind"] == "Deployment"
-        and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "endpoint-picker"
+        and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        == "endpoint-picker"
     ]
     container = epp_container(objects)
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/epp/config.yaml"]
-    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    (volume,) = [
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    ]
     (config_map,) = [
-        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]
     ]
     return config_map["data"][mount["subPath"]]

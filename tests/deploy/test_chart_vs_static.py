@@ -18,7 +18,10 @@ from deploy.conftest import CHART, standalone_envoy_objects, static_objects
 HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/version"}
 # (kind, name) in deploy/kubernetes/ but not in the default render, and why.
 DOCUMENTED = {
-    ("GatewayClass", "envoy-gateway"): "cluster-scoped: the chart creates it only with gateway.createClass=true",
+    (
+        "GatewayClass",
+        "envoy-gateway",
+    ): "cluster-scoped: the chart creates it only with gateway.createClass=true",
 }
 
 
@@ -52,7 +55,9 @@ def diff(a: dict, b: dict, path: str = "") -> list[str]:
         out = []
         for key in sorted(set(a) | set(b), key=str):
             if key not in a or key not in b:
-                out.append(f"{path}.{key}: {a.get(key, '<absent>')!r} != {b.get(key, '<absent>')!r}")
+                out.append(
+                    f"{path}.{key}: {a.get(key, '<absent>')!r} != {b.get(key, '<absent>')!r}"
+                )
             else:
                 out += diff(a[key], b[key], f"{path}.{key}")
         return out

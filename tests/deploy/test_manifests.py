@@ -140,7 +140,9 @@ def test_tls_config_keys_are_epp_config_keys(render_chart):
 
 def test_static_discovery_file_is_an_endpoints_file(render_chart, tmp_path):
     rendered = render_chart(VALUES_STATIC)
-    (endpoints,) = [o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-endpoints")]
+    (endpoints,) = [
+        o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-endpoints")
+    ]
     path = tmp_path / "endpoints.yaml"
     path.write_text(endpoints["data"]["endpoints.yaml"])
     assert [e.address for e in load_endpoints_file(path)] == ["10.0.0.10:8000", "10.0.0.11:8000"]
@@ -213,7 +215,9 @@ def test_epp_serve_knows_the_flags_the_manifests_pass(render_chart):
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
     missing = sorted(flags - known)
     if missing:
-        pytest.skip(f"`epp serve` does not accept {missing} yet (Kubernetes discovery is being built)")
+        pytest.skip(
+            f"`epp serve` does not accept {missing} yet (Kubernetes discovery is being built)"
+        )
     assert flags <= known
 
 
@@ -257,9 +261,14 @@ def test_more_replicas_add_pdb_and_anti_affinity(render_chart):
         "preferredDuringSchedulingIgnoredDuringExecution"
     ]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
     # A user-given affinity replaces the default one.
-    custom = render_chart(VALUES_STATIC).one("Deployment", "epp")["spec"]["template"]["spec"]["affinity"]
+    custom = render_chart(VALUES_STATIC).one("Deployment", "epp")["spec"]["template"]["spec"][
+        "affinity"
+    ]
     assert set(custom) == {"nodeAffinity"}
 
 
@@ -297,7 +306,10 @@ def test_existing_pool_is_referenced_not_created(render_chart):
         (["failureMode=Open"], "failureMode must be"),
         (["discovery.mode=dns"], "discovery.mode must be"),
         (["tls.enabled=true"], "tls.secretName is required"),
-        (["tls.enabled=true", "tls.secretName=x", "standaloneEnvoy.enabled=true"], "does not speak TLS"),
+        (
+            ["tls.enabled=true", "tls.secretName=x", "standaloneEnvoy.enabled=true"],
+            "does not speak TLS",
+        ),
         (["pool.name="], "pool.name is required"),
         (["pool.targetPorts=null"], "pool.targetPorts must list 1 to 8 ports"),
     ],

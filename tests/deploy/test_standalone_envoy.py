@@ -69,9 +69,15 @@ def test_it_asks_the_epp_service_by_name_and_dials_the_pod_it_names():
     epp = clusters["epp"]
     assert epp["type"] == "STRICT_DNS"
     (endpoint,) = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    assert endpoint["endpoint"]["address"]["socket_address"] == {"address": "epp", "port_value": 9002}
+    assert endpoint["endpoint"]["address"]["socket_address"] == {
+        "address": "epp",
+        "port_value": 9002,
+    }
     assert clusters["pods"]["type"] == "ORIGINAL_DST"
-    assert clusters["pods"]["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
+    assert (
+        clusters["pods"]["original_dst_lb_config"]["http_header_name"]
+        == "x-gateway-destination-endpoint"
+    )
     assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     (listener,) = config["static_resources"]["listeners"]
     assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 8080}
@@ -79,7 +85,9 @@ def test_it_asks_the_epp_service_by_name_and_dials_the_pod_it_names():
 
 def _routing_filter(text: str) -> dict:
     config = yaml.safe_load(text)
-    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]
     return hcm["http_filters"][0]["typed_config"]
 
 
