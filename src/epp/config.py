@@ -155,6 +155,18 @@ class DataLayerConfig(Strict):
     # Adapters a pod reported (vllm:lora_requests_info lists only adapters with requests)
     # are remembered as resident for this long.
     adapter_memory_s: float = Field(300.0, ge=0.0)
+    # HTTPS metrics endpoints (metrics_url https://...): the CA bundle that signs them (the
+    # system's when unset), and an optional client certificate for mutual TLS.
+    scrape_ca_file: Path | None = None
+    scrape_client_cert_file: Path | None = None
+    scrape_client_key_file: Path | None = None
+    scrape_insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> DataLayerConfig:
+        if (self.scrape_client_cert_file is None) != (self.scrape_client_key_file is None):
+            raise ValueError("scrape_client_cert_file and scrape_client_key_file go together")
+        return self
 
 
 class FlowControlConfig(Strict):
@@ -175,6 +187,17 @@ class FlowControlConfig(Strict):
     # A request header carrying an integer priority, honoured only when set here: clients
     # can send any header, so the gateway must strip it from untrusted traffic.
     priority_header: str | None = None
+
+
+class TlsConfig(Strict):
+    """TLS on the gRPC port. The files are re-read when they change (a rotated Secret), so
+    new connections get the new certificate without a restart."""
+
+    cert_file: Path
+    key_file: Path
+    # Set: clients must present a certificate signed by this CA (mutual TLS).
+    client_ca_file: Path | None = None
+    reload_check_s: float = Field(5.0, gt=0.0)
 
 
 class ServerConfig(Strict):
@@ -201,6 +224,7 @@ class ServerConfig(Strict):
     # max_message_timeout (the generated configs allow 300 s), or Envoy ignores it.
     keepalive_s: float = Field(2.0, gt=0.0)
     keepalive_extension_s: float = Field(65.0, gt=0.0, le=300.0)
+    tls: TlsConfig | None = None
 
 
 class EndpointConfig(Strict):
@@ -222,12 +246,40 @@ class EndpointConfig(Strict):
         return self.metrics_url or f"http://{self.address}/metrics"
 
 
+class DiscoveryConfig(Strict):
+    """Where the endpoints come from: an InferencePool (`pool_name`), or else the static
+    `endpoints` / `endpoints_file` (watched and reloaded)."""
+
+    pool_name: str | None = Field(None, min_length=1)
+    # Default: the EPP pod's own namespace (its service account's), else "default".
+    pool_namespace: str | None = Field(None, min_length=1)
+    # Outside a cluster: the kubeconfig to use (default: $KUBECONFIG or ~/.kube/config).
+    kubeconfig: Path | None = None
+    # Read InferenceModel / InferenceObjective objects of the pool when their CRDs exist.
+    read_models: bool = True
+    file_poll_s: float = Field(1.0, gt=0.0)
+
+
+class ReplicasConfig(Strict):
+    """Several EPP replicas behind one Envoy share their routing decisions, so each one's
+    prefix index and load count include the others' traffic. Off with no peers."""
+
+    # Peers as host:port of their `listen_port`; a name resolving to several addresses (a
+    # headless Service) stands for all of them, re-resolved every `resolve_s`.
+    peers: list[str] = Field(default_factory=list)
+    listen_host: str = "0.0.0.0"
+    listen_port: int = Field(9003, ge=0, le=65535)
+    resolve_s: float = Field(5.0, gt=0.0)
+
+
 class EppConfig(Strict):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
     datalayer: DataLayerConfig = Field(default_factory=DataLayerConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
     # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
     adapters: dict[str, str] = Field(default_factory=dict)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
