@@ -24,14 +24,13 @@ from kube_standin import KubeStandIn, Seen, pod, pool, running
 from kubernetes import client as k8s
 
 from epp.config import EndpointConfig
-from epp.datalayer.discovery import (
-    Backoff,
+from epp.datalayer.discovery import Backoff, ModelTable
+from epp.datalayer.discovery.kubernetes import (
     KubernetesDiscovery,
-    ModelTable,
-    WatchSettings,
     crd_installed,
     default_namespace,
 )
+from epp.datalayer.discovery.reflector import WatchSettings
 from epp.datalayer.kubernetes_resources import (
     INFERENCE_MODEL,
     INFERENCE_OBJECTIVE,

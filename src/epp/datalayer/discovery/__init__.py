@@ -8,15 +8,13 @@ Both deliver the whole current `list[EndpointConfig]` to a callback on the async
 (for `EndpointStore.sync`), and expose `state()` (a `DiscoveryState`) for metrics.
 The pure parts, `pool.py` (pool + pods -> endpoints) and `models.py` (objects -> model
 table), do no I/O.
+
+`kubernetes.py` and `reflector.py` are imported on their own
+(`epp.datalayer.discovery.kubernetes`), so that the Kubernetes client is loaded only when a
+pool is configured.
 """
 
 from epp.datalayer.discovery.file import EndpointsFileWatcher
-from epp.datalayer.discovery.kubernetes import (
-    KubernetesDiscovery,
-    crd_installed,
-    default_namespace,
-    make_api_client,
-)
 from epp.datalayer.discovery.models import (
     OBJECTIVE_HEADER,
     ModelRoute,
@@ -25,7 +23,6 @@ from epp.datalayer.discovery.models import (
     build_model_table,
 )
 from epp.datalayer.discovery.pool import InvalidPool, PoolSpec, endpoints_for_pool, parse_pool
-from epp.datalayer.discovery.reflector import WatchSettings
 from epp.datalayer.discovery.state import Backoff, DiscoveryState, ResourceStats
 
 __all__ = [
@@ -34,17 +31,12 @@ __all__ = [
     "DiscoveryState",
     "EndpointsFileWatcher",
     "InvalidPool",
-    "KubernetesDiscovery",
     "ModelRoute",
     "ModelTable",
     "PoolSpec",
     "ResourceStats",
     "TargetModel",
-    "WatchSettings",
     "build_model_table",
-    "crd_installed",
-    "default_namespace",
     "endpoints_for_pool",
-    "make_api_client",
     "parse_pool",
 ]
