@@ -332,3 +332,14 @@ def parse_request(
     adapter = model if model in adapters else None
     base = adapters[adapter] if adapter else model
     return InferenceRequest(kind, model, base, adapter, prompt, stream, salt)
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """The body with its top-level `model` replaced: a request served as another model (an
+    InferenceModel's target). Called only on a body `parse_request` accepted, so it is a
+    JSON object; every other field passes through unchanged in value."""
+    decoded = msgspec.json.decode(body)
+    if not isinstance(decoded, dict):
+        raise _bad("the request body must be a JSON object")
+    decoded["model"] = model
+    return msgspec.json.encode(decoded)

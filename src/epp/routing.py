@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import random
 import secrets
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from epp.config import EppConfig
+from epp.datalayer.discovery.models import ModelTable
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.store import EndpointStore
 from epp.observability.flow_metrics import FlowMetrics
@@ -37,7 +39,7 @@ from epp.observability.metrics import EppMetrics
 from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import BlockHash, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import InferenceRequest, RequestRejected, parse_request
+from epp.request import InferenceRequest, RequestRejected, parse_request, with_model
 from epp.scheduling.admission import FlowQueue, Waiting, request_priority
 from epp.scheduling.models import resolve_model
 from epp.scheduling.scheduler import Scheduler
@@ -71,6 +73,9 @@ class RoutedRequest:
     priority: int = 0
     waited_s: float = 0.0
     done: bool = False
+    # The body to forward instead of the client's: set when the model table (an
+    # InferenceModel's targetModels) serves the request as another model.
+    body: bytes | None = None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -91,6 +96,9 @@ class PreparedRequest:
     priority: int
     size: int
     started: float = field(default_factory=time.perf_counter)
+    # The model the pod serves it as (a target of the model table), and the body naming it.
+    served_model: str | None = None
+    body: bytes | None = None
 
 
 class Router:
@@ -121,10 +129,20 @@ class Router:
         )
         self._open: dict[str, RoutedRequest] = {}
         self._release_pending = False
+        self._models = ModelTable()
+        self._rng = random.Random()
 
     @property
     def scheduler(self) -> Scheduler:
         return self._scheduler
+
+    def set_model_table(self, table: ModelTable) -> None:
+        """Models from InferenceModel / InferenceObjective objects (Kubernetes discovery):
+        priorities, and target models chosen by weight. Replaces the previous table."""
+        for problem in table.problems:
+            log.warning("model_table_problem", problem=problem)
+        self._models = table
+        log.info("model_table", models=len(table.models), objectives=len(table.objectives))
 
     # -- data-layer events (connected by the app) -----------------------------------
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
@@ -152,17 +170,24 @@ class Router:
         request = parse_request(
             path, body, self._config.adapters, max_prompt_tokens=self._max_blocks * self._block_size
         )
-        base, adapter = resolve_model(request.model, self._config.adapters, self._store.all())
-        seed = chain_seed(request.model or "", adapter, request.cache_salt)
+        served, rewritten = request.model, None
+        if request.model is not None and request.model in self._models.models:
+            served = self._models.target(request.model, self._rng.random())
+            if served != request.model:
+                rewritten = with_model(body, served)
+        base, adapter = resolve_model(served, self._config.adapters, self._store.all())
+        seed = chain_seed(served or "", adapter, request.cache_salt)
         # Bounded work: at most prefix.max_blocks_per_request blocks are tokenized, hashed,
         # looked up and recorded, whatever the prompt's size (prefix/blocks.py).
         blocks = prompt_blocks(
             request.prompt, self._tokenizer, self._block_size, seed, self._max_blocks
         )
-        priority = request_priority(request.model, headers or {}, self._flow)
+        priority = self._models.priority(request.model, headers or {})
+        if priority is None:
+            priority = request_priority(request.model, headers or {}, self._flow)
         return PreparedRequest(
             request_id, request, base, adapter, blocks.hashes, blocks.prompt_tokens, subset,
-            priority, len(body), started,
+            priority, len(body), started, served, rewritten,
         )  # fmt: skip
 
     def dispatch(self, prepared: PreparedRequest) -> RoutedRequest:
@@ -172,7 +197,7 @@ class Router:
         hashes = prepared.hashes
         sched_request = SchedulingRequest(
             request_id=prepared.request_id,
-            model=request.model,
+            model=prepared.served_model,
             base_model=prepared.base_model,
             adapter=prepared.adapter,
             block_hashes=hashes,
@@ -204,7 +229,7 @@ class Router:
             token = secrets.token_hex(12)
             routed = RoutedRequest(
                 prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
-                prepared.priority,
+                prepared.priority, body=prepared.body,
             )  # fmt: skip
             self._open[token] = routed
         except BaseException:

@@ -103,6 +103,7 @@ class FakeRouted:
     token: str
     request_id: str
     decision: _Decision
+    body: bytes | None = None  # a replacement body (a model table's target model)
 
 
 @dataclass

@@ -92,6 +92,44 @@ def test_buffered_answers_headers_at_once_and_routes_on_body():
     assert set_headers(reply.request_body.response)["x-epp-route-token"] == "tok-1"
 
 
+def test_a_replaced_body_is_streamed_in_duplex_mode_with_its_own_content_length():
+    s = stream(chunk=1024)
+    s.feed(headers_msg(mode=DUPLEX))
+    s.feed(body_msg(body_of("x" * 3000), True))
+    replacement = body_of("y" * 2500)
+    replies = s.routed(
+        FakeRouted("tok-1", "rid-1", _Decision([_Endpoint(ADDRESSES[0])]), replacement)
+    ).replies
+    assert set_headers(replies[0].request_headers.response)["content-length"] == str(
+        len(replacement)
+    )
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
+    assert b"".join(c.body for c in chunks) == replacement
+    assert chunks[-1].end_of_stream
+
+
+def test_a_replaced_body_is_the_body_mutation_in_buffered_mode():
+    s = stream()
+    s.feed(headers_msg(mode=BUFFERED))
+    s.feed(body_msg(body_of(), True))
+    replacement = b'{"model": "other", "prompt": "hi"}'
+    (reply,) = s.routed(
+        FakeRouted("tok-1", "rid-1", _Decision([_Endpoint(ADDRESSES[0])]), replacement)
+    ).replies
+    common = reply.request_body.response
+    assert common.body_mutation.body == replacement
+    assert set_headers(common)["content-length"] == str(len(replacement))
+    assert destination(reply) == ADDRESSES[0]
+
+
+def test_without_a_replacement_no_content_length_is_set():
+    s = stream()
+    s.feed(headers_msg(mode=DUPLEX))
+    s.feed(body_msg(body_of(), True))
+    reply = s.routed(routed()).replies[0]
+    assert "content-length" not in set_headers(reply.request_headers.response)
+
+
 def test_headers_only_request_routes_on_headers_and_finishes():
     s = stream()
     step = s.feed(headers_msg(path="/v1/models", eos=True, mode=DUPLEX))

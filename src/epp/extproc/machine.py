@@ -64,6 +64,10 @@ class Routed(Protocol):
     @property
     def decision(self) -> _Decision: ...
 
+    @property
+    def body(self) -> bytes | None:
+        """The body to forward instead of the client's (None: the client's)."""
+
 
 class RoutingService(Protocol):
     async def route(
@@ -164,10 +168,17 @@ class ExtProcStream:
         self.phase = Phase.ROUTED
         self.token = result.token
         destination = ",".join(e.address for e in result.decision.endpoints)
+        body = result.body
         if self._route_on_body:
-            return Step([messages.route_on_body(destination, result.token)], finish=True)
-        replies = [messages.route_on_headers(destination, result.token)]
+            reply = messages.route_on_body(destination, result.token, body)
+            return Step([reply], finish=True)
+        if body is not None and not (self._duplex and not self._headers_only):
+            body = None  # nothing held to replace (a body-less request is never rewritten)
+        length = None if body is None else len(body)
+        replies = [messages.route_on_headers(destination, result.token, length)]
         if self._duplex and not self._headers_only:
+            if body is not None:
+                self._body = bytearray(body)
             replies += self._held_body()
         return Step(replies, finish=True)
 

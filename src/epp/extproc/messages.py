@@ -71,25 +71,42 @@ def destination_metadata(destination: str) -> Struct:
     return metadata
 
 
-def _routing_common(destination: str, token: str | None) -> pb.CommonResponse:
+def _routing_common(
+    destination: str, token: str | None, body_length: int | None = None
+) -> pb.CommonResponse:
+    """The destination header (and token); `body_length` when the EPP replaces the body,
+    so that content-length matches what the pod receives."""
     headers = [_set(DESTINATION_HEADER, destination)]
     if token:
         headers.append(_set(ROUTE_TOKEN_HEADER, token))
+    if body_length is not None:
+        headers.append(_set("content-length", str(body_length)))
     return pb.CommonResponse(
         header_mutation=pb.HeaderMutation(set_headers=headers), clear_route_cache=True
     )
 
 
-def route_on_headers(destination: str, token: str | None = None) -> pb.ProcessingResponse:
+def route_on_headers(
+    destination: str, token: str | None = None, body_length: int | None = None
+) -> pb.ProcessingResponse:
+    """Full-duplex mode: the held headers go on with the destination; the body follows
+    as streamed chunks (the client's, or a replacement of `body_length` bytes)."""
+    common = _routing_common(destination, token, body_length)
     return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=_routing_common(destination, token)),
+        request_headers=pb.HeadersResponse(response=common),
         dynamic_metadata=destination_metadata(destination),
     )
 
 
-def route_on_body(destination: str, token: str | None = None) -> pb.ProcessingResponse:
+def route_on_body(
+    destination: str, token: str | None = None, body: bytes | None = None
+) -> pb.ProcessingResponse:
+    """Buffered mode: the destination, and the body replaced when `body` is given."""
+    common = _routing_common(destination, token, None if body is None else len(body))
+    if body is not None:
+        common.body_mutation.body = body
     return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=_routing_common(destination, token)),
+        request_body=pb.BodyResponse(response=common),
         dynamic_metadata=destination_metadata(destination),
     )
 
