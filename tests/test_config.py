@@ -5,17 +5,20 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epp.config import EppConfig, load_config
+from epp.config import EppConfig, load_config, load_endpoints_file
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
 def test_example_config_loads_and_documents_the_defaults():
     example = load_config(DEPLOY / "epp.example.yaml")
-    assert [e.name for e in example.endpoints] == ["pod-0", "pod-1", "pod-2"]
-    assert example.endpoints[0].resolved_metrics_url() == "http://127.0.0.1:8001/metrics"
+    assert example.endpoints_file == DEPLOY / "endpoints.example.yaml"  # resolved, watched
+    pods = load_endpoints_file(example.endpoints_file)
+    assert [e.name for e in pods] == ["pod-0", "pod-1", "pod-2"]
+    assert pods[0].resolved_metrics_url() == "http://127.0.0.1:8001/metrics"
     defaults = EppConfig()
-    for section in ("scheduling", "prefix", "datalayer", "server", "flow_control"):
+    sections = ("scheduling", "prefix", "datalayer", "server", "flow_control", "discovery")
+    for section in (*sections, "replicas"):
         assert getattr(example, section) == getattr(defaults, section), section
 
 
@@ -60,7 +63,16 @@ def test_overrides_and_endpoints_file(tmp_path):
     (tmp_path / "epp.yaml").write_text("endpoints_file: pods.yaml\nserver: {grpc_port: 1234}\n")
     config = load_config(tmp_path / "epp.yaml", {"server": {"metrics_port": 9999}})
     assert config.server.grpc_port == 1234 and config.server.metrics_port == 9999
-    assert [e.name for e in config.endpoints] == ["x"]
+    assert config.endpoints_file == tmp_path / "pods.yaml"  # relative to the config file
+
+
+def test_a_pool_and_static_endpoints_are_exclusive(tmp_path):
+    with pytest.raises(ValidationError, match="exclusive"):
+        EppConfig.model_validate(
+            {"discovery": {"pool_name": "p"}, "endpoints": [{"name": "a", "address": "1.2.3.4:1"}]}
+        )
+    with pytest.raises(ValidationError, match="exclusive"):
+        EppConfig.model_validate({"discovery": {"pool_name": "p"}, "endpoints_file": "x.yaml"})
 
 
 def test_non_mapping_files_are_rejected(tmp_path):

@@ -1,6 +1,7 @@
 """`epp serve`: the endpoint picker service.
 
-Wires the pieces together: config -> endpoint store (static discovery) -> metrics scraper
+Wires the pieces together: config -> discovery (an InferencePool watched in Kubernetes, or
+the static endpoints and the endpoints file, watched) -> endpoint store -> metrics scraper
 -> prefix index + scheduler -> router -> ext_proc gRPC server; plus an HTTP server for
 Prometheus (/metrics) and probes (/healthz, /ready).
 
@@ -12,6 +13,11 @@ events (EndpointStore.on_change) to their readers, in this order:
                                                clear its cache, size it from its page)
     store --removed/released/updated/added---> router (forget a pod's requests and scorer
                                                state, release waiting requests)
+
+and discovery's deliveries to their readers:
+
+    discovery --endpoints--> store.sync (added/removed events follow)
+    discovery --models-----> router.set_model_table (InferenceModel/InferenceObjective)
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 
 from epp.config import EppConfig, PrefixConfig, load_config, load_endpoints_file
+from epp.datalayer.discovery.file import EndpointsFileWatcher
+from epp.datalayer.discovery.state import DiscoveryState
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointListener, EndpointStore
@@ -44,6 +52,17 @@ from epp.scheduling.scheduler import Scheduler
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 
 log = structlog.get_logger("epp.app")
+
+
+class Discovery(Protocol):
+    """KubernetesDiscovery or EndpointsFileWatcher."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def state(self) -> DiscoveryState: ...
+
 
 HEALTH_REFRESH_S = 0.25
 DRAIN_POLL_S = 0.05
@@ -86,6 +105,9 @@ class EppService:
     config: EppConfig
     registry: ScorerRegistry | None = None  # add custom scorers here before start
     tokenizer: Tokenizer | None = None  # default: the byte-level estimate
+    # The Kubernetes API client for pool discovery (default: in-cluster or kubeconfig);
+    # tests pass one pointed at a stand-in API server.
+    kube_client: Any = None
 
     def __post_init__(self) -> None:
         config = self.config
@@ -112,6 +134,7 @@ class EppService:
             + [e.model for e in config.endpoints if e.model],
             adapters=config.adapters,
         )
+        self.discovery: Discovery | None = None
         self.health = HealthState()
         self.grpc_port = 0
         self.metrics_port = 0
@@ -127,8 +150,43 @@ class EppService:
             return False
         return len(self.store) > 0 and self.scraper.first_round.is_set()
 
+    def _discovery(self) -> Discovery | None:
+        """Where endpoints come from; None: the static list in the config, fixed."""
+        config = self.config.discovery
+        if config.pool_name:
+            # Imported here: the Kubernetes client loads only when a pool is configured.
+            from epp.datalayer.discovery.kubernetes import (
+                KubernetesDiscovery,
+                default_namespace,
+                make_api_client,
+            )
+
+            client = self.kube_client
+            if client is None:
+                client = make_api_client(str(config.kubeconfig) if config.kubeconfig else None)
+            return KubernetesDiscovery(
+                client,
+                config.pool_name,
+                config.pool_namespace or default_namespace(),
+                on_endpoints=self.store.sync,
+                on_models=self.router.set_model_table,
+                read_models=config.read_models,
+            )
+        if self.config.endpoints_file is not None:
+            return EndpointsFileWatcher(
+                self.config.endpoints_file,
+                self.store.sync,
+                static=self.config.endpoints,
+                interval_s=config.file_poll_s,
+            )
+        return None
+
     async def start(self) -> None:
-        self.store.sync(self.config.endpoints)
+        self.discovery = self._discovery()
+        if self.discovery is None:
+            self.store.sync(self.config.endpoints)
+        else:
+            await self.discovery.start()
         await self.health.set(live=True, ready=False)
         processor = ExternalProcessor(self.router, self.config.server, self.metrics)
         self.routing_streams = processor.streams  # what drain() waits on
@@ -177,6 +235,8 @@ class EppService:
 
     async def stop(self, grace_s: float = 2.0) -> None:
         await self.health.set(live=False, ready=False)
+        if self.discovery is not None:
+            await self.discovery.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -288,7 +348,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the endpoint picker: Envoy ext_proc over gRPC, Prometheus metrics over HTTP.",
     )
     parser.add_argument("--config", type=Path, help="YAML configuration (see README)")
-    parser.add_argument("--endpoints", type=Path, help="static discovery file: endpoints: [...]")
+    parser.add_argument(
+        "--endpoints", type=Path, help="static discovery file: endpoints: [...] (watched)"
+    )
+    parser.add_argument(
+        "--pool-name", help="Kubernetes discovery: the InferencePool whose pods to route to"
+    )
+    parser.add_argument(
+        "--pool-namespace", help="the pool's namespace (default: the EPP pod's own)"
+    )
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="outside a cluster: the kubeconfig (default: $KUBECONFIG)"
+    )
     parser.add_argument("--grpc-host")
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-host")
@@ -316,10 +387,22 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     overrides: dict = {"server": server} if server else {}
     if args.log_level:
         overrides["log_level"] = args.log_level
-    config = load_config(args.config, overrides)
+    discovery = {
+        key: value
+        for key, value in (
+            ("pool_name", args.pool_name),
+            ("pool_namespace", args.pool_namespace),
+            ("kubeconfig", args.kubeconfig),
+        )
+        if value is not None
+    }
+    if discovery:
+        overrides["discovery"] = discovery
     if args.endpoints is not None:
-        endpoints = [*config.endpoints, *load_endpoints_file(args.endpoints)]
-        config = EppConfig.model_validate({**config.model_dump(), "endpoints": endpoints})
+        overrides["endpoints_file"] = args.endpoints.absolute()
+    config = load_config(args.config, overrides)
+    if config.endpoints_file is not None:
+        load_endpoints_file(config.endpoints_file)  # a bad file fails now, with its path
     return config
 
 

@@ -297,6 +297,15 @@ class EppConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _one_source_of_endpoints(self) -> EppConfig:
+        if self.discovery.pool_name and (self.endpoints or self.endpoints_file):
+            raise ValueError(
+                "discovery.pool_name (Kubernetes) and endpoints/endpoints_file (static) are "
+                "exclusive: choose one source of endpoints"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_endpoints(self) -> EppConfig:
         names = [e.name for e in self.endpoints]
         addresses = [e.address for e in self.endpoints]
@@ -329,15 +338,10 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> EppC
         else:
             data[section] = values
     config = EppConfig.model_validate(data)
-    if config.endpoints_file is not None:
+    if config.endpoints_file is not None and not config.endpoints_file.is_absolute():
+        # Relative to the configuration file: the app watches it (discovery/file.py).
         base = path.parent if path is not None else Path.cwd()
-        file = (
-            config.endpoints_file
-            if config.endpoints_file.is_absolute()
-            else base / config.endpoints_file
-        )
-        endpoints = [*config.endpoints, *load_endpoints_file(file)]
         config = EppConfig.model_validate(
-            {**config.model_dump(), "endpoints": endpoints, "endpoints_file": None}
+            {**config.model_dump(), "endpoints_file": (base / config.endpoints_file).absolute()}
         )
     return config

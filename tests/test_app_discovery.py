@@ -1,0 +1,216 @@
+"""`epp serve`'s discovery wiring: an InferencePool watched on a stand-in API server
+(tests/kube_standin.py: no real API server can run here), real simulated pods on
+loopback addresses, and the EPP's own router. Routing follows every step of the pool:
+add, ready, not ready, delete, a relist after 410, and an edit of the pool's selector.
+Also: the endpoints file, watched and reloaded, and `epp serve`'s flags."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from kube_standin import KubeStandIn, pod, pool, running
+from kubernetes import client as k8s
+
+from epp.app import EppService, build_parser, config_from_args
+from epp.config import EppConfig
+from epp.datalayer.kubernetes_resources import INFERENCE_MODEL, INFERENCE_POOL, POD
+from epp.request import RequestRejected
+from vllm_sim.server import SimPodConfig, start_pod
+
+NS = "inference"
+MODEL = "sim-llama-8b"
+IPS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+WAIT_S = 10.0
+
+
+def free_port_on_all(ips: tuple[str, ...]) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((ips[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for ip in ips[1:]:
+                with socket.socket() as s:
+                    s.bind((ip, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no port free on every loopback address")
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[int]:
+    port = free_port_on_all(IPS)
+    running_pods = [
+        await start_pod(SimPodConfig(pod_name=f"sim-{i}", model=MODEL), ip, port)
+        for i, ip in enumerate(IPS)
+    ]
+    yield port
+    for p in running_pods:
+        await p.close()
+
+
+@pytest.fixture
+def standin():
+    with running() as s:
+        yield s
+
+
+@pytest.fixture
+async def service(standin: KubeStandIn) -> AsyncIterator[EppService]:
+    config = EppConfig.model_validate(
+        {
+            "discovery": {"pool_name": "pool", "pool_namespace": NS},
+            "server": {"grpc_port": 0, "metrics_port": 0, "grpc_host": "127.0.0.1"},
+        }
+    )
+    svc = EppService(config, kube_client=k8s.ApiClient(k8s.Configuration(host=standin.url)))
+    await svc.start()
+    yield svc
+    await svc.stop(grace_s=0.1)
+
+
+def pods_routed_to(svc: EppService, n: int = 9) -> set[str]:
+    """Where n distinct requests go (left open, so in-flight counts spread them)."""
+    chosen = set()
+    for i in range(n):
+        body = json.dumps({"model": MODEL, "prompt": f"request {i} " * 20}).encode()
+        routed = svc.router.route_now(path="/v1/completions", body=body, request_id=f"q{i}")
+        chosen.add(routed.endpoint.name)
+        svc.router.complete(routed.token, 200)
+    return chosen
+
+
+def names(svc: EppService) -> set[str]:
+    return {e.name for e in svc.store.all()}
+
+
+async def test_routing_follows_the_pool_through_every_step(
+    standin: KubeStandIn, pods: int, service: EppService
+) -> None:
+    vllm = {"app": "vllm"}
+    standin.apply(INFERENCE_POOL, pool("pool", vllm, [pods]), NS)
+    assert not service.ready  # no endpoint yet
+
+    standin.apply(POD, pod("a", vllm, IPS[0]), NS)
+    await until(lambda: names(service) == {"a"} and service.ready, "pod a, scraped")
+    assert pods_routed_to(service) == {"a"}
+    assert service.store.get("a").address == f"{IPS[0]}:{pods}"
+
+    standin.apply(POD, pod("b", vllm, IPS[1], ready=False), NS)  # not ready: not routed
+    standin.apply(POD, pod("c", vllm, IPS[2]), NS)
+    await until(lambda: names(service) == {"a", "c"}, "pod c")
+    await until(lambda: service.store.get("c").metrics is not None, "pod c scraped")
+    assert pods_routed_to(service) == {"a", "c"}
+
+    standin.apply(POD, pod("b", vllm, IPS[1]), NS)  # ready now
+    await until(lambda: names(service) == {"a", "b", "c"}, "pod b ready")
+    await until(lambda: service.store.get("b").metrics is not None, "pod b scraped")
+    assert pods_routed_to(service, 12) == {"a", "b", "c"}
+
+    standin.apply(POD, pod("a", vllm, IPS[0], ready=False), NS)  # a goes not ready
+    await until(lambda: names(service) == {"b", "c"}, "pod a not ready")
+    assert pods_routed_to(service) == {"b", "c"}
+
+    standin.delete(POD, "c", NS)
+    standin.expire()  # 410 Gone: discovery relists
+    standin.apply(POD, pod("a", vllm, IPS[0]), NS)  # ready again, seen after the relist
+    await until(lambda: names(service) == {"a", "b"}, "delete c, relist, a back")
+    await until(lambda: service.store.get("a").metrics is not None, "pod a scraped again")
+    assert pods_routed_to(service) == {"a", "b"}
+    assert service.discovery is not None and service.discovery.state().relists >= 1
+
+    # The pool's selector moves to pods labelled tier=gold: only b carries it.
+    standin.apply(POD, pod("b", {**vllm, "tier": "gold"}, IPS[1]), NS)
+    standin.apply(INFERENCE_POOL, pool("pool", {"tier": "gold"}, [pods]), NS)
+    await until(lambda: names(service) == {"b"}, "selector edit")
+    assert pods_routed_to(service) == {"b"}
+    assert service.index.blocks("a") == 0  # a's prefix entries went with it
+
+    standin.delete(POD, "b", NS)
+    await until(lambda: names(service) == set(), "every pod gone")
+    with pytest.raises(RequestRejected) as refused:
+        pods_routed_to(service, 1)
+    assert refused.value.status == 503
+
+
+async def test_an_inference_models_target_is_what_the_pod_is_asked_for(
+    standin: KubeStandIn, pods: int, service: EppService
+) -> None:
+    vllm = {"app": "vllm"}
+    standin.apply(INFERENCE_POOL, pool("pool", vllm, [pods]), NS)
+    standin.apply(POD, pod("a", vllm, IPS[0]), NS)
+    standin.apply(
+        INFERENCE_MODEL,
+        {
+            "metadata": {"name": "chat"},
+            "spec": {
+                "modelName": "chat",
+                "criticality": "Sheddable",
+                "targetModels": [{"name": MODEL, "weight": 100}],
+                "poolRef": {"name": "pool"},
+            },
+        },
+        NS,
+    )
+    await until(lambda: service.ready, "ready")
+    await until(lambda: "chat" in service.router._models.models, "the model table")
+    body = json.dumps({"model": "chat", "prompt": "hello"}).encode()
+    prepared = service.router.prepare(path="/v1/completions", body=body, request_id="m")
+    assert prepared.priority == -1
+    assert prepared.body is not None and json.loads(prepared.body)["model"] == MODEL
+
+
+async def test_the_endpoints_file_is_watched(tmp_path: Path) -> None:
+    file = tmp_path / "pods.yaml"
+    file.write_text("endpoints:\n  - {name: x, address: '127.0.0.1:9'}\n")
+    config = EppConfig.model_validate(
+        {
+            "endpoints_file": str(file),
+            "discovery": {"file_poll_s": 0.02},
+            "server": {"grpc_port": 0, "metrics_port": 0, "grpc_host": "127.0.0.1"},
+        }
+    )
+    svc = EppService(config)
+    await svc.start()
+    try:
+        assert names(svc) == {"x"}
+        file.write_text(
+            "endpoints:\n  - {name: y, address: '127.0.0.1:10'}\n"
+            "  - {name: z, address: '127.0.0.1:11'}\n"
+        )
+        await until(lambda: names(svc) == {"y", "z"}, "the file reloaded")
+        file.write_text("endpoints: [not a mapping")  # a bad edit keeps the last good list
+        await asyncio.sleep(0.2)
+        assert names(svc) == {"y", "z"}
+    finally:
+        await svc.stop(grace_s=0.1)
+
+
+def test_serve_flags_choose_the_source_of_endpoints(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["--pool-name", "p", "--pool-namespace", "ns"])
+    config = config_from_args(args)
+    assert (config.discovery.pool_name, config.discovery.pool_namespace) == ("p", "ns")
+    file = tmp_path / "pods.yaml"
+    file.write_text("endpoints:\n  - {name: x, address: '127.0.0.1:9'}\n")
+    config = config_from_args(build_parser().parse_args(["--endpoints", str(file)]))
+    assert config.endpoints_file == file and config.discovery.pool_name is None
+    file.write_text("endpoints: 3\n")
+    with pytest.raises(ValueError, match=r"pods\.yaml"):
+        config_from_args(build_parser().parse_args(["--endpoints", str(file)]))
+    with pytest.raises(ValueError, match="exclusive"):
+        config_from_args(build_parser().parse_args(["--endpoints", str(file), "--pool-name", "p"]))
