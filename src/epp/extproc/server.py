@@ -34,6 +34,7 @@ from epp.extproc.machine import ExtProcStream, Phase, RoutingService, Step
 from epp.extproc.observer import Completion, ObserverStream
 from epp.observability.metrics import EppMetrics
 from epp.request import RequestRejected
+from epp.tls import GrpcServerTls
 
 log = structlog.get_logger("epp.extproc")
 
@@ -257,7 +258,15 @@ def build_grpc_server(
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
-    port = server.add_insecure_port(f"{config.grpc_host}:{config.grpc_port}")
+    address = f"{config.grpc_host}:{config.grpc_port}"
+    if config.tls is None:
+        port = server.add_insecure_port(address)
+        log.info("grpc_transport", mode="plaintext")
+    else:
+        # Certificate files re-read when they change (epp/tls.py); health shares the port.
+        tls = GrpcServerTls(config.tls)
+        port = server.add_secure_port(address, tls.credentials())
+        log.info("grpc_transport", **tls.describe())
     if port == 0:
         raise OSError(f"cannot listen on {config.grpc_host}:{config.grpc_port}")
     return server, port
