@@ -122,7 +122,7 @@ class EppService:
             self.scheduler,
             self.tokenizer or ByteEstimateTokenizer(),
             self.metrics,
-            debug=config.log_level == "debug",
+            debug=config.log_level in ("debug", "trace"),
         )
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.store.on_change(self.scraper.on_endpoint_change)
@@ -135,6 +135,11 @@ class EppService:
             adapters=config.adapters,
         )
         self.discovery: Discovery | None = None
+        # Observability (docs/metrics.md): the limits the alert rules compare with, and
+        # discovery's state read at each scrape (nothing while the config lists endpoints).
+        sched = config.scheduling
+        self.metrics.set_limits(max_queue=sched.max_queue, health_threshold=sched.health_threshold)
+        self.metrics.watch_discovery(lambda: self.discovery.state() if self.discovery else None)
         self.health = HealthState()
         self.grpc_port = 0
         self.metrics_port = 0
@@ -366,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument(
         "--log-level",
-        choices=["debug", "info", "warning", "error"],
+        choices=["trace", "debug", "info", "warning", "error"],
         default=os.environ.get("EPP_LOG_LEVEL"),
         help="default: info, or EPP_LOG_LEVEL",
     )

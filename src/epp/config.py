@@ -284,7 +284,7 @@ class EppConfig(Strict):
     adapters: dict[str, str] = Field(default_factory=dict)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     endpoints_file: Path | None = None
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["trace", "debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
     def _keepalive_covers_the_wait(self) -> EppConfig:

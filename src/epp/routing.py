@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import random
 import secrets
@@ -35,6 +36,7 @@ from epp.datalayer.discovery.models import ModelTable
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.store import EndpointStore
 from epp.observability.flow_metrics import FlowMetrics
+from epp.observability.logs import TRACE, effective_level, trace
 from epp.observability.metrics import EppMetrics
 from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import BlockHash, chain_seed
@@ -99,6 +101,7 @@ class PreparedRequest:
     # The model the pod serves it as (a target of the model table), and the body naming it.
     served_model: str | None = None
     body: bytes | None = None
+    log_level: int = logging.INFO  # decided once per request, in prepare
 
 
 class Router:
@@ -113,7 +116,11 @@ class Router:
         debug: bool = False,
     ) -> None:
         self._config = config
-        self._debug = debug  # decided once: the breakdown is not even built otherwise
+        # The log level is decided once per request (prepare): at INFO one line, nothing
+        # per endpoint; the breakdown (DEBUG) and block detail (TRACE) are not even built
+        # otherwise. `debug` forces DEBUG detail whatever the logger's level.
+        self._debug = debug
+        self._tie = config.scheduling.tie_epsilon
         self._store = store
         self._index = index
         self._scheduler = scheduler
@@ -148,6 +155,7 @@ class Router:
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         """An endpoint store event (EndpointStore.on_change): a removed pod's open requests
         and scorer state are forgotten; a pod with room may take waiting requests."""
+        self._metrics.on_endpoint_change(event, endpoint)
         if event == "removed":
             for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
                 del self._open[token]
@@ -185,9 +193,24 @@ class Router:
         priority = self._models.priority(request.model, headers or {})
         if priority is None:
             priority = request_priority(request.model, headers or {}, self._flow)
+        level = effective_level(log)
+        if self._debug and level > logging.DEBUG:
+            level = logging.DEBUG
+        if level <= logging.DEBUG:
+            log.debug(
+                "request_received",
+                request_id=request_id,
+                path=path,
+                model=_short(request.model),
+                adapter=_short(adapter),
+                input_tokens=blocks.prompt_tokens,
+                blocks=len(blocks.hashes),
+                priority=priority,
+                body_bytes=len(body),
+            )
         return PreparedRequest(
             request_id, request, base, adapter, blocks.hashes, blocks.prompt_tokens, subset,
-            priority, len(body), started, served, rewritten,
+            priority, len(body), started, served, rewritten, level,
         )  # fmt: skip
 
     def dispatch(self, prepared: PreparedRequest) -> RoutedRequest:
@@ -237,7 +260,7 @@ class Router:
             raise
         try:
             elapsed_us = (time.perf_counter() - prepared.started) * 1e6
-            self._observe(prepared, sched_request, decision, elapsed_us)
+            self._observe(prepared, sched_request, decision, elapsed_us, seq)
         except Exception:  # metrics or logging must never cost a routed request
             with contextlib.suppress(Exception):
                 log.exception("observe_failed", request_id=prepared.request_id)
@@ -437,7 +460,9 @@ class Router:
     # -- observation -----------------------------------------------------------------
     def _count_rejection(self, prepared: PreparedRequest, exc: RequestRejected) -> None:
         self._metrics.decisions.labels(self._model_label(prepared), exc.reason).inc()
-        log.info(
+        if prepared.log_level > logging.DEBUG:
+            return  # the ext_proc server logs every answer at INFO (request_answered)
+        log.debug(
             "request_rejected",
             request_id=prepared.request_id,
             model=_short(prepared.request.model),
@@ -456,9 +481,15 @@ class Router:
         sched: SchedulingRequest,
         decision: Decision,
         elapsed_us: float,
+        seq: int = 0,
     ) -> None:
         m = self._metrics
         request = prepared.request
+        chosen = decision.primary
+        block_size = sched.block_size
+        matched = sched.prefix_match.get(chosen.name, 0)
+        if matched:  # checked later against the pod's own hit counter (observability/stale)
+            m.stale.dispatched(chosen, seq, matched * block_size, sched.prompt_tokens, block_size)
         cache = decision.factor("cache")
         best = (
             max(sched.prefix_match.values(), default=0) / sched.total_blocks
@@ -476,6 +507,31 @@ class Router:
         adapter = prepared.adapter
         if adapter and not decision.primary.has_adapter(adapter):
             m.adapter_loads.labels(adapter).inc()
+        level = prepared.log_level
+        if level > logging.INFO:
+            return
+        if level <= TRACE:
+            # Block-level detail: how many leading blocks of this prompt each pod holds.
+            trace(
+                log,
+                "prefix_match",
+                request_id=decision.request_id,
+                blocks=sched.total_blocks,
+                block_size=block_size,
+                matched_blocks=dict(sched.prefix_match),
+                first_block=f"{sched.block_hashes[0]:016x}" if sched.block_hashes else None,
+            )
+        if level <= logging.DEBUG:
+            log.debug(
+                "scoring_complete",
+                request_id=decision.request_id,
+                candidates=len(decision.candidates),
+                filtered_out=decision.filtered_out,
+                weights=decision.weights,
+                top=_top_with_chosen(decision, 3),
+                latency_us=round(elapsed_us, 1),
+            )
+        reason, margin = _selection_reason(decision, self._tie)
         log.info(
             "request_routed",
             request_id=decision.request_id,
@@ -483,18 +539,54 @@ class Router:
             adapter=_short(adapter),
             priority=prepared.priority,
             input_tokens=sched.prompt_tokens,
-            pod=decision.primary.name,
-            address=decision.primary.address,
+            pod=chosen.name,
+            address=chosen.address,
+            reason=reason,
+            margin=round(margin, 4),
             score=round(decision.score, 4),
             cache_match=None if cache is None else round(cache, 4),
             candidates=len(decision.candidates),
             fallbacks=[e.name for e in decision.endpoints[1:]],
             latency_us=round(elapsed_us, 1),
         )
-        if self._debug:
-            log.debug(
-                "scoring_breakdown", request_id=decision.request_id, top=decision.breakdown(3)
-            )
+
+
+def _top_with_chosen(decision: Decision, limit: int) -> list[dict[str, object]]:
+    """The per-factor breakdown of the best `limit` candidates, plus the chosen pod (marked
+    `selected`) when it is not among them."""
+    rows = decision.breakdown()
+    top = rows[:limit]
+    chosen = decision.primary.name
+    if all(row["pod"] != chosen for row in top):
+        top += [{**row, "selected": True} for row in rows[limit:] if row["pod"] == chosen]
+    return top
+
+
+def _selection_reason(decision: Decision, tie_epsilon: float) -> tuple[str, float]:
+    """Why the chosen pod won, and its score margin over the runner-up; cheap (a few
+    C-level passes, no Python loop over endpoints):
+    - `only-candidate`;
+    - `tie`: within the tie epsilon, so fewest in flight, then least work, then chance;
+    - else the factor with the largest weighted lead over the runner-up (`cache`,
+      `load`, `queue`, `prefill`, ...)."""
+    totals = decision.totals
+    if len(totals) < 2:
+        return "only-candidate", 0.0
+    i = decision.chosen_index
+    others = totals[:i] + totals[i + 1 :]
+    second = max(others)
+    margin = totals[i] - second
+    if margin <= tie_epsilon:
+        return "tie", margin
+    j = others.index(second)
+    j += j >= i  # back to an index of `totals`
+    weights = decision.weights
+    best_factor, best_lead = "score", 0.0
+    for name, values in decision.factors.items():
+        lead = weights.get(name, 0.0) * (values[i] - values[j])
+        if lead > best_lead:
+            best_factor, best_lead = name, lead
+    return best_factor, margin
 
 
 def _short(value: str | None, limit: int = 128) -> str | None:

@@ -48,6 +48,7 @@ class _Pod:
     kv_usage: float = 0.0
     in_flight: int = 0
     consecutive_failures: int = 0
+    excluded: bool = False
 
 
 def test_names_known_from_config_or_pods_keep_their_series_after_the_limit():

@@ -101,6 +101,7 @@ class Step:
     route: RouteCall | None = None  # await router.route(...), then routed()/rejected()
     finish: bool = False  # after the replies, end the gRPC stream with OK
     problem: str | None = None  # a gateway misconfiguration the server logs at ERROR
+    answer: RequestRejected | None = None  # the EPP answered itself: counted and logged
 
 
 class Phase(enum.Enum):
@@ -185,7 +186,7 @@ class ExtProcStream:
     def rejected(self, rejected: RequestRejected) -> Step:
         if self.phase is not Phase.ROUTING:
             raise ProtocolViolation(f"routing result in phase {self.phase.value}")
-        return Step([self._reject(rejected)], finish=True)
+        return Step([self._reject(rejected)], finish=True, answer=rejected)
 
     # -- request path -----------------------------------------------------------------
     def _on_request_headers(self, message: pb.ProcessingRequest) -> Step:
@@ -213,7 +214,7 @@ class ExtProcStream:
                 f"the request body exceeds the EPP's limit of {self._max_body} bytes",
                 reason="rejected-body-too-large",
             )
-            return Step([self._reject(too_large)], finish=True)
+            return Step([self._reject(too_large)], finish=True, answer=too_large)
         self._body += chunk.body
         if not chunk.end_of_stream:
             return Step()
@@ -271,7 +272,7 @@ class ExtProcStream:
             "(ext_proc processing_mode.request_body_mode)"
         )
         problem = RequestRejected(500, text, reason=UNSUPPORTED_BODY_MODE)
-        return Step([self._reject(problem)], finish=True, problem=name)
+        return Step([self._reject(problem)], finish=True, problem=name, answer=problem)
 
     # -- response path --------------------------------------------------------------
     # The routing filter's response modes are SKIP and the stream ends once routed, so

@@ -148,10 +148,18 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                         "stream_failed", request_id=stream.request_id, phase=stream.phase.value
                     )
                     if stream.phase in (Phase.START, Phase.BODY, Phase.ROUTING):
+                        self._metrics.answers.answered(
+                            stream.request_id, 500, "internal-error", "internal error"
+                        )
                         yield messages.immediate(
                             500, INTERNAL_ERROR_BODY, "internal-error", stream.request_id
                         )
                     return
+                if step.answer is not None:  # every answer the EPP gives itself
+                    answer = step.answer
+                    self._metrics.answers.answered(
+                        stream.request_id, answer.status, answer.reason, answer.message
+                    )
                 for reply in step.replies:
                     yield reply
                 if step.finish:

@@ -1,20 +1,46 @@
 """structlog set up once at start: JSON lines to stderr, level from config/env.
 
-Request logs carry ids, pods, scores and token counts; never prompt text."""
+Request logs carry ids, pods, scores and token counts; never prompt text.
+
+Levels, lowest first: `trace` (block-level detail: matched blocks per pod), `debug`,
+`info`, `warning`, `error`. structlog has no level below DEBUG, so TRACE lines are DEBUG
+calls marked with `trace=True` (`trace(...)` below); a processor renames their level to
+"trace" and drops them unless the configured level is trace. Callers decide the level
+once per request (`enabled(...)`) and build nothing for a level that is off.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
+TRACE = 5
+LEVELS = ("trace", "debug", "info", "warning", "error")
+_TRACE_KEY = "_trace"
+_trace_on = False
+
+
+def _trace_level(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    if event_dict.pop(_TRACE_KEY, False):
+        if not _trace_on:
+            raise structlog.DropEvent
+        event_dict["level"] = "trace"
+    return event_dict
+
 
 def configure_logging(level: str = "info") -> None:
-    numeric = getattr(logging, level.upper(), logging.INFO)
+    global _trace_on
+    level = level.lower()
+    _trace_on = level == "trace"
+    numeric = logging.DEBUG if _trace_on else getattr(logging, level.upper(), logging.INFO)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
+            _trace_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
@@ -23,3 +49,23 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def trace_enabled() -> bool:
+    """True when `configure_logging("trace")` was the last configuration."""
+    return _trace_on
+
+
+def effective_level(logger: Any) -> int:
+    """The numeric level a structlog logger lets through (TRACE when trace is on); one
+    call per request, ~1 us. Loggers without the filtering API let everything through."""
+    getter = getattr(logger, "get_effective_level", None)
+    level = getter() if getter is not None else logging.NOTSET
+    if level <= logging.DEBUG and _trace_on:
+        return TRACE
+    return level
+
+
+def trace(logger: Any, event: str, **fields: Any) -> None:
+    """Log at TRACE: only call it after checking that trace is enabled."""
+    logger.debug(event, **{_TRACE_KEY: True}, **fields)

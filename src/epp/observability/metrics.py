@@ -11,15 +11,24 @@ the configuration or the pods know, plus at most `client_label_limit` others, th
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+import epp
 from epp.datalayer.endpoint import Endpoint
+from epp.observability.answers import Answers
+from epp.observability.discovery import DiscoveryCollector
 from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
 from epp.observability.loop_lag import LoopLagMonitor
+from epp.observability.stale import StaleCacheTracker
+
+if TYPE_CHECKING:
+    from epp.datalayer.discovery.state import DiscoveryState
 
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 LATENCY_US_BUCKETS = (25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 51200)
@@ -57,6 +66,11 @@ class _PodCollector(Collector):
                 "Blocks the prefix index holds for the pod.",
                 lambda e: self._index_blocks(e.name),
             ),
+            "epp_pod_excluded": (
+                "1 while health keeps the pod out of routing (below the threshold, with"
+                " hysteresis).",
+                lambda e: 1.0 if e.excluded else 0.0,
+            ),
         }
         endpoints = list(self._endpoints())
         for name, (doc, value) in families.items():
@@ -64,6 +78,33 @@ class _PodCollector(Collector):
             for endpoint in endpoints:
                 family.add_metric([endpoint.name], float(value(endpoint)))
             yield family
+        yield GaugeMetricFamily("epp_pods", "Endpoints known (discovered).", value=len(endpoints))
+        yield GaugeMetricFamily(
+            "epp_healthy_pods",
+            "Endpoints health does not exclude (0: every request gets 503).",
+            value=sum(1 for e in endpoints if not e.excluded),
+        )
+
+
+def scrape_failure_reason(error: str | None) -> str:
+    """The `reason` of epp_scrape_failures_total for an endpoint's `last_error`."""
+    if not error:
+        return "other"
+    if error.startswith("internal:"):
+        return "internal"
+    kind, _, detail = error.partition(":")
+    if kind in ("TimeoutError", "ServerTimeoutError", "ConnectionTimeoutError"):
+        return "timeout"
+    if kind == "MetricsFormatError":
+        detail = detail.strip()
+        if detail.startswith("HTTP "):
+            return "http-status"
+        if detail.startswith("metrics page larger"):
+            return "too-large"
+        return "bad-page"
+    if "Connect" in kind or "Disconnected" in kind or kind.endswith(("OSError", "Refused")):
+        return "connection"
+    return "other"
 
 
 class EppMetrics:
@@ -137,8 +178,58 @@ class EppMetrics:
             registry=r,
         )
 
+        self.scrape_failures = Counter(
+            "epp_scrape_failures_total",
+            "Failed scrapes of pod metrics pages, by reason: timeout, connection,"
+            " http-status, bad-page, too-large, internal, other.",
+            ["reason"],
+            registry=r,
+        )
+        self.max_queue = Gauge(
+            "epp_max_queue",
+            "scheduling.max_queue: the queue depth at which a pod is saturated.",
+            registry=r,
+        )
+        self.health_threshold = Gauge(
+            "epp_health_exclusion_threshold",
+            "scheduling.health_threshold: pods whose health falls below are excluded.",
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "epp_build_info",
+            "The EPP's version and Python (value 1).",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(epp.__version__, platform.python_version()).set(1)
+        # Answers the EPP gives itself (counted and logged by the ext_proc server).
+        self.answers = Answers(r)
+        self.stale = StaleCacheTracker(r)
+
         # Sampling starts with `loop_lag.start()` on the running loop (EppService.start).
         self.loop_lag = LoopLagMonitor(r)
+
+    def set_limits(self, *, max_queue: int, health_threshold: float) -> None:
+        """The configured limits the alert rules compare with (deploy/prometheus)."""
+        self.max_queue.set(max_queue)
+        self.health_threshold.set(health_threshold)
+
+    def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
+        """Export discovery's state (`EppService.discovery`), read at each scrape."""
+        self.registry.register(DiscoveryCollector(state))
+
+    def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
+        """An endpoint store event (the router forwards them): count failed scrapes, check
+        predicted cache hits against a new page, forget a removed pod."""
+        if event == "updated":
+            if endpoint.consecutive_failures:
+                # The store emits one `updated` per failed scrape, with the count raised.
+                reason = scrape_failure_reason(endpoint.last_error)
+                self.scrape_failures.labels(reason).inc()
+            else:
+                self.stale.scraped(endpoint)
+        elif event == "removed":
+            self.stale.removed(endpoint)
 
     def watch(
         self, endpoints: Callable[[], Iterable[Endpoint]], index_blocks: Callable[[str], int]
