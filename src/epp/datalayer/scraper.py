@@ -23,6 +23,7 @@ from epp.config import DataLayerConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import MetricsFormatError, parse_vllm_metrics
 from epp.datalayer.store import EndpointStore
+from epp.tls import ScrapeTls
 
 log = structlog.get_logger("epp.scraper")
 
@@ -46,6 +47,8 @@ class MetricsScraper:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self.first_round = asyncio.Event()
+        # https metrics URLs: CA / client certificate files, re-read when they change.
+        self.tls = ScrapeTls(config, clock=clock)
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._config.scrape_timeout_s)
@@ -86,8 +89,10 @@ class MetricsScraper:
     async def scrape_once(self, endpoint: Endpoint) -> None:
         assert self._session is not None
         dispatched_at_start = endpoint.dispatched_total
+        url = endpoint.metrics_url
+        tls = self.tls.context() if url[:6].lower() == "https:" else True
         try:
-            async with self._session.get(endpoint.metrics_url) as response:
+            async with self._session.get(url, ssl=tls) as response:
                 if response.status != 200:
                     raise MetricsFormatError(f"HTTP {response.status}")
                 raw = await response.content.read(MAX_PAGE_BYTES + 1)
