@@ -113,3 +113,41 @@ def test_hung_pods_fail_their_attempt_and_the_stream_outlasts_every_attempt():
     assert idle > 7.0 * (retry["num_retries"] + 1)
     pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "pods")
     assert pods["outlier_detection"]["consecutive_gateway_failure"] >= 1
+
+
+def test_epp_tls_options_render_an_upstream_tls_context(capsys):
+    """--epp-tls-*: Envoy calls the EPP over TLS, checks its certificate's name (SNI for a
+    host name; an IP is matched as an IP SAN) and presents a client certificate."""
+
+    def epp_cluster(*args: str) -> dict:
+        assert envoy_config_main(["--pod", "127.0.0.1:8001", *args]) == 0
+        config = yaml.safe_load(capsys.readouterr().out)
+        [cluster] = [c for c in config["static_resources"]["clusters"] if c["name"] == "epp"]
+        return cluster
+
+    assert "transport_socket" not in epp_cluster()
+    tls = ["--epp-tls-ca", "/tls/ca.crt", "--epp-tls-cert", "/tls/envoy.crt"]
+    context = epp_cluster(
+        *tls, "--epp-tls-key", "/tls/envoy.key", "--epp-tls-server-name", "epp.ns.svc"
+    )["transport_socket"]["typed_config"]
+    assert context["sni"] == "epp.ns.svc"
+    common = context["common_tls_context"]
+    assert common["alpn_protocols"] == ["h2"]
+    assert common["validation_context"] == {
+        "trusted_ca": {"filename": "/tls/ca.crt"},
+        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "epp.ns.svc"}}],
+    }
+    assert common["tls_certificates"] == [
+        {
+            "certificate_chain": {"filename": "/tls/envoy.crt"},
+            "private_key": {"filename": "/tls/envoy.key"},
+        }
+    ]
+    # Server name defaults to --epp-host; an IP is no SNI. No client certificate: none sent.
+    context = epp_cluster("--epp-tls-ca", "/tls/ca.crt")["transport_socket"]["typed_config"]
+    assert "sni" not in context and "tls_certificates" not in context["common_tls_context"]
+    san = context["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+    assert san == [{"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}]
+    for half in (tls, ["--epp-tls-server-name", "epp"]):
+        with pytest.raises(SystemExit):
+            envoy_config_main(["--pod", "127.0.0.1:8001", *half])

@@ -10,7 +10,9 @@ against this module by a test (they are its output for the default ports).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
@@ -59,6 +61,50 @@ def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: 
             }
         }
     return cluster
+
+
+@dataclass(frozen=True)
+class EppTls:
+    """Envoy calls the EPP over TLS (the EPP's `server.tls`): `ca_file` signed the EPP's
+    certificate, which must name `server_name` (a DNS name, also sent as SNI, or an IP);
+    `cert_file`/`key_file` are Envoy's client certificate when the EPP requires one."""
+
+    ca_file: str
+    server_name: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def _epp_transport_socket(tls: EppTls) -> dict[str, Any]:
+    try:
+        ipaddress.ip_address(tls.server_name)
+        san_type, sni = "IP_ADDRESS", None  # SNI carries host names only
+    except ValueError:
+        san_type, sni = "DNS", tls.server_name
+    common: dict[str, Any] = {
+        "alpn_protocols": ["h2"],
+        # Without a SAN matcher Envoy checks only the chain, not whose certificate it is.
+        "validation_context": {
+            "trusted_ca": {"filename": tls.ca_file},
+            "match_typed_subject_alt_names": [
+                {"san_type": san_type, "matcher": {"exact": tls.server_name}}
+            ],
+        },
+    }
+    if tls.cert_file is not None and tls.key_file is not None:
+        common["tls_certificates"] = [
+            {
+                "certificate_chain": {"filename": tls.cert_file},
+                "private_key": {"filename": tls.key_file},
+            }
+        ]
+    context: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": common,
+    }
+    if sni is not None:
+        context["sni"] = sni
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
 
 def _outlier_detection() -> dict[str, Any]:
@@ -234,6 +280,7 @@ def render(
     upstream_idle_timeout_s: float = UPSTREAM_IDLE_TIMEOUT_S,
     pod_cluster: PodCluster = "override_host",
     strip_headers: Sequence[str] = (),
+    epp_tls: EppTls | None = None,
 ) -> str:
     """The Envoy bootstrap YAML for one listener in front of the pods."""
     http_filters: list[dict[str, Any]] = []
@@ -266,6 +313,8 @@ def render(
             # ORIGINAL_DST reads one address; a retry would dial the same pod again.
             clusters.append(_original_dst_cluster())
         clusters.append(_static_cluster("epp", [f"{epp_host}:{epp_port}"], "ROUND_ROBIN", True))
+        if epp_tls is not None:
+            clusters[-1]["transport_socket"] = _epp_transport_socket(epp_tls)
     else:
         if not pods:
             raise ValueError(f"mode {mode!r} needs the pod addresses")
@@ -382,7 +431,26 @@ def main(argv: list[str]) -> int:
         help="override_host: the pods are listed (--pod), fallbacks work; "
         "original_dst: any ip:port the EPP names, primary only",
     )
+    parser.add_argument("--epp-tls-ca", help="call the EPP over TLS: the CA file that signed it")
+    parser.add_argument(
+        "--epp-tls-server-name",
+        help="the name the EPP's certificate must carry (default: --epp-host)",
+    )
+    parser.add_argument("--epp-tls-cert", help="Envoy's client certificate (EPP with mTLS)")
+    parser.add_argument("--epp-tls-key", help="the key of --epp-tls-cert")
     args = parser.parse_args(argv)
+    if (args.epp_tls_cert is None) != (args.epp_tls_key is None):
+        parser.error("--epp-tls-cert and --epp-tls-key go together")
+    if args.epp_tls_ca is None and (args.epp_tls_cert or args.epp_tls_server_name):
+        parser.error("the --epp-tls-* options need --epp-tls-ca")
+    epp_tls = None
+    if args.epp_tls_ca is not None:
+        epp_tls = EppTls(
+            args.epp_tls_ca,
+            args.epp_tls_server_name or args.epp_host,
+            args.epp_tls_cert,
+            args.epp_tls_key,
+        )
     print(
         render(
             mode=args.mode,
@@ -397,6 +465,7 @@ def main(argv: list[str]) -> int:
             upstream_idle_timeout_s=args.upstream_idle_timeout,
             pod_cluster=args.pod_cluster,
             strip_headers=args.strip_header,
+            epp_tls=epp_tls,
         ),
         end="",
     )
