@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -32,7 +32,8 @@ def _trace_level(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mutab
     return event_dict
 
 
-def configure_logging(level: str = "info") -> None:
+def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
+    """JSON lines to `stream` (default: stderr) at `level` (one of LEVELS)."""
     global _trace_on
     level = level.lower()
     _trace_on = level == "trace"
@@ -46,7 +47,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=True,
     )
 
@@ -61,8 +62,8 @@ def effective_level(logger: Any) -> int:
     call per request, ~1 us. Loggers without the filtering API let everything through."""
     getter = getattr(logger, "get_effective_level", None)
     level = getter() if getter is not None else logging.NOTSET
-    if level <= logging.DEBUG and _trace_on:
-        return TRACE
+    if level <= logging.DEBUG:
+        return TRACE if _trace_on else logging.DEBUG
     return level
 
 

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
 
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
-LATENCY_US_BUCKETS = (25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 51200)
+# 1000 and 5000: the spec's p99 target and alert threshold (deploy/prometheus) are bucket edges.
+LATENCY_US_BUCKETS = (25, 50, 100, 200, 400, 800, 1000, 1600, 3200, 5000, 6400, 12800, 51200)
 
 
 class _PodCollector(Collector):

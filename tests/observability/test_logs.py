@@ -1,0 +1,143 @@
+"""The spec's three log points at each level, through the real logging pipeline (JSON
+lines): INFO one line per request; DEBUG adds `request_received` and `scoring_complete`
+(top 3 + the chosen pod); TRACE adds block-level `prefix_match`; WARNING nothing. Every
+line carries the request id; the prompt never appears at any level."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import structlog
+from helpers import router_with
+
+from epp.observability import logs
+from epp.observability.logs import trace_enabled
+from epp.routing import _selection_reason, _top_with_chosen
+from epp.scheduling.types import Decision
+
+PODS = [{"name": f"pod-{i}", "address": f"10.0.0.{i + 1}:8000", "model": "m"} for i in range(5)]
+MARKER = "zebra-secret-prompt"
+
+
+def body(text: str = f"{MARKER} " * 200) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+    ).encode()
+
+
+def route_three(level: str, json_logs):
+    lines = json_logs(level)
+    router = router_with(PODS)[0]
+    for i in range(3):
+        routed = router.route_now(path="/v1/chat/completions", body=body(), request_id=f"req-{i}")
+        router.complete(routed, 200)
+    return lines(), lines.raw()  # type: ignore[attr-defined]
+
+
+def events(lines: list[dict]) -> list[tuple[str, str, str]]:
+    return [(line["event"], line["level"], line.get("request_id")) for line in lines]
+
+
+def test_info_writes_one_line_per_request_with_the_three_points_fields(json_logs):
+    lines, raw = route_three("info", json_logs)
+    assert events(lines) == [("request_routed", "info", f"req-{i}") for i in range(3)]
+    first, second = lines[0], lines[1]
+    for key in ("model", "adapter", "input_tokens", "pod", "address", "reason", "score"):
+        assert key in first, key
+    assert first["model"] == "m" and first["input_tokens"] > 200
+    assert first["address"].startswith("10.0.0.") and first["address"].endswith(":8000")
+    # Five idle pods and a new prompt: a tie; then the pod holding the prompt wins on cache.
+    assert first["reason"] == "tie"
+    assert second["reason"] in ("cache", "prefill") and second["pod"] == first["pod"]
+    assert second["margin"] > 0
+    assert MARKER not in raw
+
+
+def test_debug_adds_received_and_scoring_complete_with_the_top_three(json_logs):
+    lines, raw = route_three("debug", json_logs)
+    per_request = [
+        ("request_received", "debug"),
+        ("scoring_complete", "debug"),
+        ("request_routed", "info"),
+    ]
+    expected = [(e, lvl, f"req-{i}") for i in range(3) for e, lvl in per_request]
+    assert events(lines) == expected
+    scoring = lines[4]  # the second request's
+    assert len(scoring["top"]) == 3 and scoring["candidates"] == 5
+    assert set(scoring["top"][0]) >= {"pod", "score", "cache", "load", "queue", "health"}
+    assert scoring["top"][0]["pod"] == lines[5]["pod"]
+    received = lines[3]
+    assert received["input_tokens"] == lines[5]["input_tokens"] and received["adapter"] is None
+    assert "prefix_match" not in raw and MARKER not in raw
+
+
+def test_trace_adds_matched_blocks_per_pod(json_logs):
+    lines, raw = route_three("trace", json_logs)
+    traces = [line for line in lines if line["level"] == "trace"]
+    assert [t["request_id"] for t in traces] == ["req-0", "req-1", "req-2"]
+    assert all(t["event"] == "prefix_match" for t in traces)
+    assert traces[0]["matched_blocks"] == {}
+    chosen = lines[[line["event"] for line in lines].index("request_routed")]["pod"]
+    assert traces[1]["matched_blocks"] == {chosen: traces[1]["blocks"]}
+    assert traces[1]["block_size"] == 16 and len(traces[1]["first_block"]) == 16
+    assert MARKER not in raw
+    assert trace_enabled()
+
+
+def test_warning_logs_nothing_for_routed_requests(json_logs):
+    lines, raw = route_three("warning", json_logs)
+    assert lines == [] and raw == ""
+
+
+def test_trace_lines_are_dropped_at_debug_even_if_logged(json_logs):
+    lines = json_logs("debug")
+    logs.trace(structlog.get_logger("t"), "deep", request_id="r")
+    structlog.get_logger("t").debug("shallow", request_id="r")
+    assert [line["event"] for line in lines()] == ["shallow"]
+
+
+def test_the_chosen_pod_is_added_when_not_in_the_top_three():
+    from helpers import endpoint
+
+    pods = [endpoint(f"p{i}") for i in range(5)]
+    decision = Decision(
+        request_id="r",
+        endpoints=[pods[4]],
+        candidates=pods,
+        totals=[0.9, 0.8, 0.7, 0.6, 0.5],
+        factors={"cache": [0.9, 0.8, 0.7, 0.6, 0.5]},
+        weights={"cache": 1.0},
+        chosen_index=4,
+    )
+    top = _top_with_chosen(decision, 3)
+    assert [row["pod"] for row in top] == ["p0", "p1", "p2", "p4"]
+    assert top[-1]["selected"] is True and "selected" not in top[0]
+
+
+@pytest.mark.parametrize(
+    ("totals", "factors", "chosen", "reason"),
+    [
+        ([0.7], {"cache": [0.7]}, 0, "only-candidate"),
+        ([0.701, 0.700], {"cache": [0.7, 0.7]}, 0, "tie"),
+        ([0.9, 0.4], {"cache": [1.0, 0.0], "load": [0.5, 1.0]}, 0, "cache"),
+        ([0.4, 0.9], {"cache": [0.5, 0.5], "load": [0.0, 1.0]}, 1, "load"),
+        ([0.2, 0.9, 0.5], {"queue": [0.0, 1.0, 0.5], "cache": [0.0, 0.1, 0.0]}, 1, "queue"),
+    ],
+)
+def test_selection_reason(totals, factors, chosen, reason):
+    from helpers import endpoint
+
+    pods = [endpoint(f"p{i}") for i in range(len(totals))]
+    decision = Decision(
+        request_id="r",
+        endpoints=[pods[chosen]],
+        candidates=pods,
+        totals=totals,
+        factors=factors,
+        weights={"cache": 0.6, "load": 0.2, "queue": 0.7},
+        chosen_index=chosen,
+    )
+    got, margin = _selection_reason(decision, 0.005)
+    assert got == reason
+    assert margin == pytest.approx(0 if len(totals) == 1 else totals[chosen] - sorted(totals)[-2])
