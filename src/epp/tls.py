@@ -181,8 +181,8 @@ class WatchedFiles(Generic[T]):
         self._digest = digest
         self._failed: str | None = None  # the digest or error last reported as failing
         self._next_check = clock() + check_s
-        self.reloads = 0
-        self.failures = 0
+        self.reloads = 0  # new values taken
+        self.failures = 0  # distinct failures reported (the same broken files count once)
 
     @property
     def value(self) -> T:
@@ -232,10 +232,10 @@ class WatchedFiles(Generic[T]):
         return True
 
     def _report_failure(self, key: str, reason: str) -> None:
-        self.failures += 1
         if key == self._failed:
-            return
+            return  # the same error or content again: reported already
         self._failed = key
+        self.failures += 1
         log.error(
             "tls_reload_failed",
             what=self.what,
