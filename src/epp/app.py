@@ -18,6 +18,9 @@ and discovery's deliveries to their readers:
 
     discovery --endpoints--> store.sync (added/removed events follow)
     discovery --models-----> router.set_model_table (InferenceModel/InferenceObjective)
+
+and, with `replicas.peers`, the router's decisions to the peer replicas and theirs to the
+index, the store and the scheduler here (epp/replicas: ReplicaSync).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
+from epp.replicas import ReplicaSync
 from epp.routing import Router
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
@@ -127,6 +131,12 @@ class EppService:
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.store.on_change(self.scraper.on_endpoint_change)
         connect(self.store, self.index, self.router, config)
+        # Peer replicas share their decisions (epp/replicas); without peers nothing listens.
+        self.replicas = (
+            ReplicaSync(config, self.store, self.index, self.scheduler, self.router, self.metrics)
+            if config.replicas.peers
+            else None
+        )
         self.metrics.watch(self.store.all, self.index.blocks)
         # Names the operator configured keep their own label series (observability/labels.py).
         self.metrics.allow_labels(
@@ -192,6 +202,8 @@ class EppService:
             self.store.sync(self.config.endpoints)
         else:
             await self.discovery.start()
+        if self.replicas is not None:
+            await self.replicas.start()  # before readiness: peers' history comes in early
         await self.health.set(live=True, ready=False)
         processor = ExternalProcessor(self.router, self.config.server, self.metrics)
         self.routing_streams = processor.streams  # what drain() waits on
@@ -249,6 +261,8 @@ class EppService:
                 await task
         await self.scraper.stop()
         await self._grpc.stop(grace_s)
+        if self.replicas is not None:
+            await self.replicas.stop()
         if self._web_runner is not None:
             await self._web_runner.cleanup()
         log.info("epp_stopped")

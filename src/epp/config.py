@@ -270,6 +270,28 @@ class ReplicasConfig(Strict):
     listen_host: str = "0.0.0.0"
     listen_port: int = Field(9003, ge=0, le=65535)
     resolve_s: float = Field(5.0, gt=0.0)
+    # Frames waiting per peer (a slow or absent peer loses the oldest, routing never waits).
+    queue_size: int = Field(4096, ge=1)
+    # The last decisions sent to a replica the first time it connects (a restarted or new
+    # replica starts with this much of the fleet's prefix index); 0: none.
+    history: int = Field(4096, ge=0)
+    # A peer's decision older than this on arrival (a backlog after a reconnect) only
+    # feeds the prefix index: the pod's page already shows its load.
+    max_age_s: float = Field(1.0, gt=0.0)
+    # A peer's dispatch counts in a pod's load until a page fetched after it shows it, or
+    # for at most this long while no page comes.
+    load_ttl_s: float = Field(5.0, gt=0.0)
+    # Reconnect delay after a failure doubles from 0.05 s up to this.
+    backoff_max_s: float = Field(2.0, gt=0.0)
+
+    @field_validator("peers")
+    @classmethod
+    def _host_port(cls, peers: list[str]) -> list[str]:
+        for peer in peers:
+            host, sep, port = peer.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"a peer must be host:port, got {peer!r}")
+        return peers
 
 
 class EppConfig(Strict):

@@ -11,7 +11,10 @@ Scorers with per-pod state of their own hear of each dispatch, completion and re
 through the scheduler (`Scheduler.observe`, the contract in scheduling/types.py).
 
 The Router subscribes to nothing: the app connects the endpoint store's events to it
-(`on_endpoint_change`) and to the prefix index (`epp.app.connect`).
+(`on_endpoint_change`) and to the prefix index (`epp.app.connect`). It does no I/O of
+its own either: with peer replicas (epp/replicas) the app adds a `dispatch_listeners`
+entry (each decision is shared), a `token_prefix` naming this replica in route tokens,
+and `foreign_completion` (a response end seen here for a decision another replica made).
 
 The ext_proc server awaits `route` and calls `complete`; the virtual-time benchmark and
 tests call `route_now`, the same path without waiting.
@@ -26,7 +29,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -58,6 +61,11 @@ from epp.tokenize import Tokenizer
 log = structlog.get_logger("epp.routing")
 
 SATURATED = "rejected-saturated"
+
+# (the dispatch as the scorers saw it, uncached prompt tokens reserved on the pod)
+DispatchListener = Callable[[Dispatched, int], None]
+# (route token, status, served address) of a decision this Router did not make
+ForeignCompletion = Callable[[str, int | None, str | None], None]
 
 
 class Saturated(RequestRejected):
@@ -138,6 +146,11 @@ class Router:
         self._release_pending = False
         self._models = ModelTable()
         self._rng = random.Random()
+        # Connected by the app for peer replicas (module docstring); no I/O may happen in
+        # a listener (it runs on the routing path), and its failure never fails a request.
+        self.dispatch_listeners: list[DispatchListener] = []
+        self.token_prefix = ""
+        self.foreign_completion: ForeignCompletion | None = None
 
     @property
     def scheduler(self) -> Scheduler:
@@ -248,8 +261,9 @@ class Router:
             if hashes:
                 self._index.record(chosen.name, hashes)
             # Scorer state: `prefix_match` is still the match the scorers saw.
-            self._scheduler.observe(Dispatched(sched_request, chosen))
-            token = secrets.token_hex(12)
+            event = Dispatched(sched_request, chosen)
+            self._scheduler.observe(event)
+            token = self.token_prefix + secrets.token_hex(12)
             routed = RoutedRequest(
                 prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
                 prepared.priority, body=prepared.body,
@@ -264,6 +278,12 @@ class Router:
         except Exception:  # metrics or logging must never cost a routed request
             with contextlib.suppress(Exception):
                 log.exception("observe_failed", request_id=prepared.request_id)
+        for listener in self.dispatch_listeners:
+            try:
+                listener(event, uncached)
+            except Exception:  # nor may sharing it with peer replicas
+                with contextlib.suppress(Exception):
+                    log.exception("dispatch_listener_failed", request_id=prepared.request_id)
         return routed
 
     def route_now(
@@ -441,6 +461,12 @@ class Router:
         if isinstance(token, RoutedRequest):
             token = token.token
         routed = self._open.pop(token, None)
+        if routed is None and self.foreign_completion is not None:
+            if not token.startswith(self.token_prefix):
+                # Envoy balances the observer stream apart from the routing stream: this
+                # response end belongs to the replica named in the token.
+                self.foreign_completion(token, status, served_address)
+            return
         if routed is None or routed.done:
             return
         routed.done = True

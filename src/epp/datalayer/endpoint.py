@@ -11,6 +11,7 @@ pick time and `refresh()` re-derives the load figures at once:
 
     concurrency = scraped running + waiting + dispatched since that page
                   (the EPP's own in-flight count while the gauges are stale or frozen)
+                  + what peer replicas dispatched since that page (epp/replicas)
     queue_depth = scraped waiting + dispatched beyond the pod's free running slots
     busy        = concurrency / running slots                (0 while slots are unknown)
 
@@ -18,10 +19,17 @@ A dispatched request is *waiting* only beyond what the pod can run: ten requests
 an idle pod with 256 slots queue nowhere. Slots come from configuration, or are learned as
 the running count the pod reported while requests were waiting (with KV room to spare), or
 are taken from another pod of the same model that learned them.
+
+Peer replicas (epp/replicas) tell this one of their dispatches. Each is numbered in the
+same sequence as this EPP's own (`dispatched_total`, in order of arrival here), so "sent
+since that page" covers both: a page whose fetch began after a peer's dispatch arrived
+includes it and drops it from `peer`. The EPP never hears of its completion, so it
+counts only until then (or `peer_ttl_s` of the store while no page comes).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from epp.datalayer.metrics_parser import PodMetrics
@@ -70,7 +78,10 @@ class Endpoint:
     in_flight_tokens: int = 0
     # Every uncached prompt token ever sent here: the long-run share of work, which places
     # new prefixes evenly when pods are otherwise equal (idle between conversation turns).
+    # Peer replicas' dispatches count too.
     dispatched_tokens: int = 0
+    # Peer replicas' dispatches no page has shown yet, oldest first (numbered like `open`).
+    peer: deque[Dispatch] = field(default_factory=deque)
 
     # Response path: moving average of 5xx answers, decaying with time.
     error_rate: float = 0.0
@@ -109,12 +120,14 @@ class Endpoint:
         if self.dispatched_total > self.seen_through:
             through = self.seen_through
             unseen = sum(1 for seq in self.open if seq > through)
+        peer = len(self.peer)  # pruned by every page: all of them are unseen
+        unseen += peer
         on_pod = running + unseen
         # A valid page plus what was sent since is the truth, also for traffic from other
         # routers; the EPP's own in-flight count stands in only while the gauges cannot be
         # trusted (a completion it never hears of, behind a gateway without the observer
         # filter or with several EPP replicas, must not keep a pod looking busy).
-        self.concurrency = on_pod + waiting if gauges else float(max(self.in_flight, unseen))
+        self.concurrency = on_pod + waiting if gauges else float(max(self.in_flight + peer, unseen))
         slots = self.slots
         if slots:
             beyond = max(0.0, self.concurrency - waiting - slots)

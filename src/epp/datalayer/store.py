@@ -33,11 +33,13 @@ class EndpointStore:
         *,
         health_threshold: float = 0.3,
         running_slots: int | None = None,
+        peer_ttl_s: float = 5.0,
     ):
         self._config = config
         self._clock = clock
         self._threshold = health_threshold
         self._slots = running_slots
+        self._peer_ttl = peer_ttl_s
         self._by_name: dict[str, Endpoint] = {}
         self._by_address: dict[str, Endpoint] = {}
         self._listeners: list[EndpointListener] = []
@@ -53,6 +55,7 @@ class EndpointStore:
             clock,
             health_threshold=config.scheduling.health_threshold,
             running_slots=config.scheduling.running_slots,
+            peer_ttl_s=config.replicas.load_ttl_s,
         )
 
     # -- membership -------------------------------------------------------------
@@ -143,6 +146,9 @@ class EndpointStore:
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
         endpoint.seen_through = dispatched_at_start
+        peer = endpoint.peer
+        while peer and peer[0].seq <= dispatched_at_start:
+            peer.popleft()  # on this page now
         self._learn(endpoint, previous, metrics, now)
         released = self._reconcile(endpoint, metrics, now)
         endpoint.refresh()
@@ -186,6 +192,7 @@ class EndpointStore:
         endpoint.gauges_frozen = (
             busy_looking
             and endpoint.in_flight == 0
+            and not endpoint.peer
             and now - endpoint.progress_at > self._config.frozen_gauges_after_s
         )
 
@@ -244,6 +251,9 @@ class EndpointStore:
             expired = [d for d in endpoint.open.values() if now - d.at > ttl]
             for dispatch in expired:
                 self._release(endpoint, dispatch)
+            peer = endpoint.peer
+            while peer and now - peer[0].at > self._peer_ttl:
+                expired.append(peer.popleft())  # no page came to show it: stop counting it
             if expired:
                 endpoint.refresh()
             self._set_health(endpoint, now)
@@ -262,6 +272,16 @@ class EndpointStore:
         endpoint.dispatched_tokens += tokens
         endpoint.refresh()
         return seq
+
+    def peer_dispatched(self, endpoint: Endpoint, tokens: int = 0) -> None:
+        """A peer replica sent a request to the pod (epp/replicas). Its load figures include
+        it from its arrival here until a page fetched after that shows it, or for at most
+        `peer_ttl_s`: the EPP never hears of its end."""
+        endpoint.dispatched_total += 1
+        seq = endpoint.dispatched_total
+        endpoint.peer.append(Dispatch(seq, tokens, self._clock()))
+        endpoint.dispatched_tokens += tokens
+        endpoint.refresh()
 
     def _release(self, endpoint: Endpoint, dispatch: Dispatch) -> None:
         if endpoint.open.pop(dispatch.seq, None) is not None:

@@ -1,0 +1,346 @@
+"""The sending side: one long-lived connection per peer address, fed without waiting.
+
+`PeerSet` turns `replicas.peers` into addresses (a name resolving to several addresses,
+such as a Kubernetes headless Service, stands for all of them; re-resolved every
+`resolve_s`, and a failed lookup keeps the last answer) and runs one `PeerLink` per
+address. Routing hands it encoded frames (`broadcast`, `send_to`) and never waits:
+
+- each link has a bounded queue; when it is full (a slow peer, or one that is down) the
+  oldest frame is dropped and counted (`epp_replica_decisions_dropped_total`);
+- a link connects, exchanges `Hello` frames, then writes whatever is queued; after any
+  failure it reconnects after a delay that doubles from 50 ms up to `backoff_max_s`;
+- a peer that answers with this replica's own id is this replica (it is listed among its
+  own peers): that link parks for good. A second address of a replica already connected
+  (one replica listed twice) waits instead of sending every decision twice;
+- the last `history` decision frames are kept, and a replica seen for the first time
+  (a new or restarted one: replica ids are random per process) gets them before the
+  live queue, so it does not start with an empty prefix index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Literal
+
+import structlog
+
+from epp.observability.replica_metrics import ReplicaMetrics
+from epp.replicas.protocol import (
+    PROTOCOL_VERSION,
+    Hello,
+    ProtocolError,
+    decode,
+    encode,
+    read_frame,
+)
+
+log = structlog.get_logger("epp.replicas")
+
+Address = tuple[str, int]
+Resolver = Callable[[str, int], Awaitable[list[Address]]]
+LinkState = Literal["connecting", "connected", "self", "duplicate", "incompatible", "stopped"]
+
+BACKOFF_MIN_S = 0.05
+CONNECT_TIMEOUT_S = 2.0
+HANDSHAKE_TIMEOUT_S = 5.0
+HELLO_MAX_BYTES = 4096
+# Unacknowledged data fails a connection after this long (a peer's node gone without a
+# FIN or RST); idle connections are probed.
+TCP_USER_TIMEOUT_MS = 10_000
+MAX_GREETED = 10_000
+
+
+async def resolve(host: str, port: int) -> list[Address]:
+    """Every address `host` resolves to, with `port`."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({(str(info[4][0]), int(info[4][1])) for info in infos})
+
+
+def split_host_port(peer: str) -> Address:
+    host, _, port = peer.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tune(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
+
+
+class PeerLink:
+    """One peer address: its queue and the task that keeps a connection to it."""
+
+    def __init__(self, address: Address, owner: PeerSet) -> None:
+        self.address = address
+        self._owner = owner
+        # (is a decision, frame): decisions are what the sent/dropped counters count.
+        self.queue: deque[tuple[bool, bytes]] = deque()
+        self.state: LinkState = "connecting"
+        self.peer_id: str | None = None  # learned from the peer's Hello
+        self._waiter: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.state == "connected"
+
+    @property
+    def current(self) -> LinkState:
+        """The state as it is now (a property: type checkers do not pin it)."""
+        return self.state
+
+    def push(self, frame: bytes, decision: bool = True) -> None:
+        """Queue a frame; never waits. A full queue loses its oldest frame."""
+        if self.state == "self":
+            return
+        queue = self.queue
+        if len(queue) >= self._owner.queue_size:
+            dropped, _ = queue.popleft()
+            if dropped:
+                self._owner.metrics.dropped.inc()
+        queue.append((decision, frame))
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"replica-peer-{self.address}")
+
+    async def stop(self) -> None:
+        self.state = "stopped"
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        owner = self._owner
+        while True:
+            self.state = "connecting"
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as exc:
+                if self.connected:
+                    log.info("replica_peer_disconnected", peer=self._name, error=repr(exc))
+                    backoff = BACKOFF_MIN_S  # it was up: try again soon
+            finally:
+                if self.connected:
+                    self.state = "connecting"
+                    owner.changed()
+            state = self.current
+            if state == "self":
+                log.info("replica_peer_is_self", peer=self._name)
+                owner.changed()
+                return  # parked: never dialled again
+            if state in ("duplicate", "incompatible"):
+                backoff = owner.backoff_max_s
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, owner.backoff_max_s)
+
+    async def _session(self) -> None:
+        """One connection: handshake, history, then frames until it fails (raises)."""
+        owner = self._owner
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(*self.address), CONNECT_TIMEOUT_S
+        )
+        try:
+            _tune(writer)
+            writer.write(owner.hello_frame)
+            hello = decode(
+                await asyncio.wait_for(read_frame(reader, HELLO_MAX_BYTES), HANDSHAKE_TIMEOUT_S)
+            )
+            if not isinstance(hello, Hello):
+                raise ProtocolError("the peer's first frame is not a hello")
+            verdict = owner.admit(self, hello)
+            self.state = verdict
+            if verdict != "connected":
+                return
+            self.peer_id = hello.replica
+            owner.changed()
+            log.info("replica_peer_connected", peer=self._name, replica=hello.replica)
+            history = owner.history_for(hello.replica)
+            if history:
+                self.queue.clear()  # the history holds every queued decision, and more
+                for frame in history:
+                    writer.write(frame)
+                owner.metrics.sent.inc(len(history))
+            await self._pump(reader, writer)
+        finally:
+            writer.close()
+
+    @property
+    def _name(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Write queued frames until the connection fails. The peer sends nothing after
+        its Hello, so anything from it (end of stream included) means it is gone."""
+        loop = asyncio.get_running_loop()
+        gone = asyncio.ensure_future(reader.read(1))
+        gone.add_done_callback(lambda _: self._wake())
+        sent = self._owner.metrics.sent
+        try:
+            while True:
+                queue = self.queue
+                decisions = 0
+                while queue:
+                    decision, frame = queue.popleft()
+                    writer.write(frame)
+                    decisions += decision
+                if decisions:
+                    sent.inc(decisions)
+                await writer.drain()  # a slow peer holds this; push() drops meanwhile
+                if gone.done():
+                    raise ConnectionResetError("the peer closed the connection")
+                if not self.queue:
+                    self._waiter = loop.create_future()
+                    await self._waiter
+                    self._waiter = None
+        finally:
+            self._waiter = None
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gone
+
+
+class PeerSet:
+    """Every peer address of `replicas.peers`, one PeerLink each."""
+
+    def __init__(
+        self,
+        peers: Iterable[str],
+        hello: Hello,
+        metrics: ReplicaMetrics,
+        *,
+        resolve_s: float = 5.0,
+        queue_size: int = 4096,
+        history: int = 4096,
+        backoff_max_s: float = 2.0,
+        resolver: Resolver = resolve,
+    ) -> None:
+        self.specs = [split_host_port(p) for p in peers]
+        self.hello = hello
+        self.hello_frame = encode(hello)
+        self.metrics = metrics
+        self.resolve_s = resolve_s
+        self.queue_size = queue_size
+        self.backoff_max_s = backoff_max_s
+        self._resolver = resolver
+        self.links: dict[Address, PeerLink] = {}
+        self._last: dict[Address, list[Address]] = {}  # spec -> last good answer
+        self._history: deque[bytes] = deque(maxlen=history)
+        self._greeted: set[str] = set()  # replica ids that got the history
+        self._task: asyncio.Task[None] | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    # -- routing side (synchronous, never waits) -----------------------------------------
+    def broadcast(self, frame: bytes) -> None:
+        """A decision frame to every peer (and to the history)."""
+        if self._history.maxlen:
+            self._history.append(frame)
+        for link in self.links.values():
+            link.push(frame)
+
+    def send_to(self, replica_id: str, frame: bytes) -> bool:
+        """A frame for one replica (a completion of its decision); False if no link
+        has ever reached a replica of that id."""
+        for link in self.links.values():
+            if link.peer_id == replica_id and link.state != "self":
+                link.push(frame, decision=False)
+                return True
+        return False
+
+    # -- links' callbacks ----------------------------------------------------------------
+    def admit(self, link: PeerLink, hello: Hello) -> LinkState:
+        """What a link does with the peer's Hello: send to it, or not."""
+        if hello.replica == self.hello.replica:
+            return "self"
+        if hello.version != PROTOCOL_VERSION or hello.block_size != self.hello.block_size:
+            log.error(
+                "replica_peer_incompatible",
+                peer=f"{link.address[0]}:{link.address[1]}",
+                version=hello.version,
+                block_size=hello.block_size,
+                ours=[PROTOCOL_VERSION, self.hello.block_size],
+            )
+            return "incompatible"
+        for other in self.links.values():
+            if other is not link and other.connected and other.peer_id == hello.replica:
+                return "duplicate"
+        return "connected"
+
+    def history_for(self, replica_id: str) -> list[bytes]:
+        """The history frames for a replica seen for the first time, else none."""
+        if replica_id in self._greeted:
+            return []
+        if len(self._greeted) >= MAX_GREETED:
+            self._greeted.clear()
+        self._greeted.add(replica_id)
+        return list(self._history)
+
+    def changed(self) -> None:
+        self.metrics.connected.set(sum(1 for link in self.links.values() if link.connected))
+        self.metrics.peers.set(sum(1 for link in self.links.values() if link.state != "self"))
+
+    # -- membership ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._resolve_loop(), name="replica-peers")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for link in list(self.links.values()):
+            await link.stop()
+        for task in list(self._stopping):
+            await task
+        self.links.clear()
+        self.changed()
+
+    async def _resolve_loop(self) -> None:
+        while True:
+            self.update(await self.resolve_all())
+            await asyncio.sleep(self.resolve_s)
+
+    async def resolve_all(self) -> set[Address]:
+        targets: set[Address] = set()
+        for spec in self.specs:
+            try:
+                found = await self._resolver(*spec)
+            except (OSError, UnicodeError) as exc:
+                found = self._last.get(spec, [])
+                log.warning("replica_peer_unresolved", peer=f"{spec[0]}:{spec[1]}", error=str(exc))
+            else:
+                self._last[spec] = found
+            targets.update(found)
+        return targets
+
+    def update(self, targets: set[Address]) -> None:
+        """Start links to new addresses, stop links to addresses gone."""
+        for address in targets - self.links.keys():
+            link = self.links[address] = PeerLink(address, self)
+            link.start()
+        for address in self.links.keys() - targets:
+            task = asyncio.create_task(self.links.pop(address).stop())
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        self.changed()

@@ -1,0 +1,177 @@
+"""The receiving side: peers connect here and send their decisions.
+
+Per connection: the peer's `Hello` first (within a timeout), this replica's `Hello` back,
+then `Decision` and `Completion` frames, each handed to the inbox as it arrives.
+
+Hostile or broken input never gets further than its own connection: a frame longer than
+the bound, bytes that are not msgpack, a message of the wrong shape, a second hello, or a
+decision signed with another replica's id than the hello's closes that connection, counts
+in `epp_replica_connections_rejected_total{reason}` and is logged (once per reason per
+`LOG_EVERY_S`, so a peer that keeps reconnecting with garbage cannot flood the log). At most
+`max_connections` connections are open at once. A replica that reconnects replaces its
+older connection, so one replica's decisions are never applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from epp.observability.replica_metrics import ReplicaMetrics
+from epp.replicas.inbox import PeerInbox
+from epp.replicas.protocol import (
+    PROTOCOL_VERSION,
+    Completion,
+    Decision,
+    Hello,
+    ProtocolError,
+    decode,
+    encode,
+    read_frame,
+)
+
+log = structlog.get_logger("epp.replicas")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+HELLO_MAX_BYTES = 4096
+MAX_CONNECTIONS = 64
+LOG_EVERY_S = 10.0
+
+
+class Rejected(Exception):
+    """The connection is closed for `reason` (a label of the rejected counter)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class PeerServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        hello: Hello,
+        inbox: PeerInbox,
+        metrics: ReplicaMetrics,
+        *,
+        max_frame_bytes: int,
+        max_connections: int = MAX_CONNECTIONS,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.hello = hello
+        self._hello_frame = encode(hello)
+        self._inbox = inbox
+        self._metrics = metrics
+        self._max_frame = max_frame_bytes
+        self._max_connections = max_connections
+        self._handshake_timeout = handshake_timeout_s
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._by_replica: dict[str, asyncio.StreamWriter] = {}
+        self._logged: dict[str, float] = {}
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info(
+            "replica_listening", address=f"{self.host}:{self.port}", replica=self.hello.replica
+        )
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in list(self._open):
+            writer.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= self._max_connections:
+            self._reject(writer, Rejected("limit", f"more than {self._max_connections} peers"))
+            writer.close()
+            return
+        self._open.add(writer)
+        replica: str | None = None
+        try:
+            replica = await self._handshake(reader, writer)
+            if replica is None:
+                return
+            inbox = self._inbox
+            while True:
+                message = decode(await read_frame(reader, self._max_frame))
+                if self._by_replica.get(replica) is not writer:
+                    return  # replaced by the replica's newer connection
+                if isinstance(message, Decision):
+                    if message.replica != replica:
+                        raise Rejected("bad_frame", "a decision signed by another replica")
+                    inbox.decision(message)
+                elif isinstance(message, Completion):
+                    inbox.completion(message)
+                else:
+                    raise Rejected("bad_frame", "a second hello")
+        except ProtocolError as exc:
+            self._reject(writer, Rejected("bad_frame", str(exc)))
+        except Rejected as exc:
+            self._reject(writer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass  # the peer went away, or said nothing in time
+        except Exception:  # a bug applying a message must cost one connection, no more
+            log.exception("replica_connection_failed", peer=_peer(writer))
+        finally:
+            self._open.discard(writer)
+            if replica is not None and self._by_replica.get(replica) is writer:
+                del self._by_replica[replica]
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> str | None:
+        """The peer's replica id, or None when the connection ends here (it is this
+        replica itself: it learns so from the hello sent back)."""
+        body = await asyncio.wait_for(read_frame(reader, HELLO_MAX_BYTES), self._handshake_timeout)
+        hello = decode(body)
+        if not isinstance(hello, Hello):
+            raise Rejected("bad_frame", "the first frame is not a hello")
+        writer.write(self._hello_frame)
+        await writer.drain()
+        if hello.replica == self.hello.replica:
+            return None
+        if hello.version != PROTOCOL_VERSION or hello.block_size != self.hello.block_size:
+            raise Rejected(
+                "incompatible",
+                f"version {hello.version} block_size {hello.block_size}, ours "
+                f"{PROTOCOL_VERSION} {self.hello.block_size}",
+            )
+        previous = self._by_replica.get(hello.replica)
+        if previous is not None:
+            previous.close()  # a reconnect: the old connection must not deliver twice
+        self._by_replica[hello.replica] = writer
+        return hello.replica
+
+    def _reject(self, writer: asyncio.StreamWriter, exc: Rejected) -> None:
+        self._metrics.rejected.labels(exc.reason).inc()
+        now = time.monotonic()
+        if now - self._logged.get(exc.reason, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[exc.reason] = now
+            log.warning(
+                "replica_connection_rejected",
+                peer=_peer(writer),
+                reason=exc.reason,
+                detail=str(exc),
+            )
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    return f"{address[0]}:{address[1]}" if address else "?"

@@ -1,0 +1,409 @@
+"""Replicas over real loopback sockets: decisions flow both ways, a replica listed among
+its own peers parks that link, peer names are resolved and re-resolved, a slow or absent
+peer costs bounded memory and never blocks, links reconnect and a new replica gets the
+recent history, response ends reach the replica that routed, and hostile input closes
+only its own connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+
+import pytest
+from helpers import config, router_with
+
+from epp.config import DEFAULT_WEIGHTS
+from epp.replicas import ReplicaSync
+from epp.replicas.peers import PeerSet
+from epp.replicas.protocol import HEADER, PROTOCOL_VERSION, Decision, Hello, decode, encode
+
+PODS = [
+    {"name": "a", "address": "127.0.0.1:8001", "model": "m"},
+    {"name": "b", "address": "127.0.0.1:8002", "model": "m"},
+]
+SECTIONS = {"scheduling": {"weights": DEFAULT_WEIGHTS}}
+
+
+def body(topic: str) -> bytes:
+    return json.dumps({"model": "m", "prompt": f"{topic} " * 2000}).encode()
+
+
+class Names:
+    """A resolver for the test: name -> addresses; a missing name fails like NXDOMAIN."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, list[tuple[str, int]]] = {}
+        self.lookups = 0
+
+    async def __call__(self, host: str, port: int) -> list[tuple[str, int]]:
+        self.lookups += 1
+        if host not in self.table:
+            raise OSError(f"cannot resolve {host}")
+        return list(self.table[host])
+
+
+class Replica:
+    def __init__(self, replica_id: str, peers: list[str], names: Names, **replicas) -> None:
+        settings = {"peers": peers, "listen_host": "127.0.0.1", "listen_port": 0}
+        settings.update(replicas)
+        cfg = config(replicas=settings, **SECTIONS)
+        self.router, self.store, self.index, self.metrics = router_with(PODS, **SECTIONS)
+        self.sync = ReplicaSync(
+            cfg, self.store, self.index, self.router.scheduler, self.router, self.metrics,
+            replica_id=replica_id, resolver=names,
+        )  # fmt: skip
+
+    @property
+    def port(self) -> int:
+        return self.sync.server.port
+
+    def route(self, topic: str):
+        return self.router.route_now(path="/v1/completions", body=body(topic), request_id=topic)
+
+    def hashes(self, topic: str) -> list[int]:
+        return list(
+            self.router.prepare(path="/v1/completions", body=body(topic), request_id="x").hashes
+        )
+
+    def sample(self, name: str, labels: dict | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    def received(self, outcome: str) -> float:
+        return self.sample("epp_replica_decisions_received_total", {"outcome": outcome})
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running(*replicas: Replica):
+    """Start the servers first (their ports are then known to the names), then the links."""
+    for r in replicas:
+        await r.sync.server.start()
+    try:
+        yield
+    finally:
+        for r in replicas:
+            await r.sync.stop()
+
+
+def start_links(*replicas: Replica) -> None:
+    for r in replicas:
+        r.sync.peers.start()
+
+
+async def test_two_replicas_share_decisions_both_ways():
+    names = Names()
+    a, b = Replica("ra", ["b:1"], names), Replica("rb", ["a:1"], names)
+    async with running(a, b):
+        names.table = {"a": [("127.0.0.1", a.port)], "b": [("127.0.0.1", b.port)]}
+        start_links(a, b)
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="a connected")
+        await until(lambda: b.sample("epp_replica_peers_connected") == 1, what="b connected")
+
+        first = a.route("alpha")
+        await until(lambda: b.received("applied") == 1, what="b received")
+        pod = b.store.get(first.endpoint.name)
+        assert b.index.match(a.hashes("alpha")) == {pod.name: len(a.hashes("alpha"))}
+        assert len(pod.peer) == 1  # counted in the pod's load at b until a page shows it
+        # The next turn of that prompt, routed by b, lands on the same pod.
+        second = b.route("alpha")
+        assert second.endpoint.name == first.endpoint.name
+        assert second.decision.factor("cache") == 1.0
+        await until(lambda: a.received("applied") == 1, what="a received")
+        assert a.sample("epp_replica_decisions_sent_total") == 1
+        assert b.sample("epp_replica_decisions_sent_total") == 1
+
+
+async def test_a_replica_listed_among_its_own_peers_parks_that_link():
+    """A headless Service lists every replica, this one included."""
+    names = Names()
+    a, b = Replica("ra", ["svc:1"], names), Replica("rb", ["svc:1"], names)
+    async with running(a, b):
+        names.table = {"svc": [("127.0.0.1", a.port), ("127.0.0.1", b.port)]}
+        start_links(a, b)
+        await until(lambda: ("127.0.0.1", a.port) in a.sync.peers.links, what="resolved")
+        own = a.sync.peers.links[("127.0.0.1", a.port)]
+        await until(lambda: own.state == "self", what="self detected")
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="a connected")
+        assert a.sample("epp_replica_peers") == 1  # the peer count leaves itself out
+        a.route("alpha")
+        await until(lambda: b.received("applied") == 1, what="b received")
+        assert not own.queue  # nothing queued for itself
+        await asyncio.sleep(0.1)
+        assert a.received("applied") == 0 and a.received("self") == 0
+
+
+async def test_a_name_standing_for_several_replicas_connects_each_of_them():
+    names = Names()
+    replicas = [Replica(f"r{i}", ["svc:1"], names) for i in range(3)]
+    async with running(*replicas):
+        names.table = {"svc": [("127.0.0.1", r.port) for r in replicas]}
+        start_links(*replicas)
+        for r in replicas:
+            await until(lambda r=r: r.sample("epp_replica_peers_connected") == 2, what="mesh")
+        replicas[0].route("alpha")
+        await until(
+            lambda: all(r.received("applied") == 1 for r in replicas[1:]), what="both received"
+        )
+
+
+async def test_peer_names_are_re_resolved_and_a_failed_lookup_keeps_the_last_answer():
+    names = Names()
+    a = Replica("ra", ["svc:1"], names, resolve_s=0.05)
+    b, c = Replica("rb", [], names), Replica("rc", [], names)
+    async with running(a, b, c):
+        names.table = {"svc": [("127.0.0.1", b.port)]}
+        start_links(a)
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="b linked")
+        names.table = {"svc": [("127.0.0.1", b.port), ("127.0.0.1", c.port)]}  # scaled up
+        await until(lambda: a.sample("epp_replica_peers_connected") == 2, what="c linked")
+        names.table = {}  # NXDOMAIN, e.g. a DNS blip: the links stay
+        lookups = names.lookups
+        await until(lambda: names.lookups > lookups + 2, what="lookups")
+        assert set(a.sync.peers.links) == {("127.0.0.1", b.port), ("127.0.0.1", c.port)}
+        names.table = {"svc": [("127.0.0.1", c.port)]}  # b scaled away
+        await until(lambda: set(a.sync.peers.links) == {("127.0.0.1", c.port)}, what="b gone")
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="gauge")
+
+
+async def test_a_full_queue_for_an_absent_peer_loses_its_oldest_frames():
+    names = Names()
+    a = Replica("ra", ["down:1"], names, queue_size=5)
+    probe = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()  # nothing listens on `port` now
+    async with running(a):
+        names.table = {"down": [("127.0.0.1", port)]}
+        await a.sync.peers.resolve_all()
+        a.sync.peers.update(await a.sync.peers.resolve_all())
+        link = a.sync.peers.links[("127.0.0.1", port)]
+        routed = [a.route(f"topic{i}") for i in range(8)]  # routing goes on regardless
+        assert len(routed) == 8
+        assert len(link.queue) == 5
+        assert a.sample("epp_replica_decisions_dropped_total") == 3
+        kept = [decode(frame[4:]) for _, frame in link.queue]
+        assert [m.hashes for m in kept] == [a.hashes(f"topic{i}") for i in range(3, 8)]
+
+
+async def test_a_peer_that_stops_reading_costs_a_bounded_queue_and_never_blocks_routing():
+    names = Names()
+    a = Replica("ra", ["slow:1"], names, queue_size=50)
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encode(Hello("slow", PROTOCOL_VERSION, 16)))  # then never reads
+        held.append(writer)
+        accepted.set()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with running(a):
+            names.table = {"slow": [("127.0.0.1", port)]}
+            start_links(a)
+            await accepted.wait()
+            await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="link")
+            link = a.sync.peers.links[("127.0.0.1", port)]
+            # 8,192 hashes each (~74 KB): the socket's buffers fill within a few frames.
+            big = encode(Decision("ra", "a", list(range(2**63, 2**63 + 8192)), 1, 0, 1, 0.0))
+            for _ in range(200):
+                a.sync.peers.broadcast(big)  # returns at once, whatever the peer does
+                await asyncio.sleep(0)  # let the link write what the socket takes
+            assert len(link.queue) <= 50
+            assert a.sample("epp_replica_decisions_dropped_total") > 0
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+
+
+async def test_links_reconnect_and_a_new_replica_gets_the_recent_history():
+    names = Names()
+    a = Replica("ra", ["b:1"], names, backoff_max_s=0.1)
+    b = Replica("rb", [], names)
+    async with running(a):
+        # b is not up yet: a's decisions wait in its queue.
+        probe = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        names.table = {"b": [("127.0.0.1", port)]}
+        start_links(a)
+        for topic in ("t0", "t1"):
+            a.route(topic)
+        b.sync.server.port = port
+        await b.sync.server.start()
+        try:
+            await until(
+                lambda: b.index.nodes > 0 and b.received("applied") + b.received("late") == 2,
+                what="b got the backlog",
+            )
+        finally:
+            await b.sync.stop()
+        a.route("t2")  # while b is down
+        # b restarts: a new process, a new replica id, the same address.
+        b2 = Replica("rb2", [], names)
+        b2.sync.server.port = port
+        await b2.sync.server.start()
+        try:
+            await until(
+                lambda: b2.received("applied") + b2.received("late") == 3,
+                what="b2 got the history",
+            )
+            for topic in ("t0", "t1", "t2"):
+                assert max(b2.index.match(a.hashes(topic)).values()) == len(a.hashes(topic))
+        finally:
+            await b2.sync.stop()
+
+
+async def test_the_end_of_a_request_seen_by_another_replica_releases_it_where_it_was_routed():
+    names = Names()
+    a, b = Replica("ra", ["b:1"], names), Replica("rb", ["a:1"], names)
+    async with running(a, b):
+        names.table = {"a": [("127.0.0.1", a.port)], "b": [("127.0.0.1", b.port)]}
+        start_links(a, b)
+        await until(lambda: b.sample("epp_replica_peers_connected") == 1, what="b->a")
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="a->b")
+        routed = a.route("alpha")
+        assert routed.endpoint.in_flight == 1
+        # b's observer stream saw the response end of a's decision.
+        b.router.complete(routed.token, 200, routed.endpoint.address)
+        await until(lambda: routed.endpoint.in_flight == 0, what="released at a")
+        assert a.sample("epp_replica_completions_received_total") == 1
+        assert b.sample("epp_replica_completions_forwarded_total") == 1
+
+
+# -- hostile input --------------------------------------------------------------------
+async def raw_connection(port: int, hello: Hello | None = None):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if hello is not None:
+        writer.write(encode(hello))
+        await writer.drain()
+        header = await reader.readexactly(4)
+        await reader.readexactly(HEADER.unpack(header)[0])  # the server's hello
+    return reader, writer
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    """True when the server closes the connection (what it sends meanwhile is skipped)."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), 5.0):
+            pass
+    except ConnectionError:
+        pass
+    return True
+
+
+PEER = Hello("mallory", PROTOCOL_VERSION, 16)
+
+
+@pytest.mark.parametrize(
+    ("hello", "payload", "reason"),
+    [
+        (None, HEADER.pack(2**31) + b"x", "bad_frame"),  # huge first frame
+        (None, HEADER.pack(3) + b"\xc1\xc1\xc1", "bad_frame"),  # not msgpack
+        (None, encode(Decision("mallory", "a", [1], 16, 0, 16, 0.0)), "bad_frame"),  # no hello
+        (None, encode(Hello("mallory", PROTOCOL_VERSION, 32)), "incompatible"),  # block size
+        (None, encode(Hello("mallory", PROTOCOL_VERSION + 1, 16)), "incompatible"),
+        (PEER, HEADER.pack(50_000_000), "bad_frame"),  # above the frame bound
+        (PEER, HEADER.pack(4) + b"\x94\x01\x02\x03", "bad_frame"),  # wrong shape
+        (PEER, encode(Decision("alice", "a", [1], 16, 0, 16, 0.0)), "bad_frame"),  # signed
+        (PEER, encode(PEER), "bad_frame"),  # a second hello
+    ],
+)
+async def test_a_bad_frame_closes_only_its_connection(hello, payload, reason):
+    names = Names()
+    a, good = Replica("ra", [], names), Replica("rgood", ["a:1"], names)
+    async with running(a):
+        reader, writer = await raw_connection(a.port, hello)
+        writer.write(payload)
+        await writer.drain()
+        assert await closed(reader)
+        writer.close()
+        assert a.sample("epp_replica_connections_rejected_total", {"reason": reason}) == 1
+        assert a.index.nodes == 0 and all(not e.peer for e in a.store.all())
+        # The server goes on: a well-behaved peer is served.
+        names.table = {"a": [("127.0.0.1", a.port)]}
+        start_links(good)
+        await until(lambda: good.sample("epp_replica_peers_connected") == 1, what="good peer")
+        good.route("alpha")
+        await until(lambda: a.received("applied") == 1, what="applied")
+        await good.sync.stop()
+
+
+async def test_a_peer_that_says_nothing_is_dropped_after_the_handshake_timeout():
+    a = Replica("ra", [], Names())
+    a.sync.server._handshake_timeout = 0.1
+    async with running(a):
+        reader, writer = await raw_connection(a.port)
+        assert await closed(reader)
+        writer.close()
+
+
+async def test_connections_beyond_the_limit_are_refused():
+    a = Replica("ra", [], Names())
+    a.sync.server._max_connections = 2
+    async with running(a):
+        kept = [
+            await raw_connection(a.port, Hello(f"p{i}", PROTOCOL_VERSION, 16)) for i in range(2)
+        ]
+        reader, writer = await raw_connection(a.port)
+        assert await closed(reader)
+        assert a.sample("epp_replica_connections_rejected_total", {"reason": "limit"}) == 1
+        for _, w in [*kept, (reader, writer)]:
+            w.close()
+
+
+async def test_a_replica_that_reconnects_replaces_its_older_connection():
+    a = Replica("ra", [], Names())
+    async with running(a):
+        old_reader, old_writer = await raw_connection(a.port, PEER)
+        _new_reader, new_writer = await raw_connection(a.port, PEER)
+        assert await closed(old_reader)  # one replica, one connection: nothing twice
+        new_writer.write(encode(Decision("mallory", "a", [7], 16, 0, 16, 0.0)))
+        await new_writer.drain()
+        await until(lambda: a.received("late") == 1, what="applied once")
+        for w in (old_writer, new_writer):
+            w.close()
+
+
+async def test_one_replica_at_two_addresses_is_sent_to_once():
+    names = Names()
+    a = Replica("ra", ["b1:1", "b2:1"], names)
+    b = Replica("rb", [], names, listen_host="0.0.0.0")
+    async with running(a, b):
+        names.table = {"b1": [("127.0.0.1", b.port)], "b2": [("127.0.0.2", b.port)]}
+        start_links(a)
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="one link")
+        await until(
+            lambda: (
+                sorted(link.state for link in a.sync.peers.links.values())
+                == ["connected", "duplicate"]
+            ),
+            what="the other waits",
+        )
+        a.route("alpha")
+        await until(lambda: b.received("applied") == 1, what="received")
+        await asyncio.sleep(0.2)
+        assert b.received("applied") == 1
+
+
+def test_peer_set_accepts_host_port_and_bracketed_ipv6():
+    from epp.replicas.peers import split_host_port
+
+    assert split_host_port("epp-peers.ns.svc:9003") == ("epp-peers.ns.svc", 9003)
+    assert split_host_port("[::1]:9003") == ("::1", 9003)
+    with pytest.raises(ValueError):
+        config(replicas={"peers": ["no-port"]})
+    assert isinstance(PeerSet, type)
