@@ -141,3 +141,11 @@ def test_selection_reason(totals, factors, chosen, reason):
     got, margin = _selection_reason(decision, 0.005)
     assert got == reason
     assert margin == pytest.approx(0 if len(totals) == 1 else totals[chosen] - sorted(totals)[-2])
+
+
+def test_a_value_msgspec_refuses_is_still_logged(json_logs):
+    lines = json_logs("info")
+    log = structlog.get_logger("t")
+    log.info("odd", request_id="id-\ud800", thing=object())
+    (line,) = lines()
+    assert line["request_id"] == "id-\ud800" and line["thing"].startswith("<object")

@@ -11,17 +11,29 @@ once per request (`enabled(...)`) and build nothing for a level that is off.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
+import msgspec
 import structlog
 
 TRACE = 5
 LEVELS = ("trace", "debug", "info", "warning", "error")
 _TRACE_KEY = "_trace"
 _trace_on = False
+_encoder = msgspec.json.Encoder(enc_hook=repr)
+
+
+def _dumps(event: Any, **_: Any) -> str:
+    """One JSON line: msgspec (about 2x faster than the stdlib for a decision line), the
+    stdlib for what msgspec refuses (e.g. a lone surrogate in a header value)."""
+    try:
+        return _encoder.encode(event).decode()
+    except (TypeError, ValueError):
+        return json.dumps(event, default=repr)
 
 
 def _trace_level(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -44,10 +56,10 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
             _trace_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=True,
     )
 
