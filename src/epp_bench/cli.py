@@ -17,6 +17,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.pressure",
         "bursts and the thundering herd through the real stack",
     ),
+    "replicas": (
+        "epp_bench.picker.replicas",
+        "several EPP replicas behind one Envoy: sharing, hit rate, a replica killed",
+    ),
     "report": ("epp_bench.reports.cli", "rebuild docs/benchmarks/ from saved JSON results"),
 }
 

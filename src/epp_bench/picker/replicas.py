@@ -1,0 +1,585 @@
+"""`epp bench replicas`: several EPP replicas behind one real Envoy.
+
+Each scene starts fresh simulated pods, its EPP replicas (`epp serve`) and a real Envoy,
+and drives the demo's multi-turn, shared-system-prompt chat workload (epp_demo.workload)
+through Envoy:
+
+- **1 replica**: the single EPP, Envoy's default config (`epp envoy-config --epp-port`);
+- **2 replicas, not sharing**: two independent EPPs behind one ext_proc cluster
+  (`epp envoy-config --epp-address A --epp-address B`): each one knows only the
+  decisions it made;
+- **2 replicas, sharing**: the same, with `replicas.peers` set: each sends its decisions
+  to the other (epp/replicas).
+
+Reported per scene: the pods' own prefix-cache hit rate, TTFT p50/p90/p99, requests per pod,
+how many turns were served by another pod than the turn before them in their conversation,
+and the routing decisions each replica made.
+
+Then the failover scenes, on 2 sharing replicas under steady load (closed loop, each
+client runs conversations back to back): one replica is killed (SIGKILL) or stopped
+(SIGTERM, it drains) mid-run. Reported: requests that failed, when (relative to the
+signal), and that traffic went on.
+
+    .venv/bin/epp bench replicas --out docs/benchmarks/replicas.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from epp.envoy_config import render
+from epp_demo.client import run_workload, scrape_pod_metrics
+from epp_demo.workload import (
+    Conversation,
+    Workload,
+    WorkloadSpec,
+    chat_request_body,
+    generate,
+    turn_messages,
+)
+from epp_harness.sse import read_stream
+from epp_harness.stack import HOST, envoy_binary, free_ports, log_tail
+from epp_harness.stats import percentile, prefix_hit_rate
+
+MODEL = "sim-llama-8b"
+# The demo's pods (epp_demo.cli.DEMO_SIM_ARGS): 8 running slots, 300 KV blocks each, so a
+# system-prompt group split over two pods costs cache room as well as a cold prefill.
+SIM_ARGS = (
+    "--num-gpu-blocks", "300",
+    "--max-num-seqs", "8",
+    "--prefill-overhead-ms", "2",
+    "--prefill-per-token-ms", "0.2",
+    "--decode-per-token-ms", "2",
+)  # fmt: skip
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+STARTUP_TIMEOUT_S = 30.0
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with _DIRECT.open(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def _wait(predicate, what: str, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait()
+
+
+@dataclass
+class Replica:
+    grpc_port: int
+    metrics_port: int
+    peer_port: int
+    proc: _Proc | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.grpc_port}"
+
+    def metric(self, name: str, labels: str = "") -> float:
+        _, page = _get(f"http://{HOST}:{self.metrics_port}/metrics")
+        total = 0.0
+        for line in page.decode(errors="replace").splitlines():
+            if line.startswith(name + "{" if labels else name + " ") and labels in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+class Stack:
+    """Pods, EPP replicas and one Envoy on 127.0.0.1; everything stopped on exit."""
+
+    def __init__(self, work: Path, pods: int, replicas: int, share: bool) -> None:
+        self.work = work
+        self.pod_count = pods
+        self.replica_count = replicas
+        self.share = share
+        self.procs: list[_Proc] = []
+        self.pods: list[str] = []
+        self.replicas: list[Replica] = []
+        self.envoy_url = ""
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
+        log = self.work / f"{name}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+        proc = _Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def _start(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        for i, port in enumerate(free_ports(self.pod_count)):
+            argv = [
+                sys.executable, "-m", "vllm_sim", "--host", HOST, "--port", str(port),
+                "--name", f"pod-{i}", "--model", MODEL, *SIM_ARGS,
+            ]  # fmt: skip
+            self._spawn(f"pod-{i}", argv)
+            self.pods.append(f"{HOST}:{port}")
+        for address in self.pods:
+            _wait(lambda a=address: _get(f"http://{a}/health")[0] == 200, f"pod {address}")
+        endpoints = [
+            {"name": f"pod-{i}", "address": a, "metrics_url": f"http://{a}/metrics"}
+            for i, a in enumerate(self.pods)
+        ]
+        (self.work / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}))
+        ports = free_ports(3 * self.replica_count)
+        self.replicas = [
+            Replica(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+            for i in range(self.replica_count)
+        ]
+        for i in range(self.replica_count):
+            self.start_replica(i)
+        for replica in self.replicas:
+            _wait(lambda r=replica: self.ready(r), f"EPP on {replica.grpc_port}")
+        self._start_envoy()
+
+    def replica_config(self, index: int) -> dict[str, Any]:
+        replica = self.replicas[index]
+        if not self.share:
+            return {}
+        peers = [f"{HOST}:{r.peer_port}" for j, r in enumerate(self.replicas) if j != index]
+        return {"replicas": {"peers": peers, "listen_host": HOST, "listen_port": replica.peer_port}}
+
+    def start_replica(self, index: int) -> None:
+        replica = self.replicas[index]
+        config = self.work / f"epp-{index}.yaml"
+        config.write_text(yaml.safe_dump(self.replica_config(index)))
+        argv = [
+            sys.executable, "-m", "epp", "serve",
+            "--config", str(config), "--endpoints", str(self.work / "endpoints.yaml"),
+            "--grpc-host", HOST, "--grpc-port", str(replica.grpc_port),
+            "--metrics-host", HOST, "--metrics-port", str(replica.metrics_port),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        replica.proc = self._spawn(f"epp-{index}", argv)
+
+    @staticmethod
+    def ready(replica: Replica) -> bool:
+        return _get(f"http://{HOST}:{replica.metrics_port}/ready")[0] == 200
+
+    def _start_envoy(self) -> None:
+        listen, admin = free_ports(2)
+        if self.replica_count == 1:
+            config = render(
+                mode="epp",
+                listen_port=listen,
+                admin_port=admin,
+                epp_port=self.replicas[0].grpc_port,
+                pods=self.pods,
+            )
+        else:
+            config = render(
+                mode="epp",
+                listen_port=listen,
+                admin_port=admin,
+                epp_addresses=[r.address for r in self.replicas],
+                pods=self.pods,
+            )
+        path = self.work / "envoy.yaml"
+        path.write_text(config)
+        argv = [
+            envoy_binary(), "-c", str(path), "--disable-hot-restart",
+            "--concurrency", "1", "--log-level", "warning",
+        ]  # fmt: skip
+        envoy = self._spawn("envoy", argv)
+        self.envoy_url = f"http://{HOST}:{listen}"
+        try:
+            _wait(lambda: _get(f"{self.envoy_url}/v1/models")[0] == 200, "Envoy routing")
+        except RuntimeError:
+            raise RuntimeError(f"Envoy did not route:\n{log_tail(envoy.log)}") from None
+
+    def metrics_urls(self) -> dict[str, str]:
+        return {f"pod-{i}": f"http://{a}/metrics" for i, a in enumerate(self.pods)}
+
+
+# -- scenes (a)-(c) -----------------------------------------------------------------------
+@dataclass
+class SceneResult:
+    name: str
+    requests: int
+    failed: int
+    duration_s: float
+    hit_rate: float | None
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    per_pod: dict[str, int]
+    pod_switches: int  # turns served by another pod than their conversation's turn before
+    per_replica: list[float] = field(default_factory=list)  # routing decisions made
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000.0
+
+
+def run_scene(
+    name: str, work: Path, spec: WorkloadSpec, concurrency: int, replicas: int, share: bool
+) -> SceneResult:
+    with Stack(work, 4, replicas, share) as stack:
+        workload = generate(spec)
+        urls = stack.metrics_urls()
+        before = asyncio.run(scrape_pod_metrics(urls))
+        started = time.monotonic()
+        records = asyncio.run(run_workload(stack.envoy_url, workload, concurrency=concurrency))
+        duration = time.monotonic() - started
+        after = asyncio.run(scrape_pod_metrics(urls))
+        per_replica = [
+            r.metric("epp_routing_decisions_total", 'result="routed"') for r in stack.replicas
+        ]
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    per_pod = Counter(r.pod or "?" for r in ok)
+    switches = 0
+    last: dict[int, str | None] = {}
+    for r in records:  # sorted by conversation, then turn
+        previous = last.get(r.conversation_id)
+        if r.turn_index > 0 and previous is not None and r.pod != previous:
+            switches += 1
+        last[r.conversation_id] = r.pod
+    return SceneResult(
+        name=name,
+        requests=len(records),
+        failed=len(records) - len(ok),
+        duration_s=duration,
+        hit_rate=prefix_hit_rate(before, after),
+        ttft_p50_ms=_ms(percentile(ttfts, 50)),
+        ttft_p90_ms=_ms(percentile(ttfts, 90)),
+        ttft_p99_ms=_ms(percentile(ttfts, 99)),
+        per_pod=dict(sorted(per_pod.items())),
+        pod_switches=switches,
+        per_replica=per_replica,
+    )
+
+
+# -- failover -----------------------------------------------------------------------------
+@dataclass
+class Sent:
+    start_s: float  # since the signal (negative: before it)
+    status: int
+    error: str | None
+
+
+@dataclass
+class FailoverResult:
+    name: str
+    signal: str
+    requests: int
+    failed: int
+    failed_after_signal: list[float]  # start times of the failed requests, since the signal
+    errors: dict[str, int]
+    ok_after_signal: int  # requests sent after the signal that succeeded
+    ok_last_second: int  # ... in the last second of the run: traffic went on
+
+    @property
+    def window_s(self) -> float:
+        if not self.failed_after_signal:
+            return 0.0
+        return max(self.failed_after_signal) - min(self.failed_after_signal)
+
+
+async def _steady_load(
+    url: str,
+    workload: Workload,
+    clients: int,
+    duration_s: float,
+    signal_at_s: float,
+    on_signal,
+) -> tuple[list[Sent], float]:
+    """`clients` clients, each running conversations back to back for `duration_s`; a
+    failed turn ends its conversation (the next one starts). `on_signal` runs (in a
+    thread) at `signal_at_s`. Returns the requests, with times relative to the signal."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    signalled = start + signal_at_s
+    sent: list[Sent] = []
+    conversations = iter(workload.conversations * 1000)
+    timeout = aiohttp.ClientTimeout(total=60)
+
+    async def converse(session: aiohttp.ClientSession, conversation: Conversation) -> None:
+        replies: list[str] = []
+        for turn in range(len(conversation.turns)):
+            if loop.time() - start > duration_s:
+                return
+            messages = turn_messages(workload, conversation, turn, replies)
+            body = chat_request_body(workload.spec, messages)
+            began = loop.time()
+            status, error, reply = 0, None, None
+            try:
+                async with session.post(url, json=body) as response:
+                    status = response.status
+                    if status != 200:
+                        error = f"HTTP {status}"
+                    else:
+                        stream = await read_stream(response.content, time.monotonic())
+                        if stream.error or not stream.done:
+                            error = stream.error or "stream cut"
+                        else:
+                            reply = stream.reply
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                error = type(exc).__name__
+            sent.append(Sent(began - signalled, status, error))
+            if reply is None:
+                return
+            replies.append(reply)
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while loop.time() - start < duration_s:
+            await converse(session, next(conversations))
+
+    async def fire() -> None:
+        await asyncio.sleep(signal_at_s)
+        await asyncio.to_thread(on_signal)
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        signal_task = asyncio.ensure_future(fire())
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        await signal_task
+    return sent, duration_s - signal_at_s
+
+
+def run_failover(
+    name: str,
+    work: Path,
+    spec: WorkloadSpec,
+    clients: int,
+    sig: signal.Signals,
+    duration_s: float,
+    signal_at_s: float,
+) -> FailoverResult:
+    with Stack(work, 4, 2, True) as stack:
+        victim = stack.replicas[1]
+        assert victim.proc is not None
+        proc = victim.proc
+
+        def on_signal() -> None:
+            proc.signal(sig)
+
+        sent, after = asyncio.run(
+            _steady_load(
+                f"{stack.envoy_url}/v1/chat/completions",
+                generate(spec),
+                clients,
+                duration_s,
+                signal_at_s,
+                on_signal,
+            )
+        )
+    failed = [s for s in sent if s.error is not None]
+    errors = Counter(s.error or "" for s in failed)
+    return FailoverResult(
+        name=name,
+        signal=sig.name,
+        requests=len(sent),
+        failed=len(failed),
+        failed_after_signal=sorted(round(s.start_s, 3) for s in failed),
+        errors=dict(errors),
+        ok_after_signal=sum(1 for s in sent if s.error is None and s.start_s >= 0),
+        ok_last_second=sum(1 for s in sent if s.error is None and s.start_s >= after - 1.0),
+    )
+
+
+# -- report -------------------------------------------------------------------------------
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def render_page(
+    scenes: list[SceneResult],
+    failovers: list[FailoverResult],
+    command: str,
+    commit: str,
+    spec: WorkloadSpec,
+    concurrency: int,
+) -> str:
+    lines = [
+        "# Several EPP replicas behind one Envoy",
+        "",
+        f"_Generated by `{command}` at commit `{commit}`; 2-core machine, everything on"
+        " 127.0.0.1: real Envoy 1.40 (`--concurrency 1`), `epp serve` replicas with default"
+        " settings (`replicas.peers` when sharing), 4 fresh simulated pods per scene"
+        " (`epp sim`, the demo's: 8 running slots, 300 KV blocks of 16 tokens)._",
+        "",
+        f"Workload: the demo's chat ({spec.conversations} conversations x {spec.turns} turns,"
+        f" {spec.system_prompts} shared system prompts of {spec.system_prompt_tokens} tokens,"
+        f" streaming, {concurrency} conversations at once, seed {spec.seed}). Each turn"
+        " resends the whole history, so the pod that served turn k holds most of turn k+1.",
+        "",
+        "| | " + " | ".join(s.name for s in scenes) + " |",
+        "|---|" + "---:|" * len(scenes),
+    ]
+
+    def row(label: str, cells: Sequence[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("requests ok / failed", [f"{s.requests - s.failed} / {s.failed}" for s in scenes])
+    row(
+        "prefix cache hit rate (pods)",
+        ["-" if s.hit_rate is None else f"{s.hit_rate * 100:.1f}%" for s in scenes],
+    )
+    row("TTFT p50", [_fmt_ms(s.ttft_p50_ms) for s in scenes])
+    row("TTFT p90", [_fmt_ms(s.ttft_p90_ms) for s in scenes])
+    row("TTFT p99", [_fmt_ms(s.ttft_p99_ms) for s in scenes])
+    row("wall time", [f"{s.duration_s:.1f} s" for s in scenes])
+    row("turns on another pod than the turn before", [str(s.pod_switches) for s in scenes])
+    row(
+        "decisions per replica",
+        [" / ".join(f"{n:.0f}" for n in s.per_replica) for s in scenes],
+    )
+    pods = sorted({p for s in scenes for p in s.per_pod})
+    for pod in pods:
+        row(f"requests on {pod}", [str(s.per_pod.get(pod, 0)) for s in scenes])
+    lines += [
+        "",
+        "- **Hit rate**: the pods' own counters, the increase of"
+        " `vllm:prefix_cache_hits_total` over that of `vllm:prefix_cache_queries_total`,"
+        " summed over the pods.",
+        "- **Turns on another pod**: a turn whose conversation's previous turn was served by"
+        " a different pod (it finds its history cold).",
+        '- **Decisions per replica**: `epp_routing_decisions_total{result="routed"}` of'
+        " each replica; Envoy balances routing streams over the replicas (least request).",
+        "",
+        "## A replica dies under load",
+        "",
+        "Two sharing replicas, steady load (each client runs conversations back to back; a"
+        " failed turn ends its conversation). One replica gets the signal mid-run.",
+        "",
+        "| scene | requests | failed | failed requests started (s after the signal) |"
+        " errors | ok after the signal | ok in the last second |",
+        "|---|---:|---:|---|---|---:|---:|",
+    ]
+    for f in failovers:
+        times = ", ".join(f"{t:+.3f}" for t in f.failed_after_signal) or "-"
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(f.errors.items())) or "-"
+        lines.append(
+            f"| {f.name} | {f.requests} | {f.failed} | {times} | {errors}"
+            f" | {f.ok_after_signal} | {f.ok_last_second} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="epp bench replicas", description=__doc__)
+    parser.add_argument("--conversations", type=int, default=48)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=8, help="failover: clients at once")
+    parser.add_argument("--failover-s", type=float, default=8.0, help="failover: run length")
+    parser.add_argument("--work-dir", type=Path, help="keep logs and configs here")
+    parser.add_argument("--out", type=Path, help="write the markdown page here")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    spec = WorkloadSpec(seed=args.seed, conversations=args.conversations, turns=args.turns)
+    with contextlib.ExitStack() as cleanup:
+        if args.work_dir is not None:
+            work = args.work_dir
+        else:
+            import tempfile
+
+            work = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="epp-replicas-")))
+        scenes = [
+            run_scene("1 replica", work / "one", spec, args.concurrency, 1, False),
+            run_scene("2 replicas, not sharing", work / "two", spec, args.concurrency, 2, False),
+            run_scene("2 replicas, sharing", work / "shared", spec, args.concurrency, 2, True),
+        ]
+        signal_at = args.failover_s / 2
+        failovers = [
+            run_failover(
+                "SIGKILL one of 2", work / "kill", spec, args.clients, signal.SIGKILL,
+                args.failover_s, signal_at,
+            ),
+            run_failover(
+                "SIGTERM one of 2 (drain)", work / "term", spec, args.clients, signal.SIGTERM,
+                args.failover_s, signal_at,
+            ),
+        ]  # fmt: skip
+    command = (
+        f"epp bench replicas --conversations {args.conversations} --turns {args.turns}"
+        f" --concurrency {args.concurrency} --seed {args.seed} --clients {args.clients}"
+        f" --failover-s {args.failover_s:g}"
+    )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    page = render_page(scenes, failovers, command, commit or "unknown", spec, args.concurrency)
+    print(page)
+    if args.out is not None:
+        args.out.write_text(page)
+    if args.json is not None:
+        payload = {
+            "scenes": [asdict(s) for s in scenes],
+            "failovers": [asdict(f) for f in failovers],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"rerun: .venv/bin/{command}")
+    return 0
