@@ -407,3 +407,34 @@ def test_peer_set_accepts_host_port_and_bracketed_ipv6():
     with pytest.raises(ValueError):
         config(replicas={"peers": ["no-port"]})
     assert isinstance(PeerSet, type)
+
+
+async def test_a_restarted_replica_that_connects_gets_the_history_without_waiting_a_backoff(
+    monkeypatch,
+):
+    """Its own link dials the survivor at once; the survivor, seeing a replica it never
+    greeted, ends its reconnect delay (here 30 s) and sends the history."""
+    monkeypatch.setattr("epp.replicas.peers.BACKOFF_MIN_S", 30.0)
+    names = Names()
+    a = Replica("ra", ["b:1"], names, backoff_max_s=30.0)
+    async with running(a):
+        probe = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        names.table = {"a": [("127.0.0.1", a.port)], "b": [("127.0.0.1", port)]}
+        start_links(a)
+        link_to_b = None
+        await until(lambda: ("127.0.0.1", port) in a.sync.peers.links, what="resolved")
+        link_to_b = a.sync.peers.links[("127.0.0.1", port)]
+        a.route("t0")
+        await asyncio.sleep(0.05)  # the first attempt failed: a now waits 30 s
+        assert link_to_b.current == "connecting"
+        b = Replica("rb", ["a:1"], names)
+        b.sync.server.port = port
+        async with running(b):
+            start_links(b)
+            await until(
+                lambda: b.received("late") + b.received("applied") == 1, timeout=5.0, what="history"
+            )
+            assert max(b.index.match(a.hashes("t0")).values()) == len(a.hashes("t0"))

@@ -116,6 +116,7 @@ class ReplicaSync:
             self.inbox,
             self.metrics,
             max_frame_bytes=frame_limit(config.prefix.max_blocks_per_request),
+            on_peer=self.peers.peer_appeared,
         )
         router.token_prefix = f"{self.replica_id}."
         router.dispatch_listeners.append(self.on_dispatch)

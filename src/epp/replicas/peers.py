@@ -91,6 +91,7 @@ class PeerLink:
         self.peer_id: str | None = None  # learned from the peer's Hello
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()  # ends a reconnect delay early
 
     @property
     def connected(self) -> bool:
@@ -152,8 +153,14 @@ class PeerLink:
                 return  # parked: never dialled again
             if state in ("duplicate", "incompatible"):
                 backoff = owner.backoff_max_s
-            await asyncio.sleep(backoff)
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), backoff)
             backoff = min(backoff * 2, owner.backoff_max_s)
+
+    def kick(self) -> None:
+        """Reconnect now if waiting to."""
+        self._kick.set()
 
     async def _session(self) -> None:
         """One connection: handshake, history, then frames until it fails (raises)."""
@@ -295,6 +302,16 @@ class PeerSet:
             self._greeted.clear()
         self._greeted.add(replica_id)
         return list(self._history)
+
+    def peer_appeared(self, replica_id: str) -> None:
+        """A replica connected to this one's listener (PeerServer): if it is new (just
+        started), the links waiting to reconnect try now, so it gets the history within
+        milliseconds of starting rather than after a reconnect delay."""
+        if replica_id in self._greeted:
+            return
+        for link in self.links.values():
+            if link.current == "connecting":
+                link.kick()
 
     def changed(self) -> None:
         self.metrics.connected.set(sum(1 for link in self.links.values() if link.connected))

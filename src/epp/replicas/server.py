@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -61,6 +62,7 @@ class PeerServer:
         max_frame_bytes: int,
         max_connections: int = MAX_CONNECTIONS,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        on_peer: Callable[[str], None] | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -71,6 +73,7 @@ class PeerServer:
         self._max_frame = max_frame_bytes
         self._max_connections = max_connections
         self._handshake_timeout = handshake_timeout_s
+        self._on_peer = on_peer  # called with each peer's replica id after its hello
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._by_replica: dict[str, asyncio.StreamWriter] = {}
@@ -157,6 +160,8 @@ class PeerServer:
         if previous is not None:
             previous.close()  # a reconnect: the old connection must not deliver twice
         self._by_replica[hello.replica] = writer
+        if self._on_peer is not None:
+            self._on_peer(hello.replica)
         return hello.replica
 
     def _reject(self, writer: asyncio.StreamWriter, exc: Rejected) -> None:
