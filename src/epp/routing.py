@@ -580,12 +580,15 @@ class Router:
 def _top_with_chosen(decision: Decision, limit: int) -> list[dict[str, object]]:
     """The per-factor breakdown of the best `limit` candidates, plus the chosen pod (marked
     `selected`) when it is not among them."""
-    rows = decision.breakdown()
-    top = rows[:limit]
+    top = decision.breakdown(limit)
     chosen = decision.primary.name
-    if all(row["pod"] != chosen for row in top):
-        top += [{**row, "selected": True} for row in rows[limit:] if row["pod"] == chosen]
-    return top
+    if any(row["pod"] == chosen for row in top):
+        return top
+    i = decision.chosen_index
+    row: dict[str, object] = {"pod": chosen, "score": round(decision.totals[i], 4)}
+    row.update({name: round(values[i], 4) for name, values in decision.factors.items()})
+    row["selected"] = True
+    return [*top, row]
 
 
 def _selection_reason(decision: Decision, tie_epsilon: float) -> tuple[str, float]:
