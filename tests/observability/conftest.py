@@ -17,6 +17,7 @@ import structlog
 
 import epp.extproc.server
 import epp.observability.answers
+import epp.observability.metrics
 import epp.routing
 from epp.observability.logs import configure_logging
 
@@ -24,6 +25,7 @@ _MODULES = {
     epp.routing: "epp.routing",
     epp.extproc.server: "epp.extproc",
     epp.observability.answers: "epp.answers",
+    epp.observability.metrics: "epp.datalayer",
 }
 
 

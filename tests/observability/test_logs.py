@@ -149,3 +149,23 @@ def test_a_value_msgspec_refuses_is_still_logged(json_logs):
     log.info("odd", request_id="id-\ud800", thing=object())
     (line,) = lines()
     assert line["request_id"] == "id-\ud800" and line["thing"].startswith("<object")
+
+
+def test_trace_adds_each_pod_report(json_logs):
+    from epp.datalayer.metrics_parser import PodMetrics
+
+    lines = json_logs("trace")
+    store = router_with(PODS[:1])[1]
+    pod = store.all()[0]
+    store.scraped(pod, PodMetrics(model="m", waiting=3, prefix_hits=64))
+    store.scrape_failed(pod, "TimeoutError: ")
+    reports = [line for line in lines() if line["event"] == "pod_report"]
+    assert [(r["level"], r["waiting"], r["failures"]) for r in reports] == [
+        ("trace", 3, 0),
+        ("trace", 3, 1),
+    ]
+    assert reports[0]["prefix_hits"] == 64 and reports[1]["error"] == "TimeoutError: "
+    at_debug = json_logs("debug")
+    store.scraped(pod, PodMetrics(model="m"))
+    store.scrape_failed(pod, "TimeoutError: ")
+    assert at_debug() == []

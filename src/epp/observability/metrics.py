@@ -15,6 +15,7 @@ import platform
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -24,11 +25,14 @@ from epp.datalayer.endpoint import Endpoint
 from epp.observability.answers import Answers
 from epp.observability.discovery import DiscoveryCollector
 from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
+from epp.observability.logs import trace, trace_enabled
 from epp.observability.loop_lag import LoopLagMonitor
 from epp.observability.stale import StaleCacheTracker
 
 if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
+
+log = structlog.get_logger("epp.datalayer")
 
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # 1000 and 5000: the spec's p99 target and alert threshold (deploy/prometheus) are bucket edges.
@@ -85,6 +89,25 @@ class _PodCollector(Collector):
             "Endpoints health does not exclude (0: every request gets 503).",
             value=sum(1 for e in endpoints if not e.excluded),
         )
+
+
+def _trace_report(endpoint: Endpoint) -> None:
+    page = endpoint.metrics
+    trace(
+        log,
+        "pod_report",
+        pod=endpoint.name,
+        failures=endpoint.consecutive_failures,
+        error=endpoint.last_error,
+        waiting=page.waiting if page else None,
+        running=page.running if page else None,
+        kv_usage=page.kv_usage if page else None,
+        prefix_hits=page.prefix_hits if page else None,
+        queue_depth=endpoint.queue_depth,
+        in_flight=endpoint.in_flight,
+        health=round(endpoint.health, 4),
+        excluded=endpoint.excluded,
+    )
 
 
 def scrape_failure_reason(error: str | None) -> str:
@@ -229,6 +252,8 @@ class EppMetrics:
                 self.scrape_failures.labels(reason).inc()
             else:
                 self.stale.scraped(endpoint)
+            if trace_enabled():  # every page of every pod: TRACE only
+                _trace_report(endpoint)
         elif event == "removed":
             self.stale.removed(endpoint)
 
