@@ -175,4 +175,9 @@ def service_page() -> str:
             )
 
     service.discovery = Discovery()
+    # Registered by `epp serve` only with replicas.peers: registered here so that the
+    # documentation and expression checks cover them too.
+    from epp.observability.replica_metrics import ReplicaMetrics
+
+    ReplicaMetrics(metrics.registry)
     return metrics.exposition().decode()
