@@ -275,6 +275,7 @@ SERVICE_MONITOR = _resource(
                             "type": "string",
                             "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
                         },
+                        "honorLabels": {"type": "boolean"},
                     },
                     ["port"],
                 ),
