@@ -31,6 +31,9 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest $(ARGS)
 
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
 # Benchmarks (docs/benchmarks/): virtual time and EPP overhead here; live with the peers
 # below (it installs inference-perf, sglang-router and vllm-router under .bench/ first).
 bench: bench-virtual bench-overhead
