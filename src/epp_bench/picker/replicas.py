@@ -134,8 +134,11 @@ class Replica:
 class Stack:
     """Pods, EPP replicas and one Envoy on 127.0.0.1; everything stopped on exit."""
 
-    def __init__(self, work: Path, pods: int, replicas: int, share: bool) -> None:
+    def __init__(
+        self, work: Path, pods: int, replicas: int, share: bool, envoy: str = "default"
+    ) -> None:
         self.work = work
+        self.envoy_variant = envoy
         self.pod_count = pods
         self.replica_count = replicas
         self.share = share
@@ -243,6 +246,8 @@ class Stack:
                 epp_addresses=[r.address for r in self.replicas],
                 pods=self.pods,
             )
+            if self.envoy_variant == "bare":
+                config = bare_envoy(config)
         path = self.work / "envoy.yaml"
         path.write_text(config)
         argv = [
@@ -255,9 +260,37 @@ class Stack:
             _wait(lambda: _get(f"{self.envoy_url}/v1/models")[0] == 200, "Envoy routing")
         except RuntimeError:
             raise RuntimeError(f"Envoy did not route:\n{log_tail(envoy.log)}") from None
+        if self.replica_count > 1:
+            # gRPC readiness follows /ready within 0.25 s, so a first health check can
+            # fail: start the load once Envoy sees every replica healthy.
+            _wait(lambda: self._envoy_healthy(f"http://{HOST}:{admin}"), "replicas healthy")
+
+    def _envoy_healthy(self, admin: str) -> bool:
+        _, page = _get(f"{admin}/clusters")
+        flags = [
+            line
+            for line in page.decode(errors="replace").splitlines()
+            if line.startswith("epp::") and "::health_flags::" in line
+        ]
+        return len(flags) == self.replica_count and all(f.endswith("::healthy") for f in flags)
 
     def metrics_urls(self) -> dict[str, str]:
         return {f"pod-{i}": f"http://{a}/metrics" for i, a in enumerate(self.pods)}
+
+
+def bare_envoy(config: str) -> str:
+    """The replicas' Envoy config without what makes a death cheap: the routing stream's
+    retry on another replica, outlier ejection and the raised retry limit (the health
+    checks stay). For the comparison row of the failover table."""
+    tree = yaml.safe_load(config)
+    listener = tree["static_resources"]["listeners"][0]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"][0]["typed_config"]["grpc_service"].pop("retry_policy")
+    for cluster in tree["static_resources"]["clusters"]:
+        if cluster["name"] in ("epp", "epp-observer"):
+            cluster.pop("outlier_detection")
+            cluster.pop("circuit_breakers")
+    return yaml.safe_dump(tree, sort_keys=False)
 
 
 # -- scenes (a)-(c) -----------------------------------------------------------------------
@@ -414,8 +447,9 @@ def run_failover(
     sig: signal.Signals,
     duration_s: float,
     signal_at_s: float,
+    envoy: str = "default",
 ) -> FailoverResult:
-    with Stack(work, 4, 2, True) as stack:
+    with Stack(work, 4, 2, True, envoy) as stack:
         victim = stack.replicas[1]
         assert victim.proc is not None
         proc = victim.proc
@@ -509,15 +543,31 @@ def render_page(
         "",
         "## A replica dies under load",
         "",
-        "Two sharing replicas, steady load (each client runs conversations back to back; a"
-        " failed turn ends its conversation). One replica gets the signal mid-run.",
+        "Two sharing replicas behind the generated Envoy config, steady load (each client"
+        " runs conversations back to back, streaming; a failed turn ends its conversation)."
+        " One replica gets the signal halfway through. The row *without retry and ejection*"
+        " is the same config with the routing stream's `retry_policy`, the outlier ejection"
+        " and the raised retry limit removed (health checks kept).",
         "",
+    ]
+    kills = [f for f in failovers if f.signal == "SIGKILL" and "without" not in f.name]
+    if kills:
+        per_kill = ", ".join(str(f.failed) for f in kills)
+        lines += [
+            f"**SIGKILL of one of 2 replicas: {sum(f.failed for f in kills)} failed requests"
+            f" in {len(kills)} kills** (per kill: {per_kill}; at most"
+            f" {max(f.failed for f in kills)}).",
+            "",
+        ]
+    lines += [
         "| scene | requests | failed | failed requests started (s after the signal) |"
         " errors | ok after the signal | ok in the last second |",
         "|---|---:|---:|---|---|---:|---:|",
     ]
     for f in failovers:
-        times = ", ".join(f"{t:+.3f}" for t in f.failed_after_signal) or "-"
+        times = ", ".join(f"{t:+.3f}" for t in f.failed_after_signal[:12]) or "-"
+        if len(f.failed_after_signal) > 12:
+            times += f", ... (window {f.window_s:.3f} s)"
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(f.errors.items())) or "-"
         lines.append(
             f"| {f.name} | {f.requests} | {f.failed} | {times} | {errors}"
@@ -535,6 +585,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clients", type=int, default=8, help="failover: clients at once")
     parser.add_argument("--failover-s", type=float, default=8.0, help="failover: run length")
+    parser.add_argument("--kill-runs", type=int, default=5, help="failover: SIGKILL runs")
     parser.add_argument("--work-dir", type=Path, help="keep logs and configs here")
     parser.add_argument("--out", type=Path, help="write the markdown page here")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -555,8 +606,15 @@ def main(argv: list[str]) -> int:
         signal_at = args.failover_s / 2
         failovers = [
             run_failover(
-                "SIGKILL one of 2", work / "kill", spec, args.clients, signal.SIGKILL,
-                args.failover_s, signal_at,
+                f"SIGKILL one of 2, run {i + 1}", work / f"kill-{i}", spec, args.clients,
+                signal.SIGKILL, args.failover_s, signal_at,
+            )
+            for i in range(args.kill_runs)
+        ]  # fmt: skip
+        failovers += [
+            run_failover(
+                "SIGKILL, Envoy without retry and ejection", work / "kill-bare", spec,
+                args.clients, signal.SIGKILL, args.failover_s, signal_at, envoy="bare",
             ),
             run_failover(
                 "SIGTERM one of 2 (drain)", work / "term", spec, args.clients, signal.SIGTERM,
@@ -566,7 +624,7 @@ def main(argv: list[str]) -> int:
     command = (
         f"epp bench replicas --conversations {args.conversations} --turns {args.turns}"
         f" --concurrency {args.concurrency} --seed {args.seed} --clients {args.clients}"
-        f" --failover-s {args.failover_s:g}"
+        f" --failover-s {args.failover_s:g} --kill-runs {args.kill_runs}"
     )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
