@@ -61,17 +61,6 @@ def test_several_replicas_are_health_checked_ejected_at_once_and_retried_elsewhe
     assert "connect-failure" in retry["retry_on"] and "reset" in retry["retry_on"]
     assert retry["retry_host_predicate"][0]["name"].endswith("previous_hosts")
     assert "http2_protocol_options" in str(epp["typed_extension_protocol_options"])
-    # Observer streams (as long as the response) have a cluster of their own, so least
-    # request balances the routing streams among themselves.
-    observer = clusters(text)["epp-observer"]
-    assert observer["load_assignment"]["endpoints"] == epp["load_assignment"]["endpoints"]
-    assert observer["health_checks"] == epp["health_checks"]
-    hcm_filters = yaml.safe_load(text)["static_resources"]["listeners"][0]["filter_chains"][0][
-        "filters"
-    ][0]["typed_config"]["http_filters"]
-    assert hcm_filters[1]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
-        "epp-observer"
-    )
 
 
 def test_a_name_standing_for_several_replicas_makes_a_dns_cluster():
@@ -96,8 +85,7 @@ def test_tls_applies_to_the_replicas_cluster_and_its_health_checks():
         mode="epp", listen_port=1, admin_port=2, pods=PODS, epp_tls=tls,
         epp_addresses=["10.0.0.1:9002", "10.0.0.2:9002"],
     )  # fmt: skip
-    for name in ("epp", "epp-observer"):
-        assert clusters(text)[name]["transport_socket"]["name"] == "envoy.transport_sockets.tls"
+    assert clusters(text)["epp"]["transport_socket"]["name"] == "envoy.transport_sockets.tls"
 
 
 @pytest.mark.parametrize(

@@ -287,7 +287,7 @@ def bare_envoy(config: str) -> str:
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"][0]["typed_config"]["grpc_service"].pop("retry_policy")
     for cluster in tree["static_resources"]["clusters"]:
-        if cluster["name"] in ("epp", "epp-observer"):
+        if cluster["name"] == "epp":
             cluster.pop("outlier_detection")
             cluster.pop("circuit_breakers")
     return yaml.safe_dump(tree, sort_keys=False)
