@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -294,6 +294,21 @@ class ReplicasConfig(Strict):
         return peers
 
 
+class TokenizerConfig(Strict):
+    """A model's own tokenizer (epp/tokenization/registry.py): the directory holding its
+    tokenizer.json and tokenizer_config.json (special tokens, chat template)."""
+
+    path: Path
+    # vLLM's --chat-template: a template file used instead of the directory's.
+    chat_template_file: Path | None = None
+    # vLLM's --chat-template-content-format: "auto" detects it from the template.
+    content_format: Literal["auto", "string", "openai"] = "auto"
+    # vLLM's --default-chat-template-kwargs.
+    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # Token ids of rendered conversation prefixes kept for the next turn (0: off).
+    cache_mb: float = Field(64.0, ge=0.0, le=65536.0)
+
+
 class EppConfig(Strict):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
@@ -304,6 +319,8 @@ class EppConfig(Strict):
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
     # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
     adapters: dict[str, str] = Field(default_factory=dict)
+    # A model name clients send -> its tokenizer files; other models: the byte estimate.
+    tokenizers: dict[str, TokenizerConfig] = Field(default_factory=dict)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     endpoints_file: Path | None = None
     log_level: Literal["trace", "debug", "info", "warning", "error"] = "info"

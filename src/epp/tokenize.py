@@ -5,7 +5,8 @@ across requests. In approximate mode (the router's own routing history) self-con
 is all that matters, so a byte-level estimate is enough: every 4 bytes of UTF-8 become one
 pseudo-token (the usual ~4 characters per token of English text). A real tokenizer (HF
 `tokenizers` with the model's chat template) plugs in through the same `Tokenizer`
-protocol, which precise mode (matching vLLM's own KV blocks) will need.
+protocol, which precise mode (matching vLLM's own KV blocks) needs: `epp.tokenization`
+(per model, from the model's tokenizer files; the byte estimate stays the default).
 
 Bounded work: the router hashes at most `prefix.max_blocks_per_request` blocks of a prompt,
 so it never needs more than that many tokens. `encode_prefix` / `encode_chat_prefix`
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -36,10 +37,51 @@ BYTES_PER_PSEUDO_TOKEN = 4
 class ChatMessage(msgspec.Struct, frozen=True, gc=False):
     """One chat turn, its content as text. A msgspec Struct: a request body can carry
     hundreds of thousands of turns, and building one costs ~0.1 us (a frozen dataclass
-    costs ~1 us); gc=False because it only ever holds two strings."""
+    costs ~1 us); gc=False because it holds only strings and JSON values (no cycles).
+
+    `content` is the text as vLLM gives it to a chat template that takes strings: text
+    parts joined with "\n". A real chat template may need more, which only a real
+    tokenizer reads (the byte estimate uses role and content alone):
+    - `parts`: the content as a list of parts, for templates that iterate over parts
+      (vLLM's "openai" content format), e.g. `{"type": "text", "text": ...}`,
+      `{"type": "image"}`; None when the content was a plain string.
+    - `extra`: the other keys vLLM passes the template for this turn, already in its
+      shape: `tool_calls` (arguments decoded to objects), `tool_call_id`, `name`,
+      `reasoning` / `reasoning_content`, `tools` (developer turns).
+    """
 
     role: str
     content: str
+    parts: tuple[Mapping[str, Any], ...] | None = None
+    extra: Mapping[str, Any] | None = None
+
+
+class ChatOptions(msgspec.Struct, frozen=True, gc=False):
+    """What a chat request adds to its messages when the engine renders them: the body's
+    `add_generation_prompt` (vLLM's default: true), `continue_final_message`,
+    `add_special_tokens` (default false for chats), `tools` (in vLLM's shape:
+    `{"type": "function", "function": {...}}`), `documents`, `reasoning_effort`, and
+    `chat_template_kwargs`. `source` says which API the body came from: an Anthropic
+    `/v1/messages` body is rendered as vLLM renders it (inline system turns merged into the
+    first when the template requires a leading system turn)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    documents: tuple[Any, ...] | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    source: str = "openai"
+
+
+DEFAULT_CHAT_OPTIONS = ChatOptions()
+
+
+class TokenizationError(ValueError):
+    """The request cannot be rendered or tokenized as the engine would (a chat template
+    raised, or the conversation is malformed for the template). The router answers 400 with
+    the message, as vLLM does for the same request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +112,9 @@ class Tokenizer(Protocol):
         """Token ids of a completion prompt, as an array of unsigned 32-bit ints."""
         ...
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> array:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], options: ChatOptions | None = None
+    ) -> array:
         """Token ids of a chat conversation rendered the way the engine renders it."""
         ...
 
@@ -79,7 +123,10 @@ class Tokenizer(Protocol):
         ...
 
     def encode_chat_prefix(
-        self, messages: Sequence[ChatMessage], max_tokens: int | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int | None = None,
+        options: ChatOptions | None = None,
     ) -> Encoded:
         """At most `max_tokens` leading ids of `encode_chat(messages)`, and its length."""
         ...
@@ -141,7 +188,11 @@ class ByteEstimateTokenizer:
     def encode(self, text: str) -> array:
         return self._encode_bytes(text.encode("utf-8", "surrogatepass"))
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> array:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], options: ChatOptions | None = None
+    ) -> array:
+        # `options` (tools, template arguments) are not rendered: the estimate only has to
+        # agree with itself.
         rendered = "".join(_render(m) for m in messages)
         # The generation prompt sits at the end, so it never shifts an earlier block.
         return self.encode(rendered + _GENERATION_PROMPT)
@@ -166,7 +217,10 @@ class ByteEstimateTokenizer:
         return Encoded(ids, _pseudo_tokens(len(raw) + rest), exact=False)
 
     def encode_chat_prefix(
-        self, messages: Sequence[ChatMessage], max_tokens: int | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int | None = None,
+        options: ChatOptions | None = None,
     ) -> Encoded:
         if max_tokens is None:
             ids = self.encode_chat(messages)

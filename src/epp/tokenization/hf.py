@@ -1,0 +1,518 @@
+"""A model's own tokenizer, from its files, producing the token ids vLLM produces.
+
+`load_tokenizer_dir(DIR)` reads `tokenizer.json` (HF `tokenizers`), and from
+`tokenizer_config.json` the named special tokens and the chat template (or from
+`chat_template.jinja`, which takes precedence as in transformers; a dict of named
+templates uses `tool_use` when the request has tools, else `default`).
+
+What vLLM does, and this reproduces:
+- **Completions** are encoded with `add_special_tokens=True`: the tokenizer's
+  post-processor adds what it adds (Llama 3: BOS first; ChatML models: nothing).
+- **Chats** are rendered through the chat template (`chat_template.py`) and the text is
+  encoded with `add_special_tokens=False` (the template writes its own BOS), unless the
+  body sets `add_special_tokens: true`.
+- The conversation the template sees is vLLM's: content as a string (text parts joined
+  with "\\n") or, for a template that iterates over parts, as a list of parts (a string
+  becomes one text part, no content an empty list); tool turns' text parts joined; tool
+  call arguments decoded to objects; `developer` turns become `system` when the template
+  does not name that role (then every system turn is merged into the first, joined with
+  a blank line); an Anthropic body's inline system turns are merged into the first when
+  the template refuses a later system turn.
+- Template arguments: the configured defaults, then `tools`, then the body's
+  `chat_template_kwargs`, then `add_generation_prompt`, `continue_final_message`,
+  `documents`, `reasoning_effort` (and `enable_thinking`, which vLLM derives from it),
+  later ones winning, null values skipped; the template receives only those it names.
+
+Bounded work: `encode_prefix` / `encode_chat_prefix` return at most `max_tokens` ids,
+encoding a slice of the text's head that grows until it holds `max_tokens` + 16 ids
+and the kept ids end at least two pre-tokenizer pieces before the cut (so a merge across
+the cut cannot change them), and estimate the rest of the count from the slice's
+characters per token. A rendered chat is cut the same way (the template itself renders
+the whole conversation the parser kept: templates may look ahead).
+
+Multi-turn reuse (`cache.py`): before encoding a rendered chat, the longest prefix of it
+that ends at a special token and was encoded before is taken from the cache, and only the
+rest is encoded, after that special token as an anchor (it must come out as that token,
+else the cache is not used for this request). New special-token boundaries of the kept
+ids are stored, at least `min_segment_tokens` apart, and always the last one, so turn
+N + 1 finds turn N's rendering up to its generation prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import tokenizers
+import xxhash
+
+from epp.tokenization.cache import PrefixTokenCache
+from epp.tokenization.chat_template import ChatTemplate
+from epp.tokenize import (
+    DEFAULT_CHAT_OPTIONS,
+    ChatMessage,
+    ChatOptions,
+    Encoded,
+    TokenizationError,
+)
+
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+MARGIN_TOKENS = 16  # ids encoded past the kept head, so merges across the cut cannot reach
+MIN_SEGMENT_TOKENS = 32
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+_UNSET = (None, "auto")
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def _merge(defaults: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None) -> dict:
+    """vLLM's merge_kwargs: overrides win, except their null (and "auto") values."""
+    merged = dict(defaults or {})
+    for key, value in (overrides or {}).items():
+        if not any(value is u or (isinstance(value, str) and value == u) for u in _UNSET):
+            merged[key] = value
+    return merged
+
+
+@dataclass(slots=True)
+class _Piece:
+    """One encode call: `anchor + text[start:end]`, ids after the anchor."""
+
+    encoding: tokenizers.Encoding
+    ids: list[int]  # without the anchor
+    skip: int  # 1 when an anchor leads the encoded string
+    start: int
+    anchor_len: int
+    end: int
+    complete: bool
+
+    def tokens_before(self, pos: int) -> int | None:
+        """How many of `ids` cover text[start:pos], when pos ends a special token."""
+        token = self.encoding.char_to_token(pos - 1 - self.start + self.anchor_len)
+        if token is None:
+            return None
+        return token + 1 - self.skip
+
+
+class HfTokenizer:
+    """The `Tokenizer` protocol over a model's HF tokenizer files (module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        name: str,
+        special_tokens: Mapping[str, str] | None = None,
+        templates: Mapping[str, ChatTemplate] | None = None,
+        default_chat_template_kwargs: Mapping[str, Any] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        min_segment_tokens: int = MIN_SEGMENT_TOKENS,
+    ) -> None:
+        self.name = name
+        self._tok = tokenizer
+        self._encode = tokenizer.encode
+        self._special = dict(special_tokens or {})
+        self._templates = dict(templates or {})
+        self._default_kwargs = dict(default_chat_template_kwargs or {})
+        self.cache = PrefixTokenCache(cache_bytes)
+        self._min_segment = max(1, min_segment_tokens)
+        self._chars_per_token = 4.0
+        self._prefix_ids, self._suffix_ids = self._affixes()
+        self._anchors, self._boundary_re = self._boundary_tokens()
+
+    # -- setup -------------------------------------------------------------------------
+    def _affixes(self) -> tuple[array, array]:
+        """The ids the post-processor adds before and after a single sequence."""
+        probe = "a b"
+        plain = self._encode(probe, add_special_tokens=False).ids
+        full = self._encode(probe, add_special_tokens=True).ids
+        for i in range(len(full) - len(plain) + 1):
+            if full[i : i + len(plain)] == plain:
+                return array("I", full[:i]), array("I", full[i + len(plain) :])
+        raise ValueError(f"{self.name}: the post-processor rewrites the text's ids")
+
+    def _boundary_tokens(self) -> tuple[dict[str, int], re.Pattern[str] | None]:
+        """Added tokens that split the input wherever they occur (no strip or word
+        rules), as boundaries where the encoding can be cut and resumed."""
+        normalizer_free = self._tok.normalizer is None
+        anchors: dict[str, int] = {}
+        for token_id, token in self._tok.get_added_tokens_decoder().items():
+            if token.lstrip or token.rstrip or token.single_word or not token.content:
+                continue
+            if token.normalized and not normalizer_free:
+                continue
+            anchors[token.content] = token_id
+        if not anchors:
+            return anchors, None
+        # Longest first: the tokenizer matches leftmost-longest.
+        alternation = "|".join(re.escape(t) for t in sorted(anchors, key=len, reverse=True))
+        return anchors, re.compile(alternation)
+
+    # -- chat rendering ---------------------------------------------------------------
+    def template_for(self, options: ChatOptions) -> ChatTemplate:
+        if options.tools and "tool_use" in self._templates:
+            return self._templates["tool_use"]
+        template = self._templates.get("default")
+        if template is None:
+            raise TokenizationError(
+                f"the tokenizer of {self.name} has no chat template, so chat requests"
+                " cannot be rendered"
+            )
+        return template
+
+    def render_chat(self, messages: Sequence[ChatMessage], options: ChatOptions | None) -> str:
+        """The conversation as vLLM renders it for this model (text, before encoding)."""
+        opts = options or DEFAULT_CHAT_OPTIONS
+        template = self.template_for(opts)
+        conversation = _conversation(messages, opts, template)
+        extras: dict[str, Any] = {
+            "add_generation_prompt": opts.add_generation_prompt,
+            "continue_final_message": opts.continue_final_message,
+            "documents": list(opts.documents) if opts.documents is not None else None,
+            "reasoning_effort": opts.reasoning_effort,
+        }
+        user = opts.chat_template_kwargs or {}
+        if opts.reasoning_effort is not None and "enable_thinking" not in user:
+            extras["enable_thinking"] = opts.reasoning_effort != "none"
+        tools = [dict(t) for t in opts.tools] if opts.tools is not None else None
+        defaults = _merge(self._default_kwargs, {"tools": tools})
+        kwargs = _merge(defaults, _merge(user, extras))
+        tools_arg = kwargs.pop("tools", None)
+        return template.render(
+            conversation,
+            special_tokens=self._special,
+            tools=tools_arg if isinstance(tools_arg, list) else None,
+            documents=kwargs.pop("documents", None),
+            add_generation_prompt=bool(kwargs.pop("add_generation_prompt", False)),
+            continue_final_message=bool(kwargs.pop("continue_final_message", False)),
+            kwargs=kwargs,
+        )
+
+    # -- the Tokenizer protocol -------------------------------------------------------
+    def encode(self, text: str) -> array:
+        return self.encode_prefix(text, None).ids
+
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], options: ChatOptions | None = None
+    ) -> array:
+        return self.encode_chat_prefix(messages, None, options).ids
+
+    def encode_prefix(self, text: str, max_tokens: int | None = None) -> Encoded:
+        """A completion prompt: `add_special_tokens=True`, as vLLM encodes it."""
+        return self._with_affixes(text, max_tokens)
+
+    def encode_chat_prefix(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int | None = None,
+        options: ChatOptions | None = None,
+    ) -> Encoded:
+        rendered = self.render_chat(messages, options)
+        if options is not None and options.add_special_tokens:
+            return self._with_affixes(rendered, max_tokens)
+        return self.encode_text_head(rendered, max_tokens)
+
+    def _with_affixes(self, text: str, max_tokens: int | None) -> Encoded:
+        """`add_special_tokens=True`: the post-processor's ids around the text's."""
+        prefix, suffix = self._prefix_ids, self._suffix_ids
+        room = None if max_tokens is None else max(0, max_tokens - len(prefix))
+        head = self.encode_text_head(text, room)
+        ids = prefix + head.ids if prefix else head.ids
+        if head.exact and suffix:
+            ids = ids + suffix
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids = ids[:max_tokens]
+        return Encoded(ids, len(prefix) + head.total_tokens + len(suffix), head.exact)
+
+    # -- encoding with the prefix cache -----------------------------------------------
+    def encode_text_head(self, text: str, max_tokens: int | None) -> Encoded:
+        """`add_special_tokens=False` ids of `text`: at most `max_tokens` of them (None: all),
+        reusing and filling the prefix cache."""
+        if max_tokens is not None and max_tokens <= 0:
+            return Encoded(array("I"), self._estimate(len(text)), not text)
+        cap = len(text) if max_tokens is None else min(len(text), max_tokens * 128)
+        boundaries = self._boundaries(text, cap)
+        base: array | None = None
+        base_index = -1
+        cache = self.cache
+        for i in range(len(boundaries) - 1, -1, -1):
+            key = boundaries[i][1]
+            if key in cache:
+                base = cache.get(key)
+                if base is not None:
+                    base_index = i
+                    break
+        piece: _Piece | None = None
+        if base is not None:
+            end, _, anchor = boundaries[base_index]
+            if max_tokens is not None and len(base) >= max_tokens:
+                rest = len(text) - end
+                return Encoded(base[:max_tokens], len(base) + self._estimate(rest), rest == 0)
+            need = None if max_tokens is None else max_tokens - len(base)
+            piece = self._encode_from(text, end, anchor, need)
+        if piece is None or base is None:
+            # No cached prefix, or its anchor did not come out as itself: encode it all.
+            base, base_index = array("I"), -1
+            piece = self._encode_from(text, 0, "", max_tokens)
+            if piece is None:  # unreachable: no anchor, nothing to check
+                raise TokenizationError("the prompt cannot be tokenized")
+        kept = (
+            piece.ids
+            if piece.complete or max_tokens is None
+            else piece.ids[: max_tokens - len(base)]
+        )
+        ids = base + array("I", kept)
+        if piece.complete:
+            total = len(base) + len(piece.ids)
+        else:
+            per_char = len(piece.ids) / max(1, piece.end - piece.start)
+            total = len(base) + len(piece.ids) + math.ceil((len(text) - piece.end) * per_char)
+        self._store(boundaries, base_index, len(base), piece, len(kept), ids)
+        return Encoded(ids, total, piece.complete)
+
+    def _boundaries(self, text: str, cap: int) -> list[tuple[int, int, str]]:
+        """(end, chained key, token) of each special token in text[:cap]."""
+        pattern = self._boundary_re
+        if pattern is None:
+            return []
+        out: list[tuple[int, int, str]] = []
+        key = 0
+        pos = 0
+        for match in pattern.finditer(text, 0, cap):
+            end = match.end()
+            key = _xxh3(text[pos:end].encode("utf-8", "surrogatepass"), key)
+            out.append((end, key, match.group()))
+            pos = end
+        return out
+
+    def _encode_from(self, text: str, start: int, anchor: str, need: int | None) -> _Piece | None:
+        """Encode text[start:] (after `anchor`), or a slice of it holding `need` exact ids."""
+        skip = 1 if anchor else 0
+        remaining = len(text) - start
+        size = (
+            remaining
+            if need is None
+            else max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token))
+        )
+        while True:
+            end = min(len(text), start + size)
+            chunk = text[start:end]
+            try:
+                encoding = self._encode(
+                    anchor + chunk if anchor else chunk, add_special_tokens=False
+                )
+            except Exception as exc:  # the Rust side's errors: bad input
+                raise TokenizationError(f"the prompt cannot be tokenized: {exc}") from None
+            ids = encoding.ids
+            if skip and (not ids or ids[0] != self._anchors[anchor]):
+                return None
+            count = len(ids) - skip
+            if end == len(text):
+                if count and end > start:
+                    self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * (
+                        (end - start) / count
+                    )
+                return _Piece(encoding, ids[skip:], skip, start, len(anchor), end, True)
+            assert need is not None
+            if count >= need + MARGIN_TOKENS:
+                cut_word = encoding.token_to_word(need - 1 + skip) if need > 0 else None
+                last_word = encoding.token_to_word(len(ids) - 1)
+                if need == 0 or cut_word is None or last_word is None or cut_word < last_word - 2:
+                    return _Piece(encoding, ids[skip:], skip, start, len(anchor), end, False)
+            size *= 2
+
+    def _store(
+        self,
+        boundaries: list[tuple[int, int, str]],
+        base_index: int,
+        base_len: int,
+        piece: _Piece,
+        kept: int,
+        ids: array,
+    ) -> None:
+        """Store the new boundaries inside the kept ids, `min_segment` ids apart and the
+        last one always, each chained to the previous stored one."""
+        cache = self.cache
+        if cache.max_bytes == 0:
+            return
+        parent = boundaries[base_index][1] if base_index >= 0 else None
+        parent_len = base_len
+        eligible: list[tuple[int, int]] = []  # (key, ids before the boundary)
+        for end, key, _ in boundaries[base_index + 1 :]:
+            if end > piece.end:
+                break
+            before = piece.tokens_before(end)
+            if before is None or before > kept:
+                break
+            eligible.append((key, base_len + before))
+        for i, (key, count) in enumerate(eligible):
+            last = i == len(eligible) - 1
+            if count - parent_len >= self._min_segment or (last and count > parent_len):
+                cache.put(key, parent, ids[parent_len:count])
+                if key in cache:
+                    parent, parent_len = key, count
+
+    def _estimate(self, chars: int) -> int:
+        return math.ceil(chars / self._chars_per_token)
+
+
+# -- the conversation as vLLM hands it to the template ---------------------------------
+def _conversation(
+    messages: Sequence[ChatMessage], options: ChatOptions, template: ChatTemplate
+) -> list[dict[str, Any]]:
+    if options.source == "anthropic" and template.requires_leading_system:
+        # vLLM's /v1/messages: every system text (the top-level one first) joined into
+        # one leading system turn.
+        systems = [m.content for m in messages if m.role == "system"]
+        if systems:
+            messages = [
+                ChatMessage("system", "".join(systems)),
+                *(m for m in messages if m.role != "system"),
+            ]
+    openai = template.content_format == "openai"
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        content: Any
+        if not openai:
+            content = message.content
+        elif message.parts is None:
+            content = [{"type": "text", "text": message.content}]
+        elif message.role == "tool" and all(p.get("type") == "text" for p in message.parts):
+            content = message.content  # vLLM joins a tool turn's text parts
+        else:
+            content = [dict(p) for p in message.parts]
+        turn: dict[str, Any] = {"role": message.role, "content": content}
+        if message.extra:
+            turn.update(message.extra)
+        out.append(turn)
+    if not template.supports_developer and any(t["role"] == "developer" for t in out):
+        out = _developer_as_system(out)
+    return out
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(
+            p if isinstance(p, str) else str(p["text"])
+            for p in content
+            if isinstance(p, str) or (isinstance(p, dict) and "text" in p)
+        )
+    return content or ""
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM, for a template without a `developer` role: developer turns become system
+    turns (without their tools), and when a system turn is then not first, or there are
+    several, all of them are merged into one leading turn, joined with a blank line."""
+    turns = [
+        {k: v for k, v in t.items() if k != "tools"} | {"role": "system"}
+        if t["role"] == "developer"
+        else t
+        for t in conversation
+    ]
+    texts: list[str] = []
+    rest: list[dict[str, Any]] = []
+    merge = False
+    for i, turn in enumerate(turns):
+        if turn["role"] == "system":
+            if i > 0 or texts:
+                merge = True
+            text = _text_of(turn.get("content"))
+            if text:
+                texts.append(text)
+        else:
+            rest.append(turn)
+    if not merge:
+        return turns
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
+
+
+# -- loading ------------------------------------------------------------------------------
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_tokenizer_dir(
+    path: Path | str,
+    *,
+    name: str | None = None,
+    chat_template_file: Path | str | None = None,
+    content_format: Literal["auto", "string", "openai"] = "auto",
+    default_chat_template_kwargs: Mapping[str, Any] | None = None,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    now: Callable[[], datetime] = datetime.now,
+) -> HfTokenizer:
+    """An HfTokenizer from a directory holding `tokenizer.json` (required),
+    `tokenizer_config.json`, `special_tokens_map.json` and `chat_template.jinja`
+    (optional). Raises ValueError naming the file for anything unreadable."""
+    directory = Path(path)
+    tokenizer_file = directory / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ValueError(f"{directory}: no tokenizer.json")
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # the Rust side's parse errors
+        raise ValueError(f"{tokenizer_file}: {exc}") from None
+    config_file = directory / "tokenizer_config.json"
+    config = _read_json(config_file) if config_file.is_file() else {}
+    map_file = directory / "special_tokens_map.json"
+    token_map = _read_json(map_file) if map_file.is_file() else {}
+    special: dict[str, str] = {}
+    for key in SPECIAL_TOKEN_NAMES:
+        value = _token_text(config.get(key)) or _token_text(token_map.get(key))
+        if value is not None:
+            special[key] = value
+    sources: dict[str, str] = {}
+    raw: Any = config.get("chat_template")
+    if isinstance(raw, str):
+        sources["default"] = raw
+    elif isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                sources[item["name"]] = str(item.get("template", ""))
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        sources["default"] = jinja_file.read_text(encoding="utf-8")
+    if chat_template_file is not None:
+        sources = {"default": Path(chat_template_file).read_text(encoding="utf-8")}
+    templates = {
+        key: ChatTemplate(source, content_format=content_format, now=now)
+        for key, source in sources.items()
+    }
+    return HfTokenizer(
+        tok,
+        name=name or f"hf:{directory.name}",
+        special_tokens=special,
+        templates=templates,
+        default_chat_template_kwargs=default_chat_template_kwargs,
+        cache_bytes=cache_bytes,
+    )
