@@ -63,16 +63,19 @@ def test_envoy_accepts_it(path, tmp_path):
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
-def test_it_asks_the_epp_service_by_name_and_dials_the_pod_it_names():
+def test_it_asks_every_epp_replica_by_the_headless_name_and_dials_the_pod_it_names():
     config = yaml.safe_load(OUTPUTS[generate.STATIC_FILE])
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
     epp = clusters["epp"]
+    # Every replica's address (deploy/kubernetes/epp-peers-service.yaml), health-checked:
+    # the ClusterIP Service would pin Envoy's one HTTP/2 connection to one replica.
     assert epp["type"] == "STRICT_DNS"
     (endpoint,) = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert endpoint["endpoint"]["address"]["socket_address"] == {
-        "address": "epp",
+        "address": "epp-peers",
         "port_value": 9002,
     }
+    assert epp["health_checks"][0]["grpc_health_check"] == {"service_name": "readiness"}
     assert clusters["pods"]["type"] == "ORIGINAL_DST"
     assert (
         clusters["pods"]["original_dst_lb_config"]["http_header_name"]

@@ -120,6 +120,14 @@ values still wins, unlike a merge).
 {{- $_ := set $server "tls" $tls -}}
 {{- end -}}
 {{- $_ := set $config "server" $server -}}
+{{- /* Replicas find each other through the headless Service (templates/service-peers.yaml). */ -}}
+{{- $replicas := dict -}}
+{{- if hasKey $config "replicas" -}}
+{{- $replicas = get $config "replicas" -}}
+{{- end -}}
+{{- $_ := set $replicas "peers" (list (printf "%s-peers:%v" (include "epp.fullname" .) .Values.ports.peers)) -}}
+{{- $_ := set $replicas "listen_port" .Values.ports.peers -}}
+{{- $_ := set $config "replicas" $replicas -}}
 {{- toYaml $config -}}
 {{- end -}}
 
