@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from epp.conversation import media_stand_in
 from epp.request import RequestRejected, parse_request
 
 ADAPTERS = {"sql-lora": "base"}
@@ -239,11 +240,21 @@ def test_unknown_fields_are_skipped_whatever_they_hold():
     assert parse_request(COMPLETION, raw, ADAPTERS).prompt.text == "x"
 
 
-def test_media_parts_hash_as_their_json_and_accept_bytearray_bodies():
+def test_media_parts_stand_in_by_their_json_hash_and_accept_bytearray_bodies():
     part = {"type": "image_url", "image_url": {"url": "data:x", "detail": "é"}}
-    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    other = {"type": "image_url", "image_url": {"url": "data:y"}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}],
+    }
     req = parse_request(CHAT, bytearray(json.dumps(body).encode()), ADAPTERS)
-    assert req.prompt.messages[0].content == json.dumps(part, sort_keys=True, separators=(",", ":"))
+    message = req.prompt.messages[0]
+    # vLLM puts media placeholders before the text: a stand-in per part, by its JSON hash.
+    assert message.content == media_stand_in("image", part) + "\nlook"
+    assert message.content.startswith("<image:") and media_stand_in(
+        "image", other
+    ) != media_stand_in("image", part)
+    assert message.parts == ({"type": "text", "text": "look"}, {"type": "image"})
 
 
 def test_everything_accepted_can_be_encoded_downstream():

@@ -1,8 +1,10 @@
-"""OpenAI request bodies -> the few facts the scheduler needs.
+"""OpenAI and Anthropic request bodies -> the few facts the scheduler needs.
 
 Only what routing uses is extracted: model (and the LoRA adapter it names), the prompt
-(completion text, token ids, or chat messages), stream and cache_salt. Everything else
-in the body is passed to the pod untouched. Malformed input raises `RequestRejected`
+(completion text, token ids, or chat messages with what the chat template also reads:
+tools, chat_template_kwargs, add_generation_prompt, ...), stream and cache_salt.
+Anthropic `/v1/messages` bodies become the same chat prompt, converted as vLLM converts
+them (`epp.conversation`). Everything else in the body is passed to the pod untouched. Malformed input raises `RequestRejected`
 carrying the HTTP status and an OpenAI-style message; it never raises anything else.
 """
 
@@ -19,7 +21,15 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ChatMessage
+from epp.conversation import (
+    BadConversation,
+    anthropic_reasoning_effort,
+    anthropic_tools,
+    anthropic_turns,
+    openai_tools,
+    openai_turn,
+)
+from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ChatMessage, ChatOptions
 
 # Routing hashes at most prefix.max_blocks_per_request (8,192) blocks of 16 tokens: the
 # parser keeps that much of a prompt by default (see Prompt).
@@ -27,8 +37,9 @@ DEFAULT_MAX_PROMPT_TOKENS = 8192 * 16
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API (vLLM serves it too)
 
-RequestKind = Literal["completion", "chat", "other"]
+RequestKind = Literal["completion", "chat", "messages", "other"]
 
 
 class RequestRejected(Exception):
@@ -80,12 +91,14 @@ class Prompt:
     `max_prompt_tokens` ids, or the first turns covering at least that many pseudo-tokens.
     `omitted_tokens` counts the rest: exactly for ids, estimated for turns (their JSON
     bytes / 4). The rest is checked as JSON, not as ids or turns: the engine validates it.
+    `chat` carries, with messages, what the engine's chat template reads besides them.
     """
 
     text: str | None = None
     token_ids: array | None = None
     messages: tuple[ChatMessage, ...] | None = None
     omitted_tokens: int = 0
+    chat: ChatOptions | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +128,18 @@ class _Body(msgspec.Struct, gc=False):
     stream: Any = msgspec.UNSET
     prompt: msgspec.Raw = msgspec.Raw()
     messages: msgspec.Raw = msgspec.Raw()
+    # What a chat template reads besides the messages (absent: not decoded at all).
+    tools: msgspec.Raw = msgspec.Raw()
+    chat_template_kwargs: msgspec.Raw = msgspec.Raw()
+    documents: msgspec.Raw = msgspec.Raw()
+    add_generation_prompt: Any = msgspec.UNSET
+    continue_final_message: Any = msgspec.UNSET
+    add_special_tokens: Any = msgspec.UNSET
+    reasoning_effort: Any = None
+    # Anthropic /v1/messages
+    system: msgspec.Raw = msgspec.Raw()
+    thinking: msgspec.Raw = msgspec.Raw()
+    output_config: msgspec.Raw = msgspec.Raw()
 
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
@@ -124,6 +149,13 @@ class _Message(msgspec.Struct, gc=False):
     role: Annotated[str, msgspec.Meta(min_length=1)]
     # None: assistant turns with tool calls carry no content.
     content: str | list[Any] | None = None
+    # Read by chat templates (absent in most turns: decoded only when present).
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    name: Any = None
+    reasoning: Any = None
+    tools: Any = None
+    task: Any = None
 
 
 _BODY = msgspec.json.Decoder(_Body)
@@ -133,6 +165,9 @@ _PROMPT_IDS = msgspec.json.Decoder(list[TokenId])
 _PROMPT_ID_LISTS = msgspec.json.Decoder(list[list[TokenId]])
 _MESSAGES = msgspec.json.Decoder(list[_Message])
 _MESSAGE_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+_KWARGS = msgspec.json.Decoder(dict[str, Any])
+_PLAIN = frozenset({"system", "user", "assistant"})  # turns without template extras
 _JSON_TURN_EXTRA = 12
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff) is legal only as a high-low pair.
 _UNPAIRED_SURROGATE = re.compile(
@@ -211,62 +246,135 @@ def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     raise _bad("'prompt' must be a string, a list of strings, or token ids", "prompt")
 
 
-def _content_text(content: str | list[Any] | None, index: int) -> str:
-    if content is None:
-        return ""  # assistant turns with tool calls carry no content
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if not isinstance(part, dict):
-            raise _bad(f"messages[{index}].content parts must be objects", "messages")
-        if part.get("type") == "text":
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _bad(f"messages[{index}] text part needs a string 'text'", "messages")
-            parts.append(text)
-        else:
-            # Images and audio: stand in with their reference so equal media hash equal.
-            try:
-                parts.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
-            except (ValueError, TypeError, RecursionError):
-                raise _bad(
-                    f"messages[{index}].content has a part that cannot be read", "messages"
-                ) from None
-    return "\n".join(parts)
-
-
-def _chat_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
+def _head_of_list(
+    raw: msgspec.Raw, max_tokens: int, param: str, what: str
+) -> tuple[bytes, int, list[int]]:
+    """A JSON list's head: the first elements whose JSON holds twice the bytes of
+    `max_tokens` pseudo-tokens (escapes make JSON longer than its text). Returns the head
+    as a JSON list, how many elements it keeps, and the running byte ends of all."""
     if _is_null(raw):
-        raise _bad("a chat request needs a non-empty 'messages' list", "messages")
+        raise _bad(f"{what} needs a non-empty '{param}' list", param)
     try:
         raws = _MESSAGE_RAWS.decode(raw)
     except msgspec.ValidationError:
-        raise _bad("a chat request needs a non-empty 'messages' list", "messages") from None
+        raise _bad(f"{what} needs a non-empty '{param}' list", param) from None
     if not raws:
-        raise _bad("a chat request needs a non-empty 'messages' list", "messages")
-    # The head: the first turns whose JSON holds twice the bytes of `max_tokens`
-    # pseudo-tokens (escapes make JSON longer than its text), decoded and validated at once.
+        raise _bad(f"{what} needs a non-empty '{param}' list", param)
     ends = list(accumulate(map(len, raws)))
     keep = min(len(raws), bisect_left(ends, 2 * BYTES_PER_PSEUDO_TOKEN * max_tokens) + 1)
-    head = raw if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
+    head = bytes(raw) if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
+    return head, keep, ends
+
+
+def _omitted(ends: list[int], keep: int) -> int:
+    # A turn's JSON ({"role": "", "content": ""}, ~24 bytes) is ~12 bytes longer than its
+    # rendering (<||>\n<|end|>\n, 13): subtract that per omitted turn.
+    omitted_bytes = max(0, ends[-1] - ends[keep - 1] - _JSON_TURN_EXTRA * (len(ends) - keep))
+    return -(-omitted_bytes // BYTES_PER_PSEUDO_TOKEN)
+
+
+def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Prompt:
+    head, keep, ends = _head_of_list(raw, max_tokens, "messages", "a chat request")
     try:
         messages = _MESSAGES.decode(head)
     except msgspec.ValidationError as exc:
         # "Expected `object`, got `str` - at `$[0]`" -> "... at `messages[0]`"
         detail = str(exc).replace("`$", "`messages")
         raise _bad(f"invalid 'messages': {detail}", "messages") from None
-    turns = [
-        ChatMessage(m.role, m.content)
-        if type(m.content) is str
-        # content None or a list of parts: the uncommon case
-        else ChatMessage(m.role, _content_text(m.content, i))
-        for i, m in enumerate(messages)
-    ]
-    # A turn's JSON ({"role": "", "content": ""}, ~24 bytes) is ~12 bytes longer than its
-    # rendering (<||>\n<|end|>\n, 13): subtract that per omitted turn.
-    omitted_bytes = max(0, ends[-1] - ends[keep - 1] - _JSON_TURN_EXTRA * (len(raws) - keep))
-    return Prompt(messages=tuple(turns), omitted_tokens=-(-omitted_bytes // BYTES_PER_PSEUDO_TOKEN))
+    try:
+        turns = [
+            ChatMessage(m.role, m.content)
+            # the common case: a plain string turn with nothing else for the template
+            if type(m.content) is str
+            and m.role in _PLAIN
+            and m.tool_calls is None
+            and m.name is None
+            and m.reasoning is None
+            and not (m.role == "system" and m.content.startswith("x-anthropic-billing"))
+            else openai_turn(
+                m.role,
+                m.content,
+                i,
+                tool_calls=m.tool_calls,
+                tool_call_id=m.tool_call_id,
+                name=m.name,
+                reasoning=m.reasoning,
+                tools=m.tools,
+                task=m.task,
+            )
+            for i, m in enumerate(messages)
+        ]
+    except BadConversation as exc:
+        raise _bad(exc.message, exc.param) from None
+    return Prompt(messages=tuple(turns), omitted_tokens=_omitted(ends, keep), chat=options)
+
+
+def _messages_prompt(data: _Body, max_tokens: int, options: ChatOptions) -> Prompt:
+    """An Anthropic /v1/messages body as a chat prompt (epp.conversation)."""
+    head, keep, ends = _head_of_list(data.messages, max_tokens, "messages", "a messages request")
+    try:
+        messages = _ANY.decode(head)
+        system = None if _is_null(data.system) else _ANY.decode(data.system)
+        turns = anthropic_turns(system, messages)
+    except BadConversation as exc:
+        raise _bad(exc.message, exc.param) from None
+    if not turns:
+        raise _bad("a messages request needs at least one message with content", "messages")
+    return Prompt(messages=tuple(turns), omitted_tokens=_omitted(ends, keep), chat=options)
+
+
+def _bool_field(value: Any, name: str, default: bool) -> bool:
+    if value is msgspec.UNSET or value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _chat_options(data: _Body, kind: RequestKind) -> ChatOptions:
+    """What the chat template reads from the body besides the messages."""
+    kwargs = None
+    if not _is_null(data.chat_template_kwargs):
+        try:
+            kwargs = _KWARGS.decode(data.chat_template_kwargs)
+        except msgspec.ValidationError:
+            raise _bad("'chat_template_kwargs' must be an object", "chat_template_kwargs") from None
+    try:
+        if kind == "messages":
+            tools = None if _is_null(data.tools) else anthropic_tools(_ANY.decode(data.tools))
+            thinking = None if _is_null(data.thinking) else _ANY.decode(data.thinking)
+            output = None if _is_null(data.output_config) else _ANY.decode(data.output_config)
+            return ChatOptions(
+                tools=tools,
+                reasoning_effort=anthropic_reasoning_effort(thinking, output),
+                chat_template_kwargs=kwargs,
+                source="anthropic",
+            )
+        tools = None if _is_null(data.tools) else openai_tools(_ANY.decode(data.tools))
+    except BadConversation as exc:
+        raise _bad(exc.message, exc.param) from None
+    documents = None
+    if not _is_null(data.documents):
+        decoded = _ANY.decode(data.documents)
+        if not isinstance(decoded, list):
+            raise _bad("'documents' must be a list", "documents")
+        documents = tuple(decoded)
+    effort = data.reasoning_effort
+    if effort is not None and not isinstance(effort, str):
+        raise _bad("'reasoning_effort' must be a string", "reasoning_effort")
+    return ChatOptions(
+        add_generation_prompt=_bool_field(
+            data.add_generation_prompt, "add_generation_prompt", True
+        ),
+        continue_final_message=_bool_field(
+            data.continue_final_message, "continue_final_message", False
+        ),
+        add_special_tokens=_bool_field(data.add_special_tokens, "add_special_tokens", False),
+        tools=tools,
+        documents=documents,
+        reasoning_effort=effort,
+        chat_template_kwargs=kwargs,
+    )
 
 
 def kind_of(path: str) -> RequestKind:
@@ -275,6 +383,8 @@ def kind_of(path: str) -> RequestKind:
         return "completion"
     if route == CHAT_PATH:
         return "chat"
+    if route == MESSAGES_PATH:
+        return "messages"
     return "other"
 
 
@@ -285,7 +395,8 @@ def parse_request(
     *,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
 ) -> InferenceRequest:
-    """Parse an OpenAI request body; `adapters` maps adapter names to their base model.
+    """Parse an OpenAI or Anthropic request body; `adapters` maps adapter names to their
+    base model.
 
     The body is decoded with msgspec (measured 1.4-2.3x faster than `json.loads` on large
     bodies, see docs/benchmarks/pause.md), which also rejects what `json.loads` would let
@@ -322,7 +433,9 @@ def parse_request(
         if kind == "completion":
             prompt = _completion_prompt(data.prompt, max_prompt_tokens)
         elif kind == "chat":
-            prompt = _chat_prompt(data.messages, max_prompt_tokens)
+            prompt = _chat_prompt(data.messages, max_prompt_tokens, _chat_options(data, kind))
+        elif kind == "messages":
+            prompt = _messages_prompt(data, max_prompt_tokens, _chat_options(data, kind))
         else:
             prompt = Prompt()
     except msgspec.DecodeError as exc:  # the raw value was validated already: defensive

@@ -18,8 +18,8 @@ from array import array
 from dataclasses import dataclass
 
 from epp.prefix.hashing import BlockHash, block_hashes
-from epp.request import Prompt
-from epp.tokenize import Encoded, Tokenizer
+from epp.request import Prompt, RequestRejected
+from epp.tokenize import Encoded, TokenizationError, Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +47,11 @@ def encode_head(prompt: Prompt, tokenizer: Tokenizer, max_tokens: int | None) ->
         return Encoded(head, len(ids))
     if prompt.messages is not None:
         chat = getattr(tokenizer, "encode_chat_prefix", None)
+        # Template inputs besides the messages go only to tokenizers that take them.
+        extra = {} if prompt.chat is None else {"options": prompt.chat}
         if chat is not None:
-            return chat(prompt.messages, max_tokens)
-        return _cut(tokenizer.encode_chat(prompt.messages), max_tokens)
+            return chat(prompt.messages, max_tokens, **extra)
+        return _cut(tokenizer.encode_chat(prompt.messages, **extra), max_tokens)
     if prompt.text is not None:
         text = getattr(tokenizer, "encode_prefix", None)
         if text is not None:
@@ -64,9 +66,14 @@ def prompt_blocks(
     """Token count and leading block hashes (at most `max_blocks`) of one prompt.
 
     `seed` is `chain_seed(model, adapter, cache_salt)`; `max_blocks` is
-    `config.prefix.max_blocks_per_request`.
+    `config.prefix.max_blocks_per_request`. A prompt the tokenizer cannot render (a chat
+    template that refuses the conversation) raises RequestRejected (400), as vLLM
+    answers the same request.
     """
-    encoded = encode_head(prompt, tokenizer, max_blocks * block_size)
+    try:
+        encoded = encode_head(prompt, tokenizer, max_blocks * block_size)
+    except TokenizationError as exc:
+        raise RequestRejected(400, str(exc), reason="invalid-request", param="messages") from None
     hashes = block_hashes(encoded.ids, block_size, seed, max_blocks)
     # The parser may have kept only the prompt's head: add what it counted of the rest
     # (exact for token ids, estimated for chat turns).

@@ -271,11 +271,7 @@ class HfTokenizer:
             piece = self._encode_from(text, 0, "", max_tokens)
             if piece is None:  # unreachable: no anchor, nothing to check
                 raise TokenizationError("the prompt cannot be tokenized")
-        kept = (
-            piece.ids
-            if piece.complete or max_tokens is None
-            else piece.ids[: max_tokens - len(base)]
-        )
+        kept = piece.ids if max_tokens is None else piece.ids[: max_tokens - len(base)]
         ids = base + array("I", kept)
         if piece.complete:
             total = len(base) + len(piece.ids)
