@@ -6,19 +6,43 @@ flattened into its nodes, and walking a request's hashes in order is walking the
 from the root. Lookup stops at the first block nobody holds, so its cost is bounded by
 the length of the longest cached prefix, not by the size of the index.
 
-Each pod's blocks sit in an LRU bounded by a capacity (the pod's real KV size when known),
-so the index cannot grow without bound and forgets what the pod must have evicted too.
+Each pod learns its blocks in one of two modes (`set_precise`):
 
-No single request takes over a pod's memory: `record` keeps at most
-`max_record_fraction` of the pod's capacity (at least one block) from the prompt's head
-and drops the tail. A huge prompt therefore evicts at most that fraction of what the index
-held for the pod, and its head (the part other requests can share) is what is kept.
+- **Approximate** (the default): `record` says the router sent the pod this prefix, so
+  the pod is assumed to hold it. The pod's blocks sit in an LRU bounded by a capacity (the
+  pod's real KV size when known), so the index cannot grow without bound and forgets what
+  the pod must have evicted too. No single request takes over a pod's memory: `record`
+  keeps at most `max_record_fraction` of the pod's capacity (at least one block) from the
+  prompt's head and drops the tail.
+- **Precise**: the pod's engine says what it stored and evicted (vLLM KV events, applied
+  by `epp.prefix.precise`). Each engine block is kept under the engine's own hash with
+  the router's key(s) for it (`store_engine_blocks`, `remove_engine_blocks`), so that an
+  eviction names what to forget. `record` then adds *predicted* entries that live
+  `predicted_ttl_s` (about 2 s): a burst of requests sharing a new prefix lands on one pod
+  before the engine's events arrive; an event storing the block confirms the entry, else
+  it expires. The capacity bounds the engine blocks kept (counted in the engine's
+  blocks), a safety net for removals that never came.
+
+Memory (the field's routers have run out of it; docs/benchmarks/index.md measures this):
+
+- pods are small integer ids, and a block maps to a bitmask of the pods holding it (an
+  int) rather than a set of names: a block held by one pod costs one dict entry whose
+  value is the pod's shared bit object;
+- the approximate LRU is exact but needs no linked list: recent blocks are the keys of a
+  plain dict in recency order (a touch pops and re-inserts), older ones an array of
+  8-byte hashes consumed from the front. When the array is used up, the dict becomes the
+  next array. A plain dict cannot be popped from the front cheaply (CPython scans the
+  deleted slots before the first live one), and the array never needs that.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+import heapq
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from epp.prefix.hashing import BlockHash
@@ -28,25 +52,118 @@ if TYPE_CHECKING:
 
 
 DEFAULT_MAX_RECORD_FRACTION = 0.5
+DEFAULT_PREDICTED_TTL_S = 2.0
+
+EngineKeys = BlockHash | tuple[BlockHash, ...]
+"""The router's key(s) for one engine block: one key when both use the same block size, a
+tuple when an engine block spans several of ours; () when the block's keys are unknown (its
+parent was never seen): it is kept so that its eviction and its children are recognised,
+but it matches nothing."""
+
+_MISSING = object()
+_EMPTY: list[BlockHash] = []  # never mutated: `old` is replaced, not appended to
+
+
+def _frozen(blocks: dict[BlockHash, None]) -> array | list[BlockHash]:
+    """The blocks in order, 8 bytes each; a list for hashes outside 0..2**64-1 (the
+    router's are xxh64 digests, always inside; tests may use Python's signed hash())."""
+    try:
+        return array("Q", blocks)
+    except OverflowError:
+        return list(blocks)
+
+
+class _Pod:
+    """One pod's blocks. Only the fields of its mode are in use; switching mode clears them."""
+
+    __slots__ = (
+        "bit",
+        "capacity",
+        "engine",
+        "extra_copies",
+        "name",
+        "old",
+        "old_live",
+        "old_pos",
+        "pod_id",
+        "precise",
+        "predicted",
+        "young",
+    )
+
+    def __init__(self, name: str, pod_id: int, capacity: int) -> None:
+        self.name = name
+        self.pod_id = pod_id
+        self.bit = 1 << pod_id
+        self.capacity = capacity
+        self.precise = False
+        # Approximate: LRU in two generations. `young` holds the recently used blocks in
+        # recency order; `old[old_pos:]` the older ones, oldest first, of which `old_live`
+        # are still held (a block touched again moved to `young`, leaving a stale copy).
+        self.young: dict[BlockHash, None] = {}
+        self.old: array | list[BlockHash] = _EMPTY
+        self.old_pos = 0
+        self.old_live = 0
+        # Precise: engine hash -> our key(s), in the order stored; engine hashes stored
+        # more than once (an engine may cache one hash twice) -> the number of extra copies.
+        self.engine: dict[int, EngineKeys] = {}
+        self.extra_copies: dict[int, int] | None = None
+        # Precise: our key -> expiry of a predicted entry not yet confirmed by an event.
+        self.predicted: dict[BlockHash, float] = {}
+
+    def size(self) -> int:
+        if self.precise:
+            return len(self.engine) + len(self.predicted)
+        return len(self.young) + self.old_live
 
 
 class PrefixIndex:
     def __init__(
-        self, capacity_per_pod: int, max_record_fraction: float = DEFAULT_MAX_RECORD_FRACTION
+        self,
+        capacity_per_pod: int,
+        max_record_fraction: float = DEFAULT_MAX_RECORD_FRACTION,
+        *,
+        predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity_per_pod < 1:
             raise ValueError("capacity_per_pod must be at least 1")
         if not 0.0 < max_record_fraction <= 1.0:
             raise ValueError("max_record_fraction must be in (0, 1]")
+        if not predicted_ttl_s > 0.0:
+            raise ValueError("predicted_ttl_s must be > 0")
         self.default_capacity = capacity_per_pod
         self.max_record_fraction = max_record_fraction
-        self._holders: dict[BlockHash, set[str]] = {}
-        self._lru: dict[str, OrderedDict[BlockHash, None]] = {}
-        self._capacity: dict[str, int] = {}
+        self.predicted_ttl_s = predicted_ttl_s
+        self._clock = clock
+        # block -> bitmask of the ids of the pods holding it (never 0: the key goes)
+        self._holders: dict[BlockHash, int] = {}
+        self._pods: dict[str, _Pod] = {}
+        self._names: list[str | None] = []  # pod id -> name
+        self._free_ids: list[int] = []  # a heap: the lowest id is reused first
+        self._capacity: dict[str, int] = {}  # set_capacity, kept while a pod has no blocks
+        # (expiry, pod, keys) of predicted entries, in expiry order (one TTL for all).
+        self._expiries: deque[tuple[float, _Pod, list[BlockHash]]] = deque()
+        # Engine blocks dropped by the capacity bound of a precise pod (their removal
+        # events were lost, or the bound is below the pod's real KV size).
+        self.precise_capacity_evictions = 0
 
     @classmethod
-    def from_config(cls, config: PrefixConfig) -> PrefixIndex:
-        return cls(config.capacity_per_pod, config.max_record_fraction)
+    def from_config(
+        cls,
+        config: PrefixConfig,
+        *,
+        predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> PrefixIndex:
+        return cls(
+            config.capacity_per_pod,
+            config.max_record_fraction,
+            predicted_ttl_s=predicted_ttl_s,
+            clock=clock,
+        )
+
+    # -- lookup ------------------------------------------------------------------------
 
     def record_limit(self, pod: str) -> int:
         """The most blocks one `record` call keeps for the pod (its prompt's head)."""
@@ -54,93 +171,360 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Per pod, how many blocks from the start of `hashes` it holds without a gap."""
+        expiries = self._expiries
+        if expiries and expiries[0][0] <= self._clock():
+            self.expire(self._clock())
+        if not hashes:
+            return {}
         holders_of = self._holders.get
+        active = holders_of(hashes[0], 0)
+        if not active:
+            return {}
+        names = self._names
         matched: dict[str, int] = {}
-        active: set[str] | None = None
         depth = 0
         for depth, block in enumerate(hashes):
-            holders = holders_of(block)
-            if not holders:
-                break
-            if active is None:
-                active = set(holders)
-            elif not active <= holders:
-                survivors = active & holders
-                for pod in active - survivors:
-                    matched[pod] = depth
-                active = survivors
+            both = active & holders_of(block, 0)
+            if both != active:
+                dropped = active ^ both
+                while dropped:
+                    low = dropped & -dropped
+                    matched[names[low.bit_length() - 1]] = depth  # type: ignore[index]
+                    dropped ^= low
+                active = both
                 if not active:
-                    break
+                    return matched
         else:
             depth = len(hashes)
-        for pod in active or ():
-            matched[pod] = depth
+        while active:
+            low = active & -active
+            matched[names[low.bit_length() - 1]] = depth  # type: ignore[index]
+            active ^= low
         return matched
 
-    def record(self, pod: str, hashes: Sequence[BlockHash]) -> None:
-        """The pod now holds these blocks (it served, or reported, this prefix).
+    # -- the router's view: record ------------------------------------------------------
 
-        Only the first `record_limit(pod)` blocks are kept: one prompt never pushes out
-        more than that share of what the index remembers for the pod."""
+    def record(self, pod: str, hashes: Sequence[BlockHash], now: float | None = None) -> None:
+        """The router sent the pod this prefix (or a peer replica did).
+
+        Approximate pod: it now holds these blocks. Precise pod: predicted entries that
+        live `predicted_ttl_s` from `now` (default: the index's clock) unless an event
+        confirms them. Only the first `record_limit(pod)` blocks are kept: one prompt
+        never pushes out more than that share of what the index remembers for the pod."""
+        slot = self._slot(pod)
         limit = self.record_limit(pod)
         if len(hashes) > limit:
             hashes = hashes[:limit]
-        lru = self._lru.get(pod)
-        if lru is None:
-            lru = self._lru[pod] = OrderedDict()
+        if slot.precise:
+            self._predict(slot, hashes, self._clock() if now is None else now)
+            return
+        young = slot.young
         holders = self._holders
+        holders_of = holders.get
+        bit = slot.bit
+        pop = young.pop
         # Touch the last block first, so the prefix's head is the most recently used: an
         # engine evicts a sequence's tail before its head, and so must the index.
         for block in reversed(hashes):
-            if block in lru:
-                lru.move_to_end(block)
-            else:
-                lru[block] = None
-                pods = holders.get(block)
-                if pods is None:
-                    holders[block] = {pod}
+            if pop(block, _MISSING) is _MISSING:
+                mask = holders_of(block)
+                if mask is None:
+                    holders[block] = bit
+                elif mask & bit:
+                    slot.old_live -= 1  # in the old generation: it moves to the young one
                 else:
-                    pods.add(pod)
-        self._evict(pod, lru)
+                    holders[block] = mask | bit
+            young[block] = None
+        self._evict_lru(slot)
+
+    def predict(self, pod: str, hashes: Sequence[BlockHash], now: float) -> None:
+        """`record` at time `now` (the same for an approximate pod)."""
+        self.record(pod, hashes, now)
+
+    def expire(self, now: float) -> int:
+        """Drop predicted entries whose time is up and that no event confirmed; how many."""
+        expiries = self._expiries
+        dropped = 0
+        while expiries and expiries[0][0] <= now:
+            expires, slot, keys = expiries.popleft()
+            predicted = slot.predicted
+            bit = slot.bit
+            for key in keys:
+                # Refreshed by a later prediction, confirmed, or the pod was cleared: skip.
+                if predicted.get(key) == expires:
+                    del predicted[key]
+                    self._clear_bit(key, bit)
+                    dropped += 1
+        return dropped
+
+    # -- pods ---------------------------------------------------------------------------
 
     def set_capacity(self, pod: str, capacity: int) -> None:
         capacity = max(1, min(capacity, self.default_capacity))
         if self._capacity.get(pod) != capacity:
             self._capacity[pod] = capacity
-            lru = self._lru.get(pod)
-            if lru is not None:
-                self._evict(pod, lru)
+            slot = self._pods.get(pod)
+            if slot is not None:
+                slot.capacity = capacity
+                if slot.precise:
+                    self._bound_engine(slot)
+                    self._bound_predicted(slot)
+                else:
+                    self._evict_lru(slot)
+
+    def set_precise(self, pod: str, precise: bool) -> None:
+        """Switch the pod's mode. Its blocks are forgotten when the mode changes: the
+        router's guesses are not the engine's word, and without events the engine's word
+        goes stale."""
+        slot = self._pods.get(pod)
+        if slot is None:
+            if not precise:
+                return
+            slot = self._slot(pod)
+        if slot.precise != precise:
+            self._clear(slot)
+            slot.precise = precise
+
+    def is_precise(self, pod: str) -> bool:
+        slot = self._pods.get(pod)
+        return slot is not None and slot.precise
 
     def remove_pod(self, pod: str) -> None:
-        for block in self._lru.pop(pod, ()):
-            self._drop_holder(block, pod)
+        slot = self._pods.pop(pod, None)
+        if slot is not None:
+            self._clear(slot)
+            self._names[slot.pod_id] = None
+            heapq.heappush(self._free_ids, slot.pod_id)
         self._capacity.pop(pod, None)
 
     def clear_pod(self, pod: str) -> None:
-        """The pod's cache was reset (engine restart): forget its blocks, keep its capacity."""
-        for block in self._lru.pop(pod, ()):
-            self._drop_holder(block, pod)
+        """The pod's cache was reset (engine restart): forget its blocks, keep its capacity
+        and its mode."""
+        slot = self._pods.get(pod)
+        if slot is not None:
+            self._clear(slot)
 
     def blocks(self, pod: str) -> int:
-        return len(self._lru.get(pod, ()))
+        """Blocks held for the pod: approximate, our blocks; precise, the engine blocks its
+        events stored plus the predicted entries."""
+        slot = self._pods.get(pod)
+        return 0 if slot is None else slot.size()
 
     def capacity(self, pod: str) -> int:
         return self._capacity.get(pod, self.default_capacity)
+
+    def pods(self) -> list[str]:
+        return list(self._pods)
 
     @property
     def nodes(self) -> int:
         """Distinct prefixes (tree nodes) held by at least one pod."""
         return len(self._holders)
 
-    def _evict(self, pod: str, lru: OrderedDict[BlockHash, None]) -> None:
-        excess = len(lru) - self._capacity.get(pod, self.default_capacity)
-        for _ in range(excess):
-            block, _ = lru.popitem(last=False)
-            self._drop_holder(block, pod)
+    @property
+    def entries(self) -> int:
+        """(block, pod) entries across all pods (as `blocks` counts them)."""
+        return sum(slot.size() for slot in self._pods.values())
 
-    def _drop_holder(self, block: BlockHash, pod: str) -> None:
-        pods = self._holders.get(block)
-        if pods is not None:
-            pods.discard(pod)
-            if not pods:
+    # -- precise mode: the engine's blocks -----------------------------------------------
+
+    def engine_block(self, pod: str, engine_hash: int) -> EngineKeys | None:
+        """Our key(s) for one of the pod's engine blocks; None if the pod does not hold it."""
+        slot = self._pods.get(pod)
+        return None if slot is None else slot.engine.get(engine_hash)
+
+    def store_engine_blocks(
+        self, pod: str, engine_hashes: Sequence[int], keys: Sequence[BlockHash], per_block: int
+    ) -> bool:
+        """The precise pod stored these engine blocks; block i has our keys
+        `keys[i*per_block:(i+1)*per_block]` (`keys` empty: unknown keys, stored as ()).
+        Their predicted entries are confirmed. False (nothing done) unless the pod is
+        precise."""
+        slot = self._pods.get(pod)
+        if slot is None or not slot.precise:
+            return False
+        engine = slot.engine
+        holders = self._holders
+        holders_of = holders.get
+        pop_predicted = slot.predicted.pop
+        bit = slot.bit
+        known = bool(keys)
+        for i, engine_hash in enumerate(engine_hashes):
+            if engine_hash in engine:
+                copies = slot.extra_copies
+                if copies is None:
+                    copies = slot.extra_copies = {}
+                copies[engine_hash] = copies.get(engine_hash, 0) + 1
+                continue
+            if not known:
+                engine[engine_hash] = ()
+                continue
+            if per_block == 1:
+                key = keys[i]
+                engine[engine_hash] = key
+                mask = holders_of(key)
+                if mask is None:
+                    holders[key] = bit
+                elif not mask & bit:
+                    holders[key] = mask | bit
+                pop_predicted(key, None)
+                continue
+            group = tuple(keys[i * per_block : (i + 1) * per_block])
+            engine[engine_hash] = group
+            for key in group:
+                mask = holders_of(key)
+                if mask is None:
+                    holders[key] = bit
+                elif not mask & bit:
+                    holders[key] = mask | bit
+                pop_predicted(key, None)
+        if len(engine) > slot.capacity:
+            self._bound_engine(slot)
+        return True
+
+    def remove_engine_blocks(self, pod: str, engine_hashes: Iterable[int]) -> int:
+        """The precise pod evicted these engine blocks; how many it was known to hold."""
+        slot = self._pods.get(pod)
+        if slot is None or not slot.precise:
+            return 0
+        found = 0
+        for engine_hash in engine_hashes:
+            if self._drop_engine_block(slot, engine_hash):
+                found += 1
+        return found
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _slot(self, pod: str) -> _Pod:
+        slot = self._pods.get(pod)
+        if slot is None:
+            if self._free_ids:
+                pod_id = heapq.heappop(self._free_ids)
+                self._names[pod_id] = pod
+            else:
+                pod_id = len(self._names)
+                self._names.append(pod)
+            slot = self._pods[pod] = _Pod(pod, pod_id, self.capacity(pod))
+        return slot
+
+    def _clear_bit(self, block: BlockHash, bit: int) -> None:
+        mask = self._holders.get(block)
+        if mask is not None and mask & bit:
+            mask ^= bit
+            if mask:
+                self._holders[block] = mask
+            else:
                 del self._holders[block]
+
+    def _clear(self, slot: _Pod) -> None:
+        clear_bit = self._clear_bit
+        bit = slot.bit
+        for block in slot.young:
+            clear_bit(block, bit)
+        for raw in islice(slot.old, slot.old_pos, None):
+            clear_bit(BlockHash(raw), bit)
+        for keys in slot.engine.values():
+            if isinstance(keys, int):
+                clear_bit(keys, bit)
+            else:
+                for block in keys:
+                    clear_bit(block, bit)
+        for block in slot.predicted:
+            clear_bit(block, bit)
+        slot.young = {}
+        slot.old = _EMPTY
+        slot.old_pos = slot.old_live = 0
+        slot.engine = {}
+        slot.extra_copies = None
+        slot.predicted = {}
+
+    def _evict_lru(self, slot: _Pod) -> None:
+        excess = len(slot.young) + slot.old_live - slot.capacity
+        if excess <= 0:
+            return
+        clear_bit = self._clear_bit
+        bit = slot.bit
+        while excess > 0:
+            if slot.old_pos >= len(slot.old):
+                # The old generation is used up: the young one, in recency order, is next.
+                slot.old = _frozen(slot.young)
+                slot.young = {}
+                slot.old_pos = 0
+                slot.old_live = len(slot.old)
+            old, young, pos = slot.old, slot.young, slot.old_pos
+            end = len(old)
+            while excess > 0 and pos < end:
+                block = old[pos]
+                pos += 1
+                if block in young:
+                    continue  # touched since: this copy is stale
+                clear_bit(BlockHash(block), bit)
+                slot.old_live -= 1
+                excess -= 1
+            slot.old_pos = pos
+        if slot.old_pos >= len(slot.old):
+            slot.old = _EMPTY
+            slot.old_pos = 0
+
+    def _predict(self, slot: _Pod, hashes: Sequence[BlockHash], now: float) -> None:
+        expires = now + self.predicted_ttl_s
+        predicted = slot.predicted
+        holders = self._holders
+        holders_of = holders.get
+        bit = slot.bit
+        fresh: list[BlockHash] = []
+        for block in hashes:
+            if predicted.pop(block, None) is None:
+                mask = holders_of(block)
+                if mask is None:
+                    holders[block] = bit
+                elif mask & bit:
+                    continue  # the engine said it holds it: nothing to predict
+                else:
+                    holders[block] = mask | bit
+            predicted[block] = expires
+            fresh.append(block)
+        if fresh:
+            self._expiries.append((expires, slot, fresh))
+            if len(predicted) > slot.capacity:
+                self._bound_predicted(slot)
+
+    def _bound_predicted(self, slot: _Pod) -> None:
+        excess = len(slot.predicted) - slot.capacity
+        if excess > 0:
+            predicted = slot.predicted
+            for block in list(islice(predicted, excess)):  # the oldest predictions
+                del predicted[block]
+                self._clear_bit(block, slot.bit)
+
+    def _bound_engine(self, slot: _Pod) -> None:
+        # Removals come from the engine, so this bound is a safety net. It drops a slack of
+        # 1/32 more than needed at once: a dict is slow to pop from the front one at a time.
+        engine = slot.engine
+        excess = len(engine) - slot.capacity
+        if excess > 0:
+            excess += slot.capacity >> 5
+            for engine_hash in list(islice(engine, excess)):
+                self._drop_engine_block(slot, engine_hash)
+            self.precise_capacity_evictions += excess
+
+    def _drop_engine_block(self, slot: _Pod, engine_hash: int) -> bool:
+        copies = slot.extra_copies
+        if copies:
+            extra = copies.get(engine_hash)
+            if extra is not None:
+                if extra > 1:
+                    copies[engine_hash] = extra - 1
+                else:
+                    del copies[engine_hash]
+                return True
+        keys = slot.engine.pop(engine_hash, None)
+        if keys is None:
+            return False
+        bit = slot.bit
+        if isinstance(keys, int):
+            self._clear_bit(keys, bit)
+        else:
+            for key in keys:
+                self._clear_bit(key, bit)
+        return True

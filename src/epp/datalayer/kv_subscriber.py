@@ -1,0 +1,480 @@
+"""One pod's vLLM KV events over ZMQ, kept in step with the pod (the I/O of precise mode).
+
+A `KvEventSubscriber` per followed pod:
+
+- **Live**: a SUB socket connected to the pod's publisher, subscribed to its topic (a ZMQ
+  prefix filter). A message is `[topic, seq (8 bytes, big-endian), payload]`; the payload
+  is decoded (`epp.prefix.kv_events`) and applied to the index (`epp.prefix.precise`)
+  in slices of bounded work, yielding to the event loop between slices, so that a burst
+  of events never holds the loop for long (`slice_ms`).
+- **Sequence gaps** (a batch lost: the publisher's queue overflowed, the network dropped
+  it): the missed batches are asked from the pod's replay socket (DEALER to its ROUTER:
+  `[b"", start seq]` -> `[b"", (topic,) seq, payload]` ... then seq ff..ff) and applied
+  before the message that revealed the gap. If the replay does not cover the gap, or
+  does not answer within `resync_timeout_s`, the pod's entries are dropped rather than
+  trusted, and the subscriber goes on from the live message.
+- **(Re)connection**: every time the ZMQ handshake with the publisher succeeds (first
+  connect, and every reconnect: ZMQ reconnects by itself, with backoff up to
+  `reconnect_max_s`), the pod's entries are dropped and rebuilt from a full replay (from
+  seq 0: whatever the pod's buffer holds). A disconnect drops the entries at once: the
+  publisher's process may be gone with its cache.
+- **Publisher restart**: the sequence going back, a restart seen elsewhere (`restarted()`:
+  the store saw the pod's counters go back) or a new start time (`observe_start_time`)
+  drops the pod's entries and resyncs, even without a replay socket.
+- **Idle probe**: with a replay socket, after `probe_interval_s` without messages the
+  subscriber asks for the batches after the last one it applied; a lost last batch is
+  found this way instead of at the next message.
+- **Mode** `auto`: the pod becomes precise (`sink.attach`) when its publisher completes a
+  handshake, and goes back to approximate (`sink.detach`) after `fallback_after_s`
+  without a connection. Mode `precise`: precise from the start, never approximate.
+
+Bad input never ends the subscriber: every message is decoded defensively, and an
+unexpected error in one cycle is logged, counted, and followed by a resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import structlog
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from epp.prefix.kv_events import (
+    REPLAY_END_SEQ,
+    DecodeLimits,
+    KvEvent,
+    KvEventDecoder,
+    KvEventStats,
+    decode_seq,
+    encode_seq,
+    split_events,
+)
+
+log = structlog.get_logger("epp.kv_subscriber")
+
+Mode = Literal["auto", "precise"]
+
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+class KvEventSink(Protocol):
+    """Where a subscriber sends a pod's events: `epp.prefix.precise.PreciseIndex`."""
+
+    def attach(self, pod: str, model: str | None) -> None: ...
+
+    def detach(self, pod: str) -> None: ...
+
+    def reset_pod(self, pod: str) -> None: ...
+
+    def apply_events(self, pod: str, events: Sequence[KvEvent]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberSettings:
+    resync_timeout_s: float = 2.0  # a replay that sends nothing for this long failed
+    replay_max_s: float = 30.0  # a whole replay longer than this failed
+    probe_interval_s: float = 5.0  # idle: ask the replay socket what came after the last
+    fallback_after_s: float = 10.0  # auto: disconnected this long -> approximate
+    reconnect_ivl_s: float = 0.1
+    reconnect_max_s: float = 2.0
+    slice_ms: float = 4.0  # apply at most about this long before yielding to the loop
+    slice_blocks: int = 1024  # and cut events into pieces of at most this many blocks
+    rcvhwm: int = 100_000  # live messages queued in ZMQ while a replay runs
+    limits: DecodeLimits = field(default_factory=DecodeLimits)
+
+
+@dataclass(slots=True)
+class SubscriberState:
+    """What a metrics module or /debug page may show per pod."""
+
+    connected: bool = False
+    attached: bool = False  # precise
+    next_seq: int | None = None  # the next sequence number expected
+    messages: int = 0  # live messages applied
+    replayed: int = 0  # batches applied from replays
+    duplicates: int = 0  # live messages a replay had already applied
+    gaps: int = 0  # sequence gaps seen
+    restarts: int = 0  # publisher restarts detected (sequence back, start time, reset)
+    resyncs: int = 0  # full resyncs (drop + replay from 0)
+    replay_failures: int = 0  # replays that timed out, broke, or did not cover the gap
+    disconnects: int = 0
+    errors: int = 0  # unexpected errors in a cycle (logged)
+    last_message_at: float | None = None
+    connected_at: float | None = None
+    disconnected_at: float | None = None
+
+
+class _ReplayFailed(Exception):
+    pass
+
+
+class KvEventSubscriber:
+    def __init__(
+        self,
+        pod: str,
+        endpoint: str,
+        sink: KvEventSink,
+        *,
+        model: str | None,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        mode: Mode = "auto",
+        settings: SubscriberSettings | None = None,
+        stats: KvEventStats | None = None,
+        context: zmq.asyncio.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pod = pod
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.model = model
+        self.mode: Mode = mode
+        self.settings = settings or SubscriberSettings()
+        self.stats = stats or KvEventStats()
+        self.decoder = KvEventDecoder(self.settings.limits, self.stats)
+        self.state = SubscriberState()
+        self._sink = sink
+        self._own_context = context is None
+        self._context = context or zmq.asyncio.Context()
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._resync_reason: str | None = None  # a full resync is due
+        self._skip_through = -1  # live seqs up to this were applied by a replay
+        self._start_time: float | None = None
+        self._slice_started = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        if self.mode == "precise":
+            self._attach()
+        self._open()
+        self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.pod}")
+
+    async def close(self, detach: bool = True) -> None:
+        """Stop and close the sockets; with `detach`, the pod goes back to approximate
+        mode with no entries (its events no longer keep them true)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._close_sockets()
+        if self._own_context:
+            self._context.term()
+        if detach and self.state.attached:
+            self._sink.detach(self.pod)
+            self.state.attached = False
+        self.state.connected = False
+
+    # -- signals from elsewhere ------------------------------------------------------------
+
+    def restarted(self, reason: str = "engine_restart") -> None:
+        """The pod's engine restarted (seen in its metrics): its entries go now, and are
+        rebuilt from a full resync on the next cycle (within about a second)."""
+        self.state.restarts += 1
+        self.stats.add("publisher_restarts")
+        if self.state.attached:
+            self._sink.reset_pod(self.pod)
+        self.state.next_seq = None
+        self._resync_reason = reason
+
+    def observe_start_time(self, start_time: float) -> None:
+        """The pod's process or engine start time, from its metrics: a change is a
+        restart, even if the sequence numbers never went back."""
+        if self._start_time is not None and start_time != self._start_time:
+            self.restarted("start_time_changed")
+        self._start_time = start_time
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        settings = self.settings
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, settings.rcvhwm)
+        sub.setsockopt(zmq.RECONNECT_IVL, max(1, int(settings.reconnect_ivl_s * 1000)))
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(settings.reconnect_max_s * 1000)))
+        # ZMQ's own hard cap (it drops the connection): above the decoder's limit, which
+        # counts and refuses what is between the two.
+        sub.setsockopt(zmq.MAXMSGSIZE, settings.limits.max_payload_bytes * 2 + 65_536)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        self._monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
+        sub.connect(self.endpoint)
+        self._sub = sub
+
+    def _close_sockets(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disable_monitor()
+            self._sub.close(linger=0)
+            self._sub = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    async def _run(self) -> None:
+        sub, monitor = self._sub, self._monitor
+        assert sub is not None and monitor is not None
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        while True:
+            try:
+                ready = dict(await poller.poll(self._poll_timeout_ms()))
+                if monitor in ready:
+                    await self._on_monitor(monitor)
+                if self._resync_reason is not None and self.state.connected:
+                    await self._full_resync(self._resync_reason)
+                if sub in ready:
+                    await self._drain(sub)
+                await self._timers()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.state.errors += 1
+                self.stats.problem("subscriber_error", pod=self.pod, error=repr(exc)[:200])
+                if self.state.attached:
+                    self._sink.reset_pod(self.pod)
+                self.state.next_seq = None
+                self._resync_reason = "error"
+                await asyncio.sleep(self.settings.reconnect_ivl_s)
+
+    def _poll_timeout_ms(self) -> int:
+        return 1000 if self._resync_reason is None else 100
+
+    async def _on_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                frames = await monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)["event"]
+            now = self._clock()
+            state = self.state
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                state.connected = True
+                state.connected_at = now
+                if not state.attached:
+                    self._attach()
+                log.info("kv_events_connected", pod=self.pod, endpoint=self.endpoint)
+                self._resync_reason = "connected"
+            elif event == zmq.EVENT_DISCONNECTED and state.connected:
+                state.connected = False
+                state.disconnected_at = now
+                state.disconnects += 1
+                self.stats.add("disconnects")
+                if state.attached:
+                    self._sink.reset_pod(self.pod)  # the publisher may be gone with its cache
+                state.next_seq = None
+                self._skip_through = -1
+                log.info("kv_events_disconnected", pod=self.pod, endpoint=self.endpoint)
+
+    async def _timers(self) -> None:
+        state = self.state
+        now = self._clock()
+        if (
+            self.mode == "auto"
+            and state.attached
+            and not state.connected
+            and state.disconnected_at is not None
+            and now - state.disconnected_at >= self.settings.fallback_after_s
+        ):
+            self._sink.detach(self.pod)
+            state.attached = False
+            log.info("kv_events_fallback_approximate", pod=self.pod)
+        if (
+            self.replay_endpoint is not None
+            and state.connected
+            and state.next_seq is not None
+            and now - (state.last_message_at or state.connected_at or now)
+            >= self.settings.probe_interval_s
+        ):
+            state.last_message_at = now  # one probe per interval
+            try:
+                await self._replay(state.next_seq, gap=True)
+            except _ReplayFailed as exc:
+                state.replay_failures += 1
+                self.stats.problem("probe_failed", pod=self.pod, error=str(exc))
+
+    def _attach(self) -> None:
+        self._sink.attach(self.pod, self.model)
+        self.state.attached = True
+        log.info("kv_events_precise", pod=self.pod)
+
+    async def _drain(self, sub: zmq.asyncio.Socket) -> None:
+        """Every message queued now, yielding to the loop between slices."""
+        self._slice_started = time.perf_counter()
+        while True:
+            try:
+                frames = await sub.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            await self._on_message(frames)
+            if self._resync_reason is not None:
+                await self._full_resync(self._resync_reason)
+
+    async def _on_message(self, frames: list[bytes]) -> None:
+        state = self.state
+        if len(frames) != 3 or (seq := decode_seq(frames[1])) is None:
+            self.stats.problem("malformed_frames", pod=self.pod, frames=len(frames))
+            return
+        state.last_message_at = self._clock()
+        if not state.attached:
+            return  # auto mode before a handshake was seen: nothing to keep yet
+        expected = state.next_seq
+        if seq <= self._skip_through:
+            state.duplicates += 1
+            return
+        self._skip_through = -1
+        if expected is not None and seq != expected:
+            if seq < expected:
+                # The sequence went back: a new publisher (its process restarted).
+                state.restarts += 1
+                self.stats.problem("publisher_restarts", pod=self.pod, seq=seq, expected=expected)
+                await self._full_resync("sequence_back")
+                if seq <= self._skip_through:
+                    return
+            else:
+                state.gaps += 1
+                self.stats.problem("gaps", pod=self.pod, missed=seq - expected)
+                await self._fill_gap(expected, seq)
+        await self._apply_payload(frames[2], seq)
+        state.messages += 1
+
+    async def _apply_payload(self, payload: bytes, seq: int) -> None:
+        batch = self.decoder.decode(payload, self.pod)
+        self.state.next_seq = seq + 1
+        if batch is None:
+            # A batch we cannot read is a batch lost: what it changed is unknown.
+            self._sink.reset_pod(self.pod)
+            return
+        await self._apply_events(batch.events)
+
+    async def _apply_events(self, events: Sequence[KvEvent]) -> None:
+        budget = self.settings.slice_ms / 1000.0
+        for piece in split_events(events, self.settings.slice_blocks):
+            self._sink.apply_events(self.pod, piece)
+            if time.perf_counter() - self._slice_started >= budget:
+                await asyncio.sleep(0)
+                self._slice_started = time.perf_counter()
+
+    async def _fill_gap(self, start: int, live_seq: int) -> None:
+        try:
+            last = await self._replay(start, gap=True, until=live_seq)
+            if last != live_seq - 1:
+                raise _ReplayFailed(f"the replay ended at {last}, before {live_seq - 1}")
+        except _ReplayFailed as exc:
+            self.state.replay_failures += 1
+            self.stats.problem("resync_failures", pod=self.pod, error=str(exc))
+            self._sink.reset_pod(self.pod)
+        self._skip_through = -1
+        self.state.next_seq = live_seq
+
+    async def _full_resync(self, reason: str) -> None:
+        """Drop the pod's entries and rebuild them from whatever the replay buffer holds."""
+        self._resync_reason = None
+        state = self.state
+        state.resyncs += 1
+        self.stats.add("resyncs")
+        self._sink.reset_pod(self.pod)
+        state.next_seq = None
+        self._skip_through = -1
+        if self.replay_endpoint is None:
+            return  # live events from now on
+        try:
+            await self._replay(0, gap=False)
+        except _ReplayFailed as exc:
+            state.replay_failures += 1
+            self.stats.problem("resync_failures", pod=self.pod, cause=reason, error=str(exc))
+            self._sink.reset_pod(self.pod)
+            state.next_seq = None
+            self._skip_through = -1
+        log.info(
+            "kv_events_resynced",
+            pod=self.pod,
+            reason=reason,
+            next_seq=state.next_seq,
+        )
+
+    async def _replay(self, start: int, *, gap: bool, until: int | None = None) -> int | None:
+        """Apply the buffered batches from `start` (up to `until`, exclusive), set
+        `next_seq` after the last and return its seq (None: the buffer had none). For a
+        gap, a buffer that no longer reaches back to `start` drops the pod's entries
+        first (what was missed is unknown). Raises _ReplayFailed when the socket does not
+        answer in time or sends garbage."""
+        assert self.replay_endpoint is not None
+        settings = self.settings
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, settings.limits.max_payload_bytes * 2 + 65_536)
+        dealer.connect(self.replay_endpoint)
+        state = self.state
+        first = True
+        last: int | None = None
+        try:
+            await dealer.send_multipart((b"", encode_seq(start)))
+            deadline = self._clock() + settings.replay_max_s
+            while True:
+                wait = min(settings.resync_timeout_s, deadline - self._clock())
+                if wait <= 0 or not await dealer.poll(int(wait * 1000)):
+                    raise _ReplayFailed("the replay socket did not answer in time")
+                frames = await dealer.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) < 2 or (seq := decode_seq(frames[-2])) is None:
+                    raise _ReplayFailed(f"a replay message of {len(frames)} frames")
+                if seq == REPLAY_END_SEQ:
+                    break
+                if seq < start or (until is not None and seq >= until):
+                    continue
+                if last is not None and seq != last + 1:
+                    raise _ReplayFailed(f"replay jumped from {last} to {seq}")
+                if first:
+                    first = False
+                    if gap and seq != start:
+                        # The buffer lost what we missed: start over from what it holds.
+                        self.stats.problem("resync_partial", pod=self.pod, wanted=start, got=seq)
+                        self._sink.reset_pod(self.pod)
+                self._slice_started = time.perf_counter()
+                await self._apply_payload(frames[-1], seq)
+                state.replayed += 1
+                last = seq
+        finally:
+            dealer.close(linger=0)
+        if last is not None:
+            state.next_seq = last + 1
+            self._skip_through = last
+        elif not gap:
+            state.next_seq = None  # an empty buffer: the next live message starts the count
+        return last
+
+
+def format_endpoint(template: str, address: str, model: str | None, name: str) -> str | None:
+    """A configured template (`tcp://{host}:5557`, `kv@{host}:{port}@{model}`) for one pod
+    whose `address` is ip:port; None if it names the model and the model is unknown."""
+    host, _, port = address.rpartition(":")
+    if model is None and "{model}" in template:
+        return None
+    return template.format(host=host, port=port, model=model or "", name=name)
+
+
+def topic_prefix(template: str, address: str, model: str | None, name: str) -> str:
+    """The topic filter for a pod: the template formatted, cut before `{model}` when the
+    model is not known yet (ZMQ filters by prefix, so this still selects the pod)."""
+    if model is None and "{model}" in template:
+        template = template.split("{model}", 1)[0]
+    host, _, port = address.rpartition(":")
+    return template.format(host=host, port=port, model=model or "", name=name)

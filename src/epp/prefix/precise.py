@@ -1,0 +1,269 @@
+"""Precise mode: a pod's own KV events decide what the index says it holds.
+
+`PreciseIndex.apply(pod, batch)` applies one decoded batch (`epp.prefix.kv_events`) of a
+followed pod to the prefix index (`epp.prefix.index`), in order:
+
+- `BlockStored`: each engine block is keyed by the router's own chained hash of its
+  `token_ids` (`epp.prefix.hashing`), exactly as the router hashes a request's prompt, so
+  a request matches what the engine really holds. The chain starts from the parent's key
+  (looked up by the engine's `parent_block_hash`), or at prompt start from
+  `chain_seed(model or LoRA name, LoRA name, cache_salt)`, the router's own seed: the
+  LoRA name comes from `lora_name` (or, from engines that do not send it, the first extra
+  key of block 0 when `lora_id` is set) and `cache_salt` from block 0's extra keys, as
+  the engine mixes them. Extra keys we cannot reproduce (multimodal hashes) are mixed
+  into the key, so those blocks never match a text prompt, as they should not. An engine
+  block of k x `block_size` tokens gives k keys of ours; a size that is not a multiple of
+  ours is counted (`unsupported_block_size`) and kept unmatchable.
+- A parent the index does not know (the router restarted, the replay buffer did not go
+  back far enough) is not dropped silently: the blocks are kept under their engine hashes
+  with no key (`unknown_parent`), so that their eviction is recognised and their
+  children are known to be unmatchable too. They match nothing; a resync replaces them.
+- `BlockRemoved`: the engine hash names our keys; they are dropped for this pod only.
+- `AllBlocksCleared`: the pod's entries are all dropped (its predicted entries too).
+- Blocks on other tiers (`medium` CPU, disk) and KV cache groups other than full
+  attention are ignored, and counted.
+
+Predicted entries are the index's (`PrefixIndex.record` on a precise pod): a block the
+engine reports confirms its prediction; unconfirmed ones expire after the TTL.
+
+Everything here is synchronous, bounded by the events given, and touches only the named
+pod's bit in the index: bad input for one pod never changes another pod's entries.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import xxhash
+
+from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
+from epp.prefix.index import PrefixIndex
+from epp.prefix.kv_events import (
+    MEDIUM_GPU,
+    SPEC_FULL_ATTENTION,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    KvEventStats,
+)
+
+_encode = msgspec.msgpack.Encoder().encode
+_NO_KEYS: tuple[BlockHash, ...] = ()
+
+
+def request_seed(model: str | None, lora_name: str | None, cache_salt: str | None) -> int:
+    """The chain seed the router uses for a request served as `lora_name` (an adapter) or
+    else as `model` (epp.routing: `chain_seed(served, adapter, cache_salt)`)."""
+    return chain_seed(lora_name or model or "", lora_name, cache_salt)
+
+
+class PreciseIndex:
+    """Applies the KV events of followed (`attach`ed) pods to a PrefixIndex."""
+
+    def __init__(
+        self, index: PrefixIndex, block_size: int, stats: KvEventStats | None = None
+    ) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        self.index = index
+        self.block_size = block_size
+        self.stats = stats or KvEventStats()
+        self._models: dict[str, str | None] = {}
+
+    # -- pods -------------------------------------------------------------------------
+
+    def attach(self, pod: str, model: str | None) -> None:
+        """Follow the pod's events: it is precise from now on. `model` is the name it
+        serves (what clients put in `model`), the root of its chain seeds. Its
+        approximate entries are dropped; so are its precise ones if the model changed."""
+        if pod in self._models and self._models[pod] != model:
+            self.index.clear_pod(pod)
+        self._models[pod] = model
+        self.index.set_precise(pod, True)
+
+    def detach(self, pod: str) -> None:
+        """Stop following the pod: it is approximate again, with no entries."""
+        self._models.pop(pod, None)
+        self.index.set_precise(pod, False)
+
+    def remove_pod(self, pod: str) -> None:
+        self._models.pop(pod, None)
+        self.index.remove_pod(pod)
+
+    def is_attached(self, pod: str) -> bool:
+        return pod in self._models
+
+    def reset_pod(self, pod: str) -> None:
+        """Drop the pod's entries (a resync starts, the publisher restarted, events were
+        lost): the pod stays precise and followed."""
+        if pod in self._models:
+            self.index.clear_pod(pod)
+
+    # -- events -----------------------------------------------------------------------
+
+    def apply(self, pod: str, batch: EventBatch) -> int:
+        return self.apply_events(pod, batch.events)
+
+    def apply_events(self, pod: str, events: Sequence[KvEvent]) -> int:
+        """Apply events in order; the number of engine blocks they named. Events for a
+        pod that is not attached are dropped and counted."""
+        if pod not in self._models or not self.index.is_precise(pod):
+            self.stats.problem("unknown_pod", len(events), pod=pod)
+            return 0
+        blocks = 0
+        for event in events:
+            if isinstance(event, BlockStored):
+                blocks += len(event.block_hashes)
+                self._stored(pod, event)
+            elif isinstance(event, BlockRemoved):
+                blocks += len(event.block_hashes)
+                self._removed(pod, event)
+            elif isinstance(event, AllBlocksCleared):
+                self.index.clear_pod(pod)
+                self.stats.add("all_blocks_cleared")
+        return blocks
+
+    def _removed(self, pod: str, event: BlockRemoved) -> None:
+        stats = self.stats
+        if event.medium not in (None, MEDIUM_GPU):
+            stats.add("ignored_medium", len(event.block_hashes))
+            return
+        if event.group_idx:
+            stats.add("ignored_group", len(event.block_hashes))
+            return
+        found = self.index.remove_engine_blocks(pod, event.block_hashes)
+        stats.add("blocks_removed", found)
+        if found != len(event.block_hashes):
+            stats.add("unknown_removals", len(event.block_hashes) - found)
+
+    def _stored(self, pod: str, event: BlockStored) -> None:
+        stats = self.stats
+        hashes = event.block_hashes
+        n = len(hashes)
+        if event.medium not in (None, MEDIUM_GPU):
+            stats.add("ignored_medium", n)
+            return
+        if event.group_idx or event.kv_cache_spec_kind not in (None, SPEC_FULL_ATTENTION):
+            stats.add("ignored_group", n)
+            return
+        index = self.index
+        stats.add("blocks_stored", n)
+        ours = self.block_size
+        if event.block_size % ours:
+            stats.problem(
+                "unsupported_block_size",
+                n,
+                pod=pod,
+                engine_block_size=event.block_size,
+                block_size=ours,
+            )
+            index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
+            return
+        per_block = event.block_size // ours
+        if event.parent_block_hash is None:
+            seed = self._root_seed(pod, event)
+            if seed is None:
+                stats.add("opaque_extra_keys", n)
+                index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
+                return
+        else:
+            parent = index.engine_block(pod, event.parent_block_hash)
+            if not parent:  # None: never seen; (): seen, but its keys are unknown
+                stats.add("unknown_parent", n)
+                index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
+                return
+            seed = parent if isinstance(parent, int) else parent[-1]
+        try:
+            tokens = array("I", event.token_ids)
+        except (OverflowError, TypeError):
+            stats.problem("invalid_event", pod=pod, error="a token id outside 0..2**32-1")
+            index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
+            return
+        opaque = self._opaque(event)
+        if opaque is None:
+            keys = block_hashes(tokens, ours, seed)
+        else:
+            stats.add("opaque_extra_keys", sum(1 for item in opaque if item is not None))
+            keys = _keys_with_extras(tokens, event.block_size, ours, seed, opaque)
+        index.store_engine_blocks(pod, hashes, keys, per_block)
+
+    def _root_seed(self, pod: str, event: BlockStored) -> int | None:
+        """The chain seed of a prompt's first block; None if its extra keys hold more than
+        the LoRA name and a cache salt (we cannot reproduce such a key)."""
+        lora = _lora_name(event)
+        salt: str | None = None
+        extra = event.extra_keys
+        if extra:
+            rest = _without_lora(extra[0], lora)
+            if rest:
+                if len(rest) != 1 or not isinstance(rest[0], str):
+                    return None
+                salt = rest[0]
+        return request_seed(self._models.get(pod), lora, salt)
+
+    @staticmethod
+    def _opaque(event: BlockStored) -> list[Any] | None:
+        """Per block, the extra keys beyond the LoRA name (and block 0's salt) as a hashable
+        value, None where there are none; None overall when no block has any."""
+        extra = event.extra_keys
+        if not extra:
+            return None
+        lora = _lora_name(event)
+        out: list[Any] | None = None
+        for i, keys in enumerate(extra):
+            rest = _without_lora(keys, lora)
+            if i == 0 and event.parent_block_hash is None and rest:
+                rest = rest[1:]  # the salt, already in the seed (see _root_seed)
+            if rest:
+                if out is None:
+                    out = [None] * len(extra)
+                out[i] = rest
+        return out
+
+
+def _lora_name(event: BlockStored) -> str | None:
+    if event.lora_name is not None:
+        return event.lora_name
+    if event.lora_id is not None and event.extra_keys:
+        first = event.extra_keys[0]
+        if isinstance(first, list | tuple) and first and isinstance(first[0], str):
+            return first[0]  # an engine that does not send lora_name: its first extra key
+    return None
+
+
+def _without_lora(keys: object, lora: str | None) -> list[Any]:
+    if keys is None:
+        return []
+    items = list(keys) if isinstance(keys, list | tuple) else [keys]
+    if lora is not None and items and items[0] == lora:
+        return items[1:]
+    return items
+
+
+def _keys_with_extras(
+    tokens: array, engine_block_size: int, ours: int, seed: int, opaque: list[Any]
+) -> list[BlockHash]:
+    """Our keys block by block, with each engine block's foreign extra keys mixed into its
+    seed (so its keys and every later one differ from a plain text prompt's)."""
+    keys: list[BlockHash] = []
+    prev = seed
+    for i, extra in enumerate(opaque):
+        if extra is not None:
+            try:
+                mixed = _encode(extra)
+            except (TypeError, ValueError, OverflowError):
+                mixed = repr(extra).encode("utf-8", "surrogatepass")
+            prev = xxhash.xxh64_intdigest(mixed, prev)
+        chunk = tokens[i * engine_block_size : (i + 1) * engine_block_size]
+        group = block_hashes(chunk, ours, prev)
+        keys.extend(group)
+        prev = group[-1]
+    return keys
+
+
+__all__ = ["PreciseIndex", "request_seed"]
