@@ -333,6 +333,11 @@ class PrefixIndex:
         slot = self._pods.get(pod)
         return None if slot is None else slot.engine.get(engine_hash)
 
+    def engine_blocks(self, pod: str) -> list[int]:
+        """The engine hashes the precise pod's events say it holds (each copy once)."""
+        slot = self._pods.get(pod)
+        return [] if slot is None else list(slot.engine)
+
     def store_engine_blocks(
         self, pod: str, engine_hashes: Sequence[int], keys: Sequence[BlockHash], per_block: int
     ) -> bool:
