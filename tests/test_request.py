@@ -331,3 +331,174 @@ def test_a_huge_conversation_keeps_its_first_turns_and_estimates_the_rest():
     whole = prompt_blocks(full, tok, 16, 1, max_blocks=100)
     assert cut.hashes == whole.hashes
     assert abs(cut.prompt_tokens - whole.prompt_tokens) / whole.prompt_tokens < 0.15
+
+
+# -- chat template inputs and Anthropic /v1/messages --------------------------------------
+MESSAGES = "/v1/messages"
+
+
+def test_chat_template_inputs_ride_with_the_messages():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "x": 1}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi", "name": "ann"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning": "think",
+                "tool_calls": [
+                    {
+                        "id": "1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": '{"b": 2, "a": 1}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "1", "content": "ok"},
+        ],
+        "tools": [tool],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "add_generation_prompt": False,
+        "documents": [{"title": "t", "text": "d"}],
+        "reasoning_effort": "low",
+    }
+    prompt = parse("/v1/chat/completions", body).prompt
+    chat = prompt.chat
+    assert chat is not None and chat.source == "openai"
+    assert chat.add_generation_prompt is False and chat.reasoning_effort == "low"
+    assert chat.chat_template_kwargs == {"enable_thinking": False}
+    assert chat.documents == ({"title": "t", "text": "d"},)
+    # vLLM's tool shape: description defaults to None, unknown keys dropped, key order kept
+    assert chat.tools == (
+        {
+            "type": "function",
+            "function": {"name": "f", "description": None, "parameters": {"type": "object"}},
+        },
+    )
+    user, assistant, tool_turn = prompt.messages
+    assert user.extra == {"name": "ann"}
+    calls = assistant.extra["tool_calls"]
+    assert list(calls[0]["function"]["arguments"].items()) == [
+        ("b", 2),
+        ("a", 1),
+    ]  # decoded, in order
+    assert assistant.extra["reasoning"] == assistant.extra["reasoning_content"] == "think"
+    assert (assistant.content, assistant.parts) == ("", ())
+    assert tool_turn.extra == {"tool_call_id": "1"}
+
+
+def test_invalid_tool_call_arguments_become_an_empty_object_as_in_vllm():
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{not json"}},
+             {"type": "function", "function": {"name": "g", "arguments": "[1]"}}]  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "assistant", "tool_calls": calls}]}
+    turn = parse("/v1/chat/completions", body).prompt.messages[0]
+    assert [c["function"]["arguments"] for c in turn.extra["tool_calls"]] == [{}, {}]
+
+
+def test_billing_header_line_is_dropped_from_system_turns():
+    header = "x-anthropic-billing-header: cc_version=2; cch=9f8e\n"
+    body = {"model": "m", "messages": [{"role": "system", "content": header + "You are Claude Code."},
+                                       {"role": "user", "content": header + "kept in user turns"}]}  # fmt: skip
+    system, user = parse("/v1/chat/completions", body).prompt.messages
+    assert system.content == "You are Claude Code."
+    assert user.content.startswith("x-anthropic-billing-header")
+
+
+def test_anthropic_agent_body_becomes_the_chat_vllm_renders():
+    body = {
+        "model": "claude-ish",
+        "max_tokens": 1024,
+        "stream": True,
+        "cache_salt": "tenant-a",
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cch=1"},
+            {"type": "text", "text": "You are an agent. ", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Use tools."},
+        ],
+        "tools": [{"name": "bash", "description": "Run a command", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "run ls"},
+                                         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAA"}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "ls it", "signature": "x"},
+                                              {"type": "text", "text": "Running."},
+                                              {"type": "tool_use", "id": "tu1", "name": "bash", "input": {"cmd": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1",
+                                          "content": [{"type": "text", "text": "a.py"}, {"type": "text", "text": "b.py"}]},
+                                         {"type": "text", "text": "now cat a.py"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu2", "content": "only a result"}]},
+        ],
+    }  # fmt: skip
+    req = parse(MESSAGES, body)
+    assert req.kind == "messages" and req.stream and req.cache_salt == "tenant-a"
+    prompt = req.prompt
+    assert prompt.chat is not None and prompt.chat.source == "anthropic"
+    assert prompt.chat.tools == (
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a command",
+                "parameters": {"type": "object"},
+            },
+        },
+    )
+    roles = [m.role for m in prompt.messages]
+    # the tool results come before the user text of their turn; a turn of results only
+    # adds no user turn
+    assert roles == ["system", "user", "assistant", "tool", "user", "tool"]
+    system, user, assistant, result, follow_up, result2 = prompt.messages
+    assert system.content == "You are an agent. Use tools."
+    assert user.content.startswith("<image:") and user.content.endswith("\nrun ls")
+    assert user.parts == ({"type": "text", "text": "run ls"}, {"type": "image"})
+    assert assistant.content == "Running." and assistant.parts is None
+    assert assistant.extra["reasoning"] == "ls it"
+    assert assistant.extra["tool_calls"] == [
+        {"id": "tu1", "type": "function", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}
+    ]
+    assert (result.content, result.extra) == ("a.py\nb.py", {"tool_call_id": "tu1"})
+    assert follow_up.content == "now cat a.py"
+    assert result2.content == "only a result"
+
+
+def test_anthropic_inline_system_and_thinking_settings():
+    body = {"model": "m", "max_tokens": 8, "thinking": {"type": "disabled"},
+            "output_config": {"effort": "high"}, "chat_template_kwargs": {"k": 1},
+            "messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "rule"},
+                         {"role": "assistant", "content": []}]}  # fmt: skip
+    prompt = parse(MESSAGES, body).prompt
+    assert [(m.role, m.content) for m in prompt.messages] == [
+        ("user", "a"),
+        ("system", "rule"),
+        ("assistant", ""),
+    ]
+    assert prompt.chat.reasoning_effort == "none" and prompt.chat.chat_template_kwargs == {"k": 1}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "max_tokens": 1},
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "user", "content": 5}]},
+        {"model": "m", "messages": ["x"]},
+        {"model": "m", "messages": [{"role": "user", "content": [1]}]},
+        {"model": "m", "system": 5, "messages": [{"role": "user", "content": "x"}]},
+        {
+            "model": "m",
+            "tools": [{"description": "no name"}],
+            "messages": [{"role": "user", "content": "x"}],
+        },
+        {"model": "m", "messages": {"role": "user", "content": "x"}},
+        {"messages": [{"role": "user", "content": "x"}]},
+    ],
+)
+def test_hostile_anthropic_bodies_are_a_400(body):
+    with pytest.raises(RequestRejected) as refused:
+        parse(MESSAGES, body)
+    assert refused.value.status == 400
+
+
+def test_count_tokens_is_not_routed_as_a_prompt():
+    assert parse("/v1/messages/count_tokens", {"model": "m", "messages": []}).kind == "other"
