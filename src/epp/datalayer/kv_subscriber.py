@@ -373,6 +373,8 @@ class KvEventSubscriber:
 
     async def _fill_gap(self, start: int, live_seq: int) -> None:
         try:
+            if self.replay_endpoint is None:
+                raise _ReplayFailed("no replay socket")
             last = await self._replay(start, gap=True, until=live_seq)
             if last != live_seq - 1:
                 raise _ReplayFailed(f"the replay ended at {last}, before {live_seq - 1}")
@@ -458,7 +460,9 @@ class KvEventSubscriber:
             state.next_seq = last + 1
             self._skip_through = last
         elif not gap:
-            state.next_seq = None  # an empty buffer: the next live message starts the count
+            # An empty buffer: the publisher has sent nothing yet, so the first batch it
+            # sends is seq 0 (a later one means batch 0 was lost on the way).
+            state.next_seq = start
         return last
 
 
