@@ -21,6 +21,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.replicas",
         "several EPP replicas behind one Envoy: sharing, hit rate, a replica killed",
     ),
+    "tokenize": (
+        "epp_bench.picker.tokenize",
+        "a model's own tokenizer: cost per 1k tokens, the decision for a chat, multi-turn",
+    ),
     "report": ("epp_bench.reports.cli", "rebuild docs/benchmarks/ from saved JSON results"),
 }
 

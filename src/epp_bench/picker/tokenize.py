@@ -1,0 +1,215 @@
+"""`epp bench tokenize`: what a real tokenizer costs the EPP, per request.
+
+For each tokenizer (the test tokenizer `tests/fixtures/tokenizer/llama3`, and
+`.bench/tiny-llama` when it was built; `--tokenizer DIR` adds others), in process:
+
+1. **Encode cost per 1,000 tokens, cold**: a long prompt text encoded whole with the
+   prefix cache off (the BPE's own word cache is warm, as in steady state: the words
+   repeat), divided by its tokens.
+2. **The decision path** for a 4,096-token chat prompt: `parse_request` (the body's JSON)
+   + the tokenizer (render the chat template, encode) + the chained block hashes, the
+   exact calls the router makes (`prefix.blocks.prompt_blocks`):
+   - byte estimate: the default without a configured tokenizer, for reference;
+   - cold: a conversation never seen before (every iteration another one);
+   - turn N, cache warm: a conversation whose turn N-1 was routed before (the new turn
+     adds an assistant reply and a user message, ~150 tokens); each iteration another
+     conversation;
+   - the same, as an Anthropic `/v1/messages` body.
+
+p50 / p90 / p99 over the iterations, in microseconds. The machine is shared and noisy:
+compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from epp.prefix.blocks import prompt_blocks
+from epp.prefix.hashing import chain_seed
+from epp.request import parse_request
+from epp.tokenization import HfTokenizer, load_tokenizer_dir
+from epp.tokenize import ByteEstimateTokenizer, ChatMessage, Tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_TOKENIZERS = [
+    ROOT / "tests" / "fixtures" / "tokenizer" / "llama3",
+    ROOT / ".bench" / "tiny-llama",
+]
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+_WORDS_TEXT = (
+    "the a of to in for with from system user assistant model router cache prefix block token "
+    "request response engine pod gateway latency throughput queue memory score load health "
+    "adapter prompt conversation question answer please explain describe summarize write code "
+    "python function class data value number time first last next because therefore however "
+    "which what where when why how you we they it is are was be have has do does can could"
+)
+WORDS = _WORDS_TEXT.split()
+
+
+@dataclass(slots=True)
+class Row:
+    tokenizer: str
+    case: str
+    tokens: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def _timed(run: Callable[[int], object], iterations: int) -> list[float]:
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(iterations):
+        start = clock()
+        run(i)
+        samples.append((clock() - start) / 1000)
+    return samples
+
+
+def _text(rng: random.Random, words: int) -> str:
+    out = []
+    for i in range(words):
+        word = rng.choice(WORDS)
+        out.append(word.capitalize() if i % 12 == 0 else word)
+        if i % 12 == 11:
+            out[-1] += rng.choice([".", ",", "?", ".\n"])
+    return " ".join(out)
+
+
+def _conversation(rng: random.Random, tok: Tokenizer, target: int, turns: int) -> list[ChatMessage]:
+    """A conversation of about `target` tokens under `tok`: a system prompt and turns."""
+    messages = [ChatMessage("system", _text(rng, 200))]
+    for i in range(turns):
+        messages.append(ChatMessage("user" if i % 2 == 0 else "assistant", _text(rng, 60)))
+    # Grow the system prompt until the rendering holds `target` tokens (+ the new turn).
+    while len(tok.encode_chat(messages)) < target - 150:
+        messages[0] = ChatMessage("system", messages[0].content + " " + _text(rng, 100))
+    return messages
+
+
+def _chat_body(messages: list[ChatMessage]) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": m.role, "content": m.content} for m in messages]}
+    ).encode()
+
+
+def _messages_body(messages: list[ChatMessage]) -> bytes:
+    system = messages[0].content
+    turns = [
+        {"role": m.role, "content": [{"type": "text", "text": m.content}]} for m in messages[1:]
+    ]
+    return json.dumps(
+        {"model": "m", "max_tokens": 256, "system": system, "messages": turns}
+    ).encode()
+
+
+def decision(path: str, body: bytes, tok: Tokenizer) -> int:
+    """parse + tokenize + hash, as Router.prepare does them."""
+    request = parse_request(path, body, {}, max_prompt_tokens=8192 * 16)
+    seed = chain_seed(request.model or "", request.adapter, request.cache_salt)
+    return len(prompt_blocks(request.prompt, tok, 16, seed, 8192).hashes)
+
+
+def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> list[Row]:
+    name = directory.name
+    rows: list[Row] = []
+    rng = random.Random(0)
+    cold = load_tokenizer_dir(directory, cache_bytes=0)
+    # 1. encode cost per 1k tokens (cold: no prefix cache)
+    text = _text(rng, 12_000)
+    tokens = len(cold.encode(text))
+    samples = _timed(lambda _: cold.encode(text), max(20, iterations // 20))
+    per_k = [s * 1000 / tokens for s in samples]
+    rows.append(Row(name, f"encode, per 1k tokens ({len(text) / tokens:.1f} chars/token)", 1000,
+                    _pct(per_k, 50), _pct(per_k, 90), _pct(per_k, 99)))  # fmt: skip
+    # 2. the decision path for a `prompt_tokens` chat prompt
+    turns = 8
+    sample = _conversation(rng, cold, prompt_tokens, turns)
+    count = len(cold.encode_chat(sample))
+    conversations = [_conversation(random.Random(i + 1), cold, prompt_tokens, turns) for i in range(iterations)]  # fmt: skip
+    previous = [c[:-2] for c in conversations]  # turn N-1: without the last reply and question
+    byte = ByteEstimateTokenizer()
+    bodies = [_chat_body(c) for c in conversations]
+    for label, path, tok, make, warm in (
+        ("byte estimate", CHAT, byte, _chat_body, None),
+        ("real tokenizer, cold", CHAT, cold, _chat_body, None),
+        ("real tokenizer, turn N, cache warm", CHAT, None, _chat_body, _chat_body),
+        (
+            "real tokenizer, turn N, cache warm, /v1/messages",
+            MESSAGES,
+            None,
+            _messages_body,
+            _messages_body,
+        ),
+    ):
+        if tok is None:
+            tok = load_tokenizer_dir(directory)
+            assert isinstance(tok, HfTokenizer) and warm is not None
+            for prev in previous:
+                decision(path, warm(prev), tok)
+        these = bodies if make is _chat_body else [make(c) for c in conversations]
+        for i in range(min(20, iterations)):  # warm the interpreter, not the cache
+            decision(path, these[i], byte)
+        runner = tok
+        samples = _timed(lambda i, t=runner, b=these, p=path: decision(p, b[i], t), iterations)
+        rows.append(Row(name, f"decision: {label}", count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[Row], command: str) -> str:
+    lines = [
+        "# Tokenizing with the model's own tokenizer",
+        "",
+        f"`{command}` on {platform.machine()} ({platform.python_implementation()} "
+        f"{platform.python_version()}), one process, in-process timings.",
+        "",
+        "| tokenizer | what | tokens | p50 (us) | p90 (us) | p99 (us) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.tokenizer} | {r.case} | {r.tokens:,} | {r.p50_us:,.0f} | {r.p90_us:,.0f} | {r.p99_us:,.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="epp bench tokenize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, action="append", help="a tokenizer directory (repeatable)"
+    )
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    command = ("epp bench tokenize " + shlex.join(argv)).strip()
+    directories = args.tokenizer or [
+        d for d in DEFAULT_TOKENIZERS if (d / "tokenizer.json").exists()
+    ]
+    rows: list[Row] = []
+    for directory in directories:
+        rows += bench_tokenizer(directory, args.iterations, args.prompt_tokens)
+    print(markdown(rows, command))
+    if args.json:
+        payload: dict[str, Any] = {"command": command, "rows": [asdict(r) for r in rows]}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
