@@ -309,6 +309,54 @@ class TokenizerConfig(Strict):
     cache_mb: float = Field(64.0, ge=0.0, le=65536.0)
 
 
+KvEventsMode = Literal["auto", "approximate", "precise"]
+_TEMPLATE_FIELDS = ("host", "port", "model", "name")
+
+
+class KvEventsConfig(Strict):
+    """Precise mode: follow each pod's vLLM KV events over ZMQ (epp/datalayer/kv_subscriber.py).
+
+    Per pod, `pod_modes[name]` or else `mode`: `auto` subscribes and makes the pod precise
+    once its publisher completes a handshake (approximate again after `fallback_after_s`
+    without a connection); `precise` is precise from the start; `approximate` never
+    subscribes. Templates take {host} and {port} (the pod's ip:port), {model} and {name};
+    `topic` is a ZMQ prefix filter ("" takes every message of the pod's publisher, which
+    is right when each pod has its own publisher, as here; vLLM's default topic is "").
+    """
+
+    mode: KvEventsMode = "auto"
+    pod_modes: dict[str, KvEventsMode] = Field(default_factory=dict)
+    endpoint: str = "tcp://{host}:5557"
+    replay_endpoint: str | None = "tcp://{host}:5558"
+    topic: str = ""
+    # A predicted entry (the pod just chosen) lives this long unless an event confirms it.
+    predicted_ttl_s: float = Field(2.0, gt=0.0, le=60.0)
+    # A replay that sends nothing for this long failed: the pod's entries are dropped.
+    resync_timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    probe_interval_s: float = Field(5.0, gt=0.0)
+    fallback_after_s: float = Field(10.0, gt=0.0)
+    reconnect_max_s: float = Field(2.0, gt=0.0, le=60.0)
+    # Apply at most about this long before yielding to the event loop.
+    slice_ms: float = Field(4.0, gt=0.0, le=1000.0)
+    max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+
+    @field_validator("endpoint", "replay_endpoint", "topic")
+    @classmethod
+    def _known_fields(cls, template: str | None) -> str | None:
+        if template is not None:
+            try:
+                template.format(**dict.fromkeys(_TEMPLATE_FIELDS, "x"))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"{template!r}: only {{host}}, {{port}}, {{model}}, {{name}} may be used"
+                    f" ({exc})"
+                ) from None
+        return template
+
+    def mode_of(self, pod: str) -> KvEventsMode:
+        return self.pod_modes.get(pod, self.mode)
+
+
 class EppConfig(Strict):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
@@ -317,6 +365,7 @@ class EppConfig(Strict):
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
+    kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
     # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
     adapters: dict[str, str] = Field(default_factory=dict)
     # A model name clients send -> its tokenizer files; other models: the byte estimate.

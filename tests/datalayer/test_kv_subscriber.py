@@ -392,3 +392,19 @@ def test_endpoints_and_topics_from_templates():
         topic_prefix("kv@{host}:{port}@{model}", "10.1.2.3:8000", None, "p") == "kv@10.1.2.3:8000@"
     )
     assert topic_prefix("", "10.1.2.3:8000", None, "p") == ""
+
+
+def test_the_kv_events_config_section():
+    from pydantic import ValidationError
+
+    from epp.config import EppConfig
+
+    config = EppConfig.model_validate(
+        {"kv_events": {"mode": "approximate", "pod_modes": {"pod-1": "precise"}, "slice_ms": 2}}
+    ).kv_events
+    assert config.mode_of("pod-0") == "approximate" and config.mode_of("pod-1") == "precise"
+    assert SubscriberSettings.from_config(config).slice_ms == 2
+    assert EppConfig().kv_events.topic == ""  # vLLM's default topic: take all the pod sends
+    for bad in ({"endpoint": "tcp://{hots}:5557"}, {"mode": "exact"}, {"predicted_ttl_s": 0}):
+        with pytest.raises(ValidationError):
+            EppConfig.model_validate({"kv_events": bad})

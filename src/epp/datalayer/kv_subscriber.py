@@ -39,7 +39,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import structlog
 import zmq
@@ -56,6 +56,9 @@ from epp.prefix.kv_events import (
     encode_seq,
     split_events,
 )
+
+if TYPE_CHECKING:
+    from epp.config import KvEventsConfig
 
 log = structlog.get_logger("epp.kv_subscriber")
 
@@ -88,6 +91,17 @@ class SubscriberSettings:
     slice_blocks: int = 1024  # and cut events into pieces of at most this many blocks
     rcvhwm: int = 100_000  # live messages queued in ZMQ while a replay runs
     limits: DecodeLimits = field(default_factory=DecodeLimits)
+
+    @classmethod
+    def from_config(cls, config: KvEventsConfig) -> SubscriberSettings:
+        return cls(
+            resync_timeout_s=config.resync_timeout_s,
+            probe_interval_s=config.probe_interval_s,
+            fallback_after_s=config.fallback_after_s,
+            reconnect_max_s=config.reconnect_max_s,
+            slice_ms=config.slice_ms,
+            limits=DecodeLimits(max_payload_bytes=config.max_payload_bytes),
+        )
 
 
 @dataclass(slots=True)
@@ -138,7 +152,8 @@ class KvEventSubscriber:
         self.model = model
         self.mode: Mode = mode
         self.settings = settings or SubscriberSettings()
-        self.stats = stats or KvEventStats()
+        # Share the sink's counters by default: one set of counts per EPP.
+        self.stats = stats or getattr(sink, "stats", None) or KvEventStats()
         self.decoder = KvEventDecoder(self.settings.limits, self.stats)
         self.state = SubscriberState()
         self._sink = sink
