@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--host", default="127.0.0.1", help="address to listen on")
     net.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free)")
     net.add_argument("--name", default="pod-0", help="pod name, sent in every x-sim-pod header")
+    net.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="a real model's tokenizer files (tokenizer.json, tokenizer_config.json with its"
+        " chat template) for prompt token ids and block hashes (default: the simulator's own)",
+    )
     net.add_argument(
         "--preset",
         default=presets.DEFAULT_PRESET,
@@ -295,6 +302,8 @@ def config_from_args(args: argparse.Namespace) -> SimPodConfig:
     }
     engine = dataclasses.replace(chosen.engine, **overrides)
     adapters = parse_lora_adapters(args.lora_adapters)
+    if args.tokenizer is not None and not (Path(args.tokenizer) / "tokenizer.json").is_file():
+        raise ValueError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
     kv_events = None
     if args.kv_events_port is not None:
         kv_events = KvEventsConfig(
@@ -322,6 +331,7 @@ def config_from_args(args: argparse.Namespace) -> SimPodConfig:
         time_scale=args.time_scale,
         kv_events=kv_events,
         failures=failures,
+        tokenizer_dir=args.tokenizer,
     )
 
 

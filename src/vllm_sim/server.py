@@ -92,6 +92,7 @@ from vllm_sim.openai_request import (
     parse_json_object,
 )
 from vllm_sim.openai_response import (
+    FILLER_WORDS,
     SSE_DONE,
     ResponseShape,
     filler_text,
@@ -101,7 +102,7 @@ from vllm_sim.openai_response import (
     usage,
 )
 from vllm_sim.served_models import LoraAdapter, ServedModels
-from vllm_sim.tokenizer import SimTokenizer, Tokenizer
+from vllm_sim.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("vllm_sim")
 
@@ -134,6 +135,9 @@ class SimPodConfig:
     enable_lora: bool = False
     kv_events: KvEventsConfig | None = None
     failures: FailureConfig = field(default_factory=FailureConfig)
+    # A real model's tokenizer files (tokenizer.json, tokenizer_config.json); None: the
+    # simulator's own tokenizer (vllm_sim.tokenizer).
+    tokenizer_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
@@ -191,10 +195,16 @@ class SimPod:
         self.faults = PodFaults()
         self.injected = FailureCounts()
         self.kv_publisher: KvEventPublisher | None = None
-        self.tokenizer: Tokenizer = SimTokenizer()
+        self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer_dir)
         # The id of each filler word: what the engine generated, and what the word's text
-        # encodes to when a client sends it back.
-        self._filler_ids = filler_token_ids(self.tokenizer.encode)
+        # encodes to when a client sends it back. A real tokenizer may split a filler
+        # word: its first id stands for it (the reply then re-encodes to other ids).
+        try:
+            self._filler_ids = filler_token_ids(self.tokenizer.encode)
+        except ValueError:
+            self._filler_ids = tuple(
+                self.tokenizer.encode(filler_token(i))[0] for i in range(len(FILLER_WORDS))
+            )
         self.created_unix = time.time()
         self._clock_origin = time.monotonic()
         # Handlers of queued requests, woken when the engine starts their request.

@@ -42,6 +42,10 @@ grows by a turn keeps every earlier id, and a generation prompt is the start of 
 assistant turn that answers it, so a client that sends the reply back reuses the
 engine's blocks.
 
+`HfDirTokenizer` replaces all of this with a real model's tokenizer files
+(`vllm-sim --tokenizer DIR`): its BPE and its chat template, so that a harness run with
+the router configured with the same files shows the two agree (tests/tokenization).
+
 Content is kept verbatim: Llama 3's template trims it, which would drop the leading space
 of the simulator's output (`vllm_sim.openai_response`), so that a reply quoted back would
 no longer re-encode to the ids generated.
@@ -50,11 +54,14 @@ no longer re-encode to the ids generated.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import chain
+from pathlib import Path
 from typing import Protocol
 
 VOCAB_SIZE = 128_000  # regular ids are 0 .. VOCAB_SIZE - 1
@@ -201,3 +208,84 @@ class SimTokenizer:
 
     def _text_ids(self, text: str) -> Iterable[int]:
         return chain.from_iterable(map(self._ids.__getitem__, _PIECES.findall(text)))
+
+
+class HfDirTokenizer:
+    """A real model's tokenizer for the simulated pod (`vllm-sim --tokenizer DIR`).
+
+    DIR holds `tokenizer.json` and `tokenizer_config.json` (its `chat_template`, or a
+    `chat_template.jinja` beside it, and the named special tokens). Written for the
+    simulator, apart from the router's `epp.tokenization`, so that a parity check between
+    them compares two implementations: the template renders in a sandboxed Jinja
+    environment set up as transformers sets it up (trim_blocks, lstrip_blocks,
+    loopcontrols, `tojson` without HTML escaping, `raise_exception`, `strftime_now`), with
+    `messages`, `add_generation_prompt` and the special tokens; the text is encoded with
+    `add_special_tokens=False` for a chat and `True` for a completion, as vLLM does. The
+    simulator's chat turns are plain text (no tools, no template arguments).
+    """
+
+    __slots__ = ("_special", "_template", "_tok", "name")
+
+    def __init__(self, directory: str | Path) -> None:
+        import jinja2.ext
+        import jinja2.sandbox
+        from tokenizers import Tokenizer as HfTokenizer
+
+        path = Path(directory)
+        self.name = f"hf:{path.name}"
+        self._tok = HfTokenizer.from_file(str(path / "tokenizer.json"))
+        config_file = path / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        self._special = {
+            key: value["content"] if isinstance(value, dict) else value
+            for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+            if isinstance(value := config.get(key), str | dict)
+        }
+        source = config.get("chat_template")
+        if isinstance(source, list):  # named templates: the default one
+            source = next((t["template"] for t in source if t.get("name") == "default"), None)
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.exists():
+            source = jinja_file.read_text()
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent
+        )
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(source) if isinstance(source, str) else None
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> array[int]:
+        return array("I", self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> array[int]:
+        import jinja2
+
+        from vllm_sim.openai_errors import ApiError
+
+        if self._template is None:
+            raise ApiError(400, f"The tokenizer {self.name} has no chat template.")
+        try:
+            text = self._template.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tools=None,
+                documents=None,
+                **self._special,
+            )
+        except jinja2.TemplateError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+        return self.encode(text, add_special_tokens=False)
+
+
+def load_tokenizer(directory: str | Path | None) -> Tokenizer:
+    """The pod's tokenizer: a real one from DIR, or the simulator's own."""
+    return SimTokenizer() if directory is None else HfDirTokenizer(directory)
