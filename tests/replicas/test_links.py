@@ -438,3 +438,39 @@ async def test_a_restarted_replica_that_connects_gets_the_history_without_waitin
                 lambda: b.received("late") + b.received("applied") == 1, timeout=5.0, what="history"
             )
             assert max(b.index.match(a.hashes("t0")).values()) == len(a.hashes("t0"))
+
+
+async def test_queues_and_history_are_bounded_in_bytes_as_well_as_frames(monkeypatch):
+    """A frame is ~1 KB for a 2,000-token prompt but up to 74 KB at 8,192 blocks: the
+    frame counts alone would allow hundreds of MB."""
+    monkeypatch.setattr("epp.replicas.peers.MAX_QUEUE_BYTES", 3000)
+    monkeypatch.setattr("epp.replicas.peers.MAX_HISTORY_BYTES", 5000)
+    names = Names()
+    a = Replica("ra", ["down:1"], names, queue_size=100, history=100)
+    names.table = {"down": [("127.0.0.1", 9)]}  # never connected: update() only
+    peers = a.sync.peers
+    peers.update(await peers.resolve_all())
+    link = peers.links[("127.0.0.1", 9)]
+    big = 2**63
+    frames = [
+        encode(Decision("ra", "a", list(range(big + i, big + i + 100)), 1, 0, 1, 0.0))
+        for i in range(10)
+    ]
+    size = len(frames[0])  # about 1 KB each
+    for frame in frames:
+        peers.broadcast(frame)
+    assert link.queued_bytes == sum(len(f) for _, f in link.queue) <= 3000
+    assert [f for _, f in link.queue] == frames[-(3000 // size) :]
+    assert a.sample("epp_replica_decisions_dropped_total") == 10 - 3000 // size
+    history = peers.history_for("new-replica")
+    assert history == frames[-(5000 // size) :]
+    assert peers.history_for("new-replica") == []  # once per replica
+    await peers.stop()
+
+
+async def test_history_keeps_the_last_frames_by_count():
+    names = Names()
+    a = Replica("ra", [], names, history=3)
+    for i in range(5):
+        a.sync.peers.broadcast(bytes([i]))
+    assert a.sync.peers.history_for("x") == [bytes([2]), bytes([3]), bytes([4])]

@@ -52,6 +52,10 @@ HELLO_MAX_BYTES = 4096
 # FIN or RST); idle connections are probed.
 TCP_USER_TIMEOUT_MS = 10_000
 MAX_GREETED = 10_000
+# Memory bounds beside the frame counts (replicas.queue_size, replicas.history): a frame
+# is about 1 KB for a 2,000-token prompt but up to 74 KB at 8,192 blocks.
+MAX_QUEUE_BYTES = 16 * 1024 * 1024  # per peer
+MAX_HISTORY_BYTES = 32 * 1024 * 1024
 
 
 async def resolve(host: str, port: int) -> list[Address]:
@@ -87,6 +91,7 @@ class PeerLink:
         self._owner = owner
         # (is a decision, frame): decisions are what the sent/dropped counters count.
         self.queue: deque[tuple[bool, bytes]] = deque()
+        self.queued_bytes = 0
         self.state: LinkState = "connecting"
         self.peer_id: str | None = None  # learned from the peer's Hello
         self._waiter: asyncio.Future[None] | None = None
@@ -107,11 +112,14 @@ class PeerLink:
         if self.state == "self":
             return
         queue = self.queue
-        if len(queue) >= self._owner.queue_size:
-            dropped, _ = queue.popleft()
+        limit = self._owner.queue_size
+        while queue and (len(queue) >= limit or self.queued_bytes + len(frame) > MAX_QUEUE_BYTES):
+            dropped, old = queue.popleft()
+            self.queued_bytes -= len(old)
             if dropped:
                 self._owner.metrics.dropped.inc()
         queue.append((decision, frame))
+        self.queued_bytes += len(frame)
         self._wake()
 
     def _wake(self) -> None:
@@ -185,7 +193,9 @@ class PeerLink:
             log.info("replica_peer_connected", peer=self._name, replica=hello.replica)
             history = owner.history_for(hello.replica)
             if history:
-                self.queue.clear()  # the history holds every queued decision, and more
+                # The history is the last decisions; the queue older ones or the same.
+                self.queue.clear()
+                self.queued_bytes = 0
                 for frame in history:
                     writer.write(frame)
                 owner.metrics.sent.inc(len(history))
@@ -210,6 +220,7 @@ class PeerLink:
                 decisions = 0
                 while queue:
                     decision, frame = queue.popleft()
+                    self.queued_bytes -= len(frame)
                     writer.write(frame)
                     decisions += decision
                 if decisions:
@@ -253,7 +264,9 @@ class PeerSet:
         self._resolver = resolver
         self.links: dict[Address, PeerLink] = {}
         self._last: dict[Address, list[Address]] = {}  # spec -> last good answer
-        self._history: deque[bytes] = deque(maxlen=history)
+        self._history: deque[bytes] = deque()
+        self._history_size = history
+        self._history_bytes = 0
         self._greeted: set[str] = set()  # replica ids that got the history
         self._task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
@@ -261,8 +274,12 @@ class PeerSet:
     # -- routing side (synchronous, never waits) -----------------------------------------
     def broadcast(self, frame: bytes) -> None:
         """A decision frame to every peer (and to the history)."""
-        if self._history.maxlen:
-            self._history.append(frame)
+        if self._history_size:
+            kept = self._history
+            kept.append(frame)
+            self._history_bytes += len(frame)
+            while len(kept) > self._history_size or self._history_bytes > MAX_HISTORY_BYTES:
+                self._history_bytes -= len(kept.popleft())
         for link in self.links.values():
             link.push(frame)
 
