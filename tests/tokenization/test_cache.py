@@ -36,12 +36,16 @@ def conversation(rng: random.Random, turns: int) -> list[ChatMessage]:
 
 
 def fresh(name: str) -> HfTokenizer:
-    return load_tokenizer_dir(tokenizer_dir(name), cache_bytes=0)
+    """No cache, no fast path: HF's encode of the whole rendering."""
+    return load_tokenizer_dir(tokenizer_dir(name), cache_bytes=0, fast_path=False)
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("name", ["llama3", "chatml", "tiny-llama"])
-def test_cached_turns_equal_full_encoding_on_random_conversations(name: str) -> None:
-    cached = load_tokenizer_dir(tokenizer_dir(name))
+def test_cached_turns_equal_full_encoding_on_random_conversations(
+    name: str, fast_path: bool
+) -> None:
+    cached = load_tokenizer_dir(tokenizer_dir(name), fast_path=fast_path)
     reference = fresh(name)
     rng = random.Random(7)
     for _ in range(25):
@@ -59,7 +63,8 @@ def test_cached_turns_equal_full_encoding_on_random_conversations(name: str) -> 
     assert cached.cache.hits > 50  # the cache was used, not bypassed
 
 
-def test_turn_n_reuses_turn_n_minus_1_and_encodes_only_the_suffix(llama3: HfTokenizer) -> None:
+def test_turn_n_reuses_turn_n_minus_1_and_encodes_only_the_suffix() -> None:
+    llama3 = load_tokenizer_dir(tokenizer_dir("llama3"), fast_path=False)  # HF encodes
     rng = random.Random(1)
     messages = conversation(rng, 6)  # system, user, assistant, user, ...
     llama3.encode_chat(messages[:4])  # ends with a user turn and the generation prompt

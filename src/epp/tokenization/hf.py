@@ -55,6 +55,7 @@ import xxhash
 
 from epp.tokenization.cache import PrefixTokenCache
 from epp.tokenization.chat_template import ChatTemplate
+from epp.tokenization.fast import FastByteLevelBpe
 from epp.tokenize import (
     DEFAULT_CHAT_OPTIONS,
     ChatMessage,
@@ -91,18 +92,30 @@ def _merge(defaults: Mapping[str, Any] | None, overrides: Mapping[str, Any] | No
 
 @dataclass(slots=True)
 class _Piece:
-    """One encode call: `anchor + text[start:end]`, ids after the anchor."""
+    """The ids of text[start:end] (after the anchor, if any) from one encoding pass:
+    an HF encode of `anchor + text[start:end]` (`encoding`), or the fast path's
+    (`counts`: special-token ends -> ids before them; `tail`: the HF pass it handed the
+    rest of the text to, from `tail.start`, after `tail_offset` ids of its own)."""
 
-    encoding: tokenizers.Encoding
-    ids: list[int]  # without the anchor
-    skip: int  # 1 when an anchor leads the encoded string
+    ids: Sequence[int]
     start: int
-    anchor_len: int
     end: int
     complete: bool
+    encoding: tokenizers.Encoding | None = None
+    skip: int = 0  # 1 when an anchor leads the encoded string
+    anchor_len: int = 0
+    counts: dict[int, int] | None = None
+    tail: _Piece | None = None
+    tail_offset: int = 0
 
     def tokens_before(self, pos: int) -> int | None:
         """How many of `ids` cover text[start:pos], when pos ends a special token."""
+        if self.counts is not None:
+            if self.tail is not None and pos > self.tail.start:
+                inner = self.tail.tokens_before(pos)
+                return None if inner is None else self.tail_offset + inner
+            return self.counts.get(pos)
+        assert self.encoding is not None
         token = self.encoding.char_to_token(pos - 1 - self.start + self.anchor_len)
         if token is None:
             return None
@@ -122,6 +135,7 @@ class HfTokenizer:
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         min_segment_tokens: int = MIN_SEGMENT_TOKENS,
+        fast_path: bool = True,
     ) -> None:
         self.name = name
         self._tok = tokenizer
@@ -134,6 +148,7 @@ class HfTokenizer:
         self._chars_per_token = 4.0
         self._prefix_ids, self._suffix_ids = self._affixes()
         self._anchors, self._boundary_re = self._boundary_tokens()
+        self._fast = FastByteLevelBpe.build(tokenizer, self._anchors) if fast_path else None
 
     # -- setup -------------------------------------------------------------------------
     def _affixes(self) -> tuple[array, array]:
@@ -264,15 +279,23 @@ class HfTokenizer:
                 rest = len(text) - end
                 return Encoded(base[:max_tokens], len(base) + self._estimate(rest), rest == 0)
             need = None if max_tokens is None else max_tokens - len(base)
-            piece = self._encode_from(text, end, anchor, need)
+            piece = (
+                self._fast_from(text, end, need)
+                if self._fast is not None
+                else self._encode_from(text, end, anchor, need)
+            )
         if piece is None or base is None:
             # No cached prefix, or its anchor did not come out as itself: encode it all.
             base, base_index = array("I"), -1
-            piece = self._encode_from(text, 0, "", max_tokens)
+            piece = (
+                self._fast_from(text, 0, max_tokens)
+                if self._fast is not None
+                else self._encode_from(text, 0, "", max_tokens)
+            )
             if piece is None:  # unreachable: no anchor, nothing to check
                 raise TokenizationError("the prompt cannot be tokenized")
         kept = piece.ids if max_tokens is None else piece.ids[: max_tokens - len(base)]
-        ids = base + array("I", kept)
+        ids = base + (kept if isinstance(kept, array) else array("I", kept))
         if piece.complete:
             total = len(base) + len(piece.ids)
         else:
@@ -295,6 +318,43 @@ class HfTokenizer:
             out.append((end, key, match.group()))
             pos = end
         return out
+
+    def _fast_from(self, text: str, start: int, need: int | None) -> _Piece:
+        """text[start:] (or a head holding `need` exact ids) by the fast path, segment by
+        segment between special tokens; from the first segment it cannot take, by HF
+        (byte-level: a segment encodes alone as it does in context, no anchor needed)."""
+        fast = self._fast
+        assert fast is not None
+        ids = array("I")
+        counts: dict[int, int] = {}
+        pos = start
+        matches = self._boundary_re.finditer(text, start) if self._boundary_re else None
+        anchors = self._anchors
+        while True:
+            match = next(matches, None) if matches is not None else None
+            segment_end = match.start() if match is not None else len(text)
+            if segment_end > pos:
+                segment = text[pos:segment_end]
+                if not fast.safe(segment):
+                    rest = None if need is None else max(0, need - len(ids))
+                    tail = self._encode_from(text, pos, "", rest)
+                    assert tail is not None  # no anchor: nothing to refuse
+                    offset = len(ids)
+                    ids.extend(tail.ids)
+                    return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
+                stop = fast.encode_into(ids, segment, need)
+                if stop is not None:
+                    return _Piece(ids, start, pos + stop, False, counts=counts)
+            if match is None:
+                if ids and len(text) > start:
+                    ratio = (len(text) - start) / len(ids)
+                    self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * ratio
+                return _Piece(ids, start, len(text), True, counts=counts)
+            ids.append(anchors[match.group()])
+            pos = match.end()
+            counts[pos] = len(ids)
+            if need is not None and len(ids) >= need:
+                return _Piece(ids, start, pos, pos == len(text), counts=counts)
 
     def _encode_from(self, text: str, start: int, anchor: str, need: int | None) -> _Piece | None:
         """Encode text[start:] (after `anchor`), or a slice of it holding `need` exact ids."""
@@ -323,13 +383,13 @@ class HfTokenizer:
                     self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * (
                         (end - start) / count
                     )
-                return _Piece(encoding, ids[skip:], skip, start, len(anchor), end, True)
+                return _Piece(ids[skip:], start, end, True, encoding, skip, len(anchor))
             assert need is not None
             if count >= need + MARGIN_TOKENS:
                 cut_word = encoding.token_to_word(need - 1 + skip) if need > 0 else None
                 last_word = encoding.token_to_word(len(ids) - 1)
                 if need == 0 or cut_word is None or last_word is None or cut_word < last_word - 2:
-                    return _Piece(encoding, ids[skip:], skip, start, len(anchor), end, False)
+                    return _Piece(ids[skip:], start, end, False, encoding, skip, len(anchor))
             size *= 2
 
     def _store(
@@ -466,6 +526,7 @@ def load_tokenizer_dir(
     default_chat_template_kwargs: Mapping[str, Any] | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     now: Callable[[], datetime] = datetime.now,
+    fast_path: bool = True,
 ) -> HfTokenizer:
     """An HfTokenizer from a directory holding `tokenizer.json` (required),
     `tokenizer_config.json`, `special_tokens_map.json` and `chat_template.jinja`
@@ -511,4 +572,5 @@ def load_tokenizer_dir(
         templates=templates,
         default_chat_template_kwargs=default_chat_template_kwargs,
         cache_bytes=cache_bytes,
+        fast_path=fast_path,
     )

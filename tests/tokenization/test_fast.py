@@ -1,0 +1,102 @@
+"""The fast byte-level BPE path gives exactly HF's ids, or is not used."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+from tokenizer_fixtures import tokenizer_dir
+from tokenizers import Tokenizer
+
+from epp.tokenization import load_tokenizer_dir
+from epp.tokenization.fast import GPT2_PATTERN, FastByteLevelBpe, translate_pattern
+
+ALPHABET = [
+    *"abcdefghijklmnopqrstuvwxyzABCXYZ0123456789_'\".,;:!?()[]{}<>|/\\-+=*&^%$#@~`",
+    *[" ", "  ", "\n", "\n\n", "\t", "\r\n", "   "],
+    *["é", "ß", "Ω", "中", "文", "😀", "👍🏽", "\u2014", "\u2019", "\u00a0", "\u3000", "\u0301"],
+    *["½", "²", "Ⅻ", "\x1c", "\x1f", "\u017f", "\u180e", "\u200b", "\U0001d400", "\ufffd", "\x85"],
+    *["'s", "'S", "'ll", "don't", "<|", "|>", "<|eot_id|>", "<|start_header_id|>"],
+]
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(n))
+
+
+@pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
+def test_fast_path_equals_hf_on_random_text(name: str) -> None:
+    directory = tokenizer_dir(name)
+    fast = load_tokenizer_dir(directory, cache_bytes=0)
+    assert fast._fast is not None
+    hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    rng = random.Random(11)
+    for _ in range(400):
+        text = random_text(rng, rng.randint(0, 300))
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert list(fast.encode_text_head(text, None).ids) == want, text
+        cut = rng.randint(1, len(want) + 2)
+        head = fast.encode_text_head(text, cut)
+        assert list(head.ids) == want[:cut], (text, cut)
+        if head.exact:
+            assert head.total_tokens == len(want)
+
+
+def test_fast_path_on_a_whole_rendered_chat_with_cache_boundaries() -> None:
+    fast = load_tokenizer_dir(tokenizer_dir("llama3"))
+    slow = load_tokenizer_dir(tokenizer_dir("llama3"), cache_bytes=0, fast_path=False)
+    rng = random.Random(2)
+    from epp.tokenize import ChatMessage
+
+    for _ in range(60):
+        messages = [ChatMessage("system", random_text(rng, 200))]
+        for i in range(rng.randint(1, 6)):
+            messages.append(
+                ChatMessage("user" if i % 2 == 0 else "assistant", random_text(rng, 80))
+            )
+            assert list(fast.encode_chat(messages)) == list(slow.encode_chat(messages))
+
+
+def test_risky_characters_go_to_hf() -> None:
+    fast = load_tokenizer_dir(tokenizer_dir("llama3"))._fast
+    assert fast is not None
+    assert fast.safe("plain ascii, 123") and fast.safe("café 中文 😀")
+    for risky in ("½", "Ⅻ", "\x1c", "\u017f", "\U0001d400", "\U000e0001"):
+        assert not fast.safe(f"text {risky} text"), repr(risky)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "ok"),
+    [
+        (GPT2_PATTERN, True),
+        (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}", True),
+        (r"[\p{Lu}\p{Lt}]+", False),  # properties it does not translate
+        (r"[\p{L}]+", False),
+        (r"\P{L}", False),
+    ],
+)
+def test_pattern_translation_knows_its_limits(pattern: str, ok: bool) -> None:
+    assert (translate_pattern(pattern) is not None) == ok
+
+
+def test_a_tokenizer_the_fast_path_gets_wrong_is_left_to_hf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A translation that splits differently fails the self-test at load.
+    monkeypatch.setattr("epp.tokenization.fast.translate_pattern", lambda _: r"\S+|\s+")
+    assert load_tokenizer_dir(tokenizer_dir("llama3"))._fast is None
+    # Metaspace (sentencepiece-style) tokenizers never qualify.
+    assert load_tokenizer_dir(tokenizer_dir("chatml"))._fast is None
+
+
+def test_piece_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("epp.tokenization.fast.PIECE_CACHE_LIMIT", 10)
+    fast = FastByteLevelBpe.build(
+        Tokenizer.from_file(str(tokenizer_dir("llama3") / "tokenizer.json")),
+        load_tokenizer_dir(tokenizer_dir("llama3"))._anchors,
+    )
+    assert fast is not None
+    ids = array("I")
+    fast.encode_into(ids, " ".join(f"w{i}" for i in range(100)), None)
+    assert len(fast._pieces) <= 10
