@@ -337,8 +337,8 @@ class KvEventsConfig(Strict):
     fallback_after_s: float = Field(10.0, gt=0.0)
     reconnect_max_s: float = Field(2.0, gt=0.0, le=60.0)
     # Apply at most about this long before yielding to the event loop.
-    slice_ms: float = Field(4.0, gt=0.0, le=1000.0)
-    max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    slice_ms: float = Field(2.0, gt=0.0, le=1000.0)
+    max_payload_bytes: int = Field(1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 
     @field_validator("endpoint", "replay_endpoint", "topic")
     @classmethod

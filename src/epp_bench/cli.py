@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.tokenize",
         "a model's own tokenizer: cost per 1k tokens, the decision for a chat, multi-turn",
     ),
+    "index": (
+        "epp_bench.picker.index",
+        "prefix index: lookup, memory per entry, KV event ingest, loop pauses",
+    ),
     "report": ("epp_bench.reports.cli", "rebuild docs/benchmarks/ from saved JSON results"),
 }
 

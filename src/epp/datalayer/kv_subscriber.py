@@ -87,8 +87,8 @@ class SubscriberSettings:
     fallback_after_s: float = 10.0  # auto: disconnected this long -> approximate
     reconnect_ivl_s: float = 0.1
     reconnect_max_s: float = 2.0
-    slice_ms: float = 4.0  # apply at most about this long before yielding to the loop
-    slice_blocks: int = 1024  # and cut events into pieces of at most this many blocks
+    slice_ms: float = 2.0  # apply at most about this long before yielding to the loop
+    slice_blocks: int = 512  # and cut events into pieces of at most this many blocks
     rcvhwm: int = 100_000  # live messages queued in ZMQ while a replay runs
     limits: DecodeLimits = field(default_factory=DecodeLimits)
 

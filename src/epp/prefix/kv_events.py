@@ -80,10 +80,12 @@ class EventBatch(msgspec.Struct, array_like=True, gc=False):
 @dataclass(frozen=True, slots=True)
 class DecodeLimits:
     """Bounds on one batch. The defaults are far above what one engine step produces (a
-    step stores at most its batched tokens: 8k-64k tokens) and keep a hostile or broken
-    publisher from making the router allocate without bound."""
+    step stores at most its batched tokens, 2k-64k: about 250 KB of payload at most) and
+    keep a hostile or broken publisher from making the router allocate without bound.
+    Decoding is the one part of ingest that is not sliced: about 10-15 ms of event loop
+    per MB of payload (docs/benchmarks/index.md), so the payload cap bounds that pause."""
 
-    max_payload_bytes: int = 8 * 1024 * 1024
+    max_payload_bytes: int = 1024 * 1024
     max_events: int = 100_000
     max_blocks_per_event: int = 65_536
     max_block_size: int = 4096
@@ -192,7 +194,34 @@ class _PosBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
+# The map layout with hashes as bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0): typed too.
+class _BytesStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+class _BytesRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _BytesBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_BytesStored | _BytesRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
 _MAP_DECODER = msgspec.msgpack.Decoder(EventBatch)
+_BYTES_DECODER = msgspec.msgpack.Decoder(_BytesBatch)
 _POS_DECODER = msgspec.msgpack.Decoder(_PosBatch)
 _ANY_DECODER = msgspec.msgpack.Decoder()
 
@@ -292,6 +321,28 @@ class KvEventDecoder:
     def _slow(self, payload: bytes, pod: str | None) -> EventBatch | None:
         stats = self.stats
         try:
+            with_bytes = _BYTES_DECODER.decode(payload)
+        except Exception:
+            with_bytes = None
+        if with_bytes is not None:
+            if len(with_bytes.events) > self.limits.max_events:
+                stats.problem("oversized_batch", pod=pod, events=len(with_bytes.events))
+                return None
+            converted: list[KvEvent] = []
+            for raw_event in with_bytes.events:
+                try:
+                    event = _from_bytes(raw_event)
+                except _Invalid as exc:
+                    stats.problem("invalid_event", pod=pod, error=str(exc))
+                    continue
+                if not isinstance(raw_event, AllBlocksCleared) and any(
+                    type(h) is bytes for h in raw_event.block_hashes
+                ):
+                    stats.add("bytes_hashes")
+                if self._fast_ok(event, pod):
+                    converted.append(event)
+            return EventBatch(with_bytes.ts, converted, with_bytes.data_parallel_rank)
+        try:
             positional = _POS_DECODER.decode(payload)
         except Exception:
             positional = None
@@ -327,12 +378,12 @@ class KvEventDecoder:
         events = []
         for item in raw[1]:
             try:
-                kept = self._tolerant(item, pod)
+                tolerated = self._tolerant(item, pod)
             except _Invalid as exc:
                 stats.problem("invalid_event", pod=pod, error=str(exc))
                 continue
-            if kept is not None:
-                events.append(kept)
+            if tolerated is not None:
+                events.append(tolerated)
         return EventBatch(float(raw[0]), events, rank)
 
     def _tolerant(self, item: object, pod: str | None) -> KvEvent | None:
@@ -412,6 +463,28 @@ def _opt_str(value: object) -> str | None:
 def _short(value: object, limit: int = 80) -> str:
     text = repr(value) if not isinstance(value, BaseException) else str(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _from_bytes(item: _BytesStored | _BytesRemoved | AllBlocksCleared) -> KvEvent:
+    if isinstance(item, _BytesStored):
+        parent = item.parent_block_hash
+        return BlockStored(
+            block_hashes=[_hash_value(h) for h in item.block_hashes],
+            parent_block_hash=None if parent is None else _hash_value(parent),
+            token_ids=item.token_ids,
+            block_size=item.block_size,
+            lora_id=item.lora_id,
+            medium=item.medium,
+            lora_name=item.lora_name,
+            extra_keys=item.extra_keys,
+            group_idx=item.group_idx,
+            kv_cache_spec_kind=item.kv_cache_spec_kind,
+        )
+    if isinstance(item, _BytesRemoved):
+        return BlockRemoved(
+            [_hash_value(h) for h in item.block_hashes], item.medium, item.group_idx
+        )
+    return item
 
 
 def _from_positional(item: _PosStored | _PosRemoved | _PosCleared) -> KvEvent:
