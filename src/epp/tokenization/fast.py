@@ -32,6 +32,7 @@ import unicodedata
 from array import array
 from collections.abc import Mapping
 from functools import cache
+from itertools import chain
 from typing import Any
 
 import tokenizers
@@ -130,16 +131,36 @@ def translate_pattern(pattern: str) -> str | None:
     return translated
 
 
+class _PieceIds(dict[str, tuple[int, ...]]):
+    """piece -> its ids, filled on a miss by the BPE model (bounded: starts over when
+    full; pieces longer than 256 characters are not kept, they rarely repeat)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self._tokenize = model.tokenize
+        self._bytes = _byte_chars()
+
+    def __missing__(self, piece: str) -> tuple[int, ...]:
+        chars = self._bytes
+        mapped = "".join([chars[b] for b in piece.encode("utf-8")])
+        ids = tuple(token.id for token in self._tokenize(mapped))
+        if len(piece) <= 256:
+            if len(self) >= PIECE_CACHE_LIMIT:
+                self.clear()
+            self[piece] = ids
+        return ids
+
+
 class FastByteLevelBpe:
     """Pieces by a Python regex, ids by a cache over the tokenizer's BPE model."""
 
     def __init__(self, model: Any, pattern: str) -> None:
-        self._model = model
         self._pattern = re.compile(pattern)
-        self._pieces: dict[str, tuple[int, ...]] = {}
-        self._bytes = _byte_chars()
+        # On ASCII text the ASCII classes are the Unicode ones (U+001C-U+001F aside,
+        # which `safe` sends to HF), and cheaper to match.
+        self._ascii_pattern = re.compile(pattern, re.ASCII)
+        self._pieces = _PieceIds(model)
         self._risky = _risky()
-        self._ascii_risky = re.compile("[\x1c-\x1f]")
 
     @classmethod
     def build(
@@ -184,37 +205,24 @@ class FastByteLevelBpe:
     def safe(self, segment: str) -> bool:
         """Whether the Python pattern splits this text as the tokenizer does."""
         if segment.isascii():
-            return self._ascii_risky.search(segment) is None
+            return not any(c in segment for c in "\x1c\x1d\x1e\x1f")
         return self._risky.search(segment) is None
 
     def encode_into(self, ids: array, segment: str, need: int | None) -> int | None:
         """Append the ids of a safe segment (no special tokens in it). With `need`, stop
         once `ids` holds that many and return the characters consumed (a piece end, so
         the ids so far are exact); None when the whole segment was encoded."""
-        pieces = self._pieces
-        get = pieces.get
-        if need is None:
-            for piece in self._pattern.findall(segment):
-                got = get(piece)
-                ids.extend(got if got is not None else self._miss(piece))
-            return None
-        for match in self._pattern.finditer(segment):
-            piece = match.group()
-            got = get(piece)
-            ids.extend(got if got is not None else self._miss(piece))
+        pattern = self._ascii_pattern if segment.isascii() else self._pattern
+        lookup = self._pieces.__getitem__
+        if need is None or len(segment) <= (need - len(ids)) * 16 + 4096:
+            # The whole segment at once: the loop runs in C.
+            ids.extend(chain.from_iterable(map(lookup, pattern.findall(segment))))
+            return None if need is None or len(ids) < need else len(segment)
+        for match in pattern.finditer(segment):  # a huge segment: only its head
+            ids.extend(lookup(match.group()))
             if len(ids) >= need:
                 return match.end()
         return None
-
-    def _miss(self, piece: str) -> tuple[int, ...]:
-        if len(self._pieces) >= PIECE_CACHE_LIMIT:
-            self._pieces.clear()
-        chars = self._bytes
-        mapped = "".join([chars[b] for b in piece.encode("utf-8")])
-        ids = tuple(token.id for token in self._model.tokenize(mapped))
-        if len(piece) <= 256:  # long pieces rarely repeat: do not keep them
-            self._pieces[piece] = ids
-        return ids
 
 
 def _byte_level_pattern(spec: Any) -> str | None:
