@@ -628,14 +628,13 @@ def render_page(
         "- Not a consensus: two replicas choosing within the same millisecond do not see"
         " each other's choice (two new prompts can land on one pod); the next decision"
         " sees both.",
-        "- A peer's dispatch counts in a pod's load from its arrival until a page fetched"
-        " after it; its end is never heard of (only the replica that routed it forwards"
-        " or receives it), so between pages it counts as the routing replica's own"
-        " dispatches do.",
+        "- A peer's dispatch counts in a pod's load from its arrival here until a page"
+        " fetched after that shows it (at most `replicas.load_ttl_s`, 5 s, while no page"
+        " comes). Only the replica that routed a request hears of its end.",
         "- The peer port has no authentication: what it reads is bounded and validated"
         " (a malformed frame closes that connection), but anyone who can reach it can send"
-        " well-formed decisions. Keep it inside the cluster (the manifests expose it only"
-        " through a headless Service).",
+        " well-formed decisions. Keep it inside the cluster; a NetworkPolicy that lets only"
+        " EPP pods reach it is not shipped.",
         "- Behind a Gateway controller (Envoy Gateway and the InferencePool's"
         " `endpointPickerRef`), the ext_proc cluster is the controller's: its health checks"
         " and retries decide what a replica's death costs. Not run here.",
