@@ -4,13 +4,14 @@ For each tokenizer (the test tokenizer `tests/fixtures/tokenizer/llama3`, and
 `.bench/tiny-llama` when it was built; `--tokenizer DIR` adds others), in process:
 
 1. **Encode cost per 1,000 tokens, cold**: a long prompt text encoded whole with the
-   prefix cache off (the BPE's own word cache is warm, as in steady state: the words
-   repeat), divided by its tokens.
+   prefix cache off, by HF `tokenizers` alone and by the fast path (`fast.py`; the piece
+   caches are warm, as in steady state: words repeat), divided by its tokens.
 2. **The decision path** for a 4,096-token chat prompt: `parse_request` (the body's JSON)
    + the tokenizer (render the chat template, encode) + the chained block hashes, the
    exact calls the router makes (`prefix.blocks.prompt_blocks`):
    - byte estimate: the default without a configured tokenizer, for reference;
-   - cold: a conversation never seen before (every iteration another one);
+   - cold: a conversation never seen before (every iteration another one), with HF's
+     encode alone and with the fast path;
    - turn N, cache warm: a conversation whose turn N-1 was routed before (the new turn
      adds an assistant reply and a user message, ~150 tokens); each iteration another
      conversation;
@@ -133,10 +134,11 @@ def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> lis
     # 1. encode cost per 1k tokens (cold: no prefix cache)
     text = _text(rng, 12_000)
     tokens = len(cold.encode(text))
-    samples = _timed(lambda _: cold.encode(text), max(20, iterations // 20))
-    per_k = [s * 1000 / tokens for s in samples]
-    rows.append(Row(name, f"encode, per 1k tokens ({len(text) / tokens:.1f} chars/token)", 1000,
-                    _pct(per_k, 50), _pct(per_k, 90), _pct(per_k, 99)))  # fmt: skip
+    for label, tok in (("HF tokenizers' encode", load_tokenizer_dir(directory, cache_bytes=0, fast_path=False)), ("fast path", cold)):  # fmt: skip
+        samples = _timed(lambda _, t=tok: t.encode(text), max(20, iterations // 10))
+        per_k = [s * 1000 / tokens for s in samples]
+        rows.append(Row(name, f"encode, per 1k tokens, {label} ({len(text) / tokens:.1f} chars/token)", 1000,
+                        _pct(per_k, 50), _pct(per_k, 90), _pct(per_k, 99)))  # fmt: skip
     # 2. the decision path for a `prompt_tokens` chat prompt
     turns = 8
     sample = _conversation(rng, cold, prompt_tokens, turns)
@@ -144,9 +146,17 @@ def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> lis
     conversations = [_conversation(random.Random(i + 1), cold, prompt_tokens, turns) for i in range(iterations)]  # fmt: skip
     previous = [c[:-2] for c in conversations]  # turn N-1: without the last reply and question
     byte = ByteEstimateTokenizer()
+    hf_only = load_tokenizer_dir(directory, cache_bytes=0, fast_path=False)
     bodies = [_chat_body(c) for c in conversations]
     for label, path, tok, make, warm in (
         ("byte estimate", CHAT, byte, _chat_body, None),
+        (
+            "real tokenizer, cold, HF tokenizers' encode (no fast path)",
+            CHAT,
+            hf_only,
+            _chat_body,
+            None,
+        ),
         ("real tokenizer, cold", CHAT, cold, _chat_body, None),
         ("real tokenizer, turn N, cache warm", CHAT, None, _chat_body, _chat_body),
         (
