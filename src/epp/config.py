@@ -368,7 +368,8 @@ class EppConfig(Strict):
     kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
     # A model name clients send that is a LoRA adapter of a base model: adapter -> base.
     adapters: dict[str, str] = Field(default_factory=dict)
-    # A model name clients send -> its tokenizer files; other models: the byte estimate.
+    # A base model name (as the pods serve it) -> its tokenizer files; adapters use their
+    # base model's; other models: the byte estimate.
     tokenizers: dict[str, TokenizerConfig] = Field(default_factory=dict)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     endpoints_file: Path | None = None

@@ -1,7 +1,7 @@
 """Which tokenizer serves which model: the `tokenizers:` section of the configuration.
 
     tokenizers:
-      meta-llama/Llama-3.1-8B-Instruct:        # the model name clients send
+      meta-llama/Llama-3.1-8B-Instruct:        # a base model name, as the pods serve it
         path: /models/llama-3.1-8b             # tokenizer.json, tokenizer_config.json
         # chat_template_file: /models/llama/tool_chat_template.jinja   (vLLM --chat-template)
         # content_format: auto                 # auto | string | openai (vLLM's option)
@@ -10,8 +10,10 @@
 
 Every configured tokenizer is loaded when the registry is built, so a wrong path fails at
 start-up. Models that share a directory (and options) share one tokenizer and one cache.
-A model without an entry (and every request whose model is absent) gets the fallback,
-the byte estimate: approximate routing only needs the router to agree with itself.
+A LoRA adapter's requests use their base model's entry (the router looks up the base model
+of the model it serves the request as). A model without an entry (and every request whose
+model is absent) gets the fallback, the byte estimate: approximate routing only needs the
+router to agree with itself.
 """
 
 from __future__ import annotations
