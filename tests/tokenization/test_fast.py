@@ -84,7 +84,7 @@ def test_a_tokenizer_the_fast_path_gets_wrong_is_left_to_hf(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A translation that splits differently fails the self-test at load.
-    monkeypatch.setattr("epp.tokenization.fast.translate_pattern", lambda _: r"\S+|\s+")
+    monkeypatch.setattr("epp.tokenization.fast.translate_pattern", lambda _, **__: r"\S+|\s+")
     assert load_tokenizer_dir(tokenizer_dir("llama3"))._fast is None
     # Metaspace (sentencepiece-style) tokenizers never qualify.
     assert load_tokenizer_dir(tokenizer_dir("chatml"))._fast is None

@@ -7,16 +7,16 @@ less work, in three steps that are each exact:
 
 1. The text between special tokens is split into pieces by the tokenizer's own
    pre-tokenizer pattern, translated to Python's `re` (`\\p{L}` -> `[^\\W\\d_]`, `\\p{N}`
-   -> `\\d`, `[^...\\p{L}\\p{N}]` -> `(?:[^...\\w]|_)`); patterns it cannot translate
-   leave the tokenizer on the HF path.
+   -> `\\d`, `[^...\\p{L}\\p{N}]` -> `(?:[^...\\w]|_)`; on ASCII text `A-Za-z` and
+   `0-9`); patterns it cannot translate leave the tokenizer on the HF path.
 2. Each piece's ids come from a dictionary (natural text repeats its pieces), filled on a
    miss by the tokenizer's own BPE model on the piece's byte-level form: the BPE works
    piece by piece, so this is what the full encode computes.
 3. The translation is exact only where Python's character classes agree with the
    tokenizer's Unicode ones: a segment holding a character where they may not (numbers
    that are not decimal digits such as "½", unassigned or newer code points, the
-   separators U+001C-U+001F that Python counts as spaces, the long s (U+017F) under `(?i)`, astral
-   characters other than emoji) is encoded by HF instead (`safe`).
+   separators U+001C-U+001F that Python counts as spaces, the long s (U+017F) under
+   `(?i)`, astral characters other than emoji) is encoded by HF instead (`safe`).
 
 Only tokenizers with no normalizer, a ByteLevel pre-tokenizer without prefix space (with
 its own regex or after one Split), a plain BPE model and added tokens that split cleanly
@@ -85,17 +85,19 @@ def _risky() -> re.Pattern[str]:
     return re.compile(f"[{body}]")
 
 
-def translate_pattern(pattern: str) -> str | None:
+def translate_pattern(pattern: str, *, ascii_only: bool = False) -> str | None:
     """A Unicode-property regex (Rust/Oniguruma syntax) in Python's `re`, valid on text
-    without risky characters; None for what this does not know."""
+    without risky characters (`ascii_only`: on ASCII text, with plain ASCII classes,
+    which match faster); None for what this does not know."""
+    letters, numbers = ("A-Za-z", "0-9") if ascii_only else (None, None)
     out: list[str] = []
     i = 0
     while i < len(pattern):
         if pattern.startswith(r"\p{L}", i):
-            out.append(r"[^\W\d_]")
+            out.append(f"[{letters}]" if letters else r"[^\W\d_]")
             i += 5
         elif pattern.startswith(r"\p{N}", i):
-            out.append(r"\d")
+            out.append(f"[{numbers}]" if numbers else r"\d")
             i += 5
         elif pattern.startswith(r"\p", i) or pattern.startswith(r"\P", i):
             return None
@@ -113,13 +115,17 @@ def translate_pattern(pattern: str) -> str | None:
             if r"\p" not in body and r"\P" not in body:
                 out.append(f"[{body}]")
                 continue
+            rest = body.replace(r"\p{L}", "").replace(r"\p{N}", "")
+            if r"\p" in rest or r"\P" in rest:
+                return None
+            if letters and numbers:
+                with_ascii = body.replace(r"\p{L}", letters).replace(r"\p{N}", numbers)
+                out.append(f"[{with_ascii}]")
+                continue
             # Only [^ ... \p{L}\p{N}]: neither a letter nor a number (nor the rest).
             if not body.startswith("^") or r"\p{L}" not in body or r"\p{N}" not in body:
                 return None
-            rest = body[1:].replace(r"\p{L}", "").replace(r"\p{N}", "")
-            if r"\p" in rest or r"\P" in rest:
-                return None
-            out.append(f"(?:[^{rest}\\w]|_)")
+            out.append(f"(?:[^{rest[1:]}\\w]|_)")
         else:
             out.append(pattern[i])
             i += 1
@@ -154,11 +160,11 @@ class _PieceIds(dict[str, tuple[int, ...]]):
 class FastByteLevelBpe:
     """Pieces by a Python regex, ids by a cache over the tokenizer's BPE model."""
 
-    def __init__(self, model: Any, pattern: str) -> None:
+    def __init__(self, model: Any, pattern: str, ascii_pattern: str) -> None:
         self._pattern = re.compile(pattern)
-        # On ASCII text the ASCII classes are the Unicode ones (U+001C-U+001F aside,
-        # which `safe` sends to HF), and cheaper to match.
-        self._ascii_pattern = re.compile(pattern, re.ASCII)
+        # On ASCII text, ASCII classes are the Unicode ones (U+001C-U+001F aside, which
+        # `safe` sends to HF), and match faster.
+        self._ascii_pattern = re.compile(ascii_pattern, re.ASCII)
         self._pieces = _PieceIds(model)
         self._risky = _risky()
 
@@ -189,9 +195,10 @@ class FastByteLevelBpe:
         if pattern is None:
             return None
         translated = translate_pattern(pattern)
-        if translated is None:
+        ascii_translated = translate_pattern(pattern, ascii_only=True)
+        if translated is None or ascii_translated is None:
             return None
-        fast = cls(tokenizer.model, translated)
+        fast = cls(tokenizer.model, translated, ascii_translated)
         for sample in SELF_TEST:
             if not fast.safe(sample):
                 continue  # the HF path takes it anyway
