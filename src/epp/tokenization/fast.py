@@ -32,7 +32,6 @@ import unicodedata
 from array import array
 from collections.abc import Mapping
 from functools import cache
-from itertools import chain
 from typing import Any
 
 import tokenizers
@@ -137,19 +136,20 @@ def translate_pattern(pattern: str, *, ascii_only: bool = False) -> str | None:
     return translated
 
 
-class _PieceIds(dict[str, tuple[int, ...]]):
-    """piece -> its ids, filled on a miss by the BPE model (bounded: starts over when
-    full; pieces longer than 256 characters are not kept, they rarely repeat)."""
+class _PieceIds(dict[str, bytes]):
+    """piece -> its ids (as the bytes of a uint32 array: joining them is a memcpy),
+    filled on a miss by the BPE model (bounded: starts over when full; pieces longer than
+    256 characters are not kept, they rarely repeat)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
         self._tokenize = model.tokenize
         self._bytes = _byte_chars()
 
-    def __missing__(self, piece: str) -> tuple[int, ...]:
+    def __missing__(self, piece: str) -> bytes:
         chars = self._bytes
         mapped = "".join([chars[b] for b in piece.encode("utf-8")])
-        ids = tuple(token.id for token in self._tokenize(mapped))
+        ids = array("I", [token.id for token in self._tokenize(mapped)]).tobytes()
         if len(piece) <= 256:
             if len(self) >= PIECE_CACHE_LIMIT:
                 self.clear()
@@ -223,10 +223,10 @@ class FastByteLevelBpe:
         lookup = self._pieces.__getitem__
         if need is None or len(segment) <= (need - len(ids)) * 16 + 4096:
             # The whole segment at once: the loop runs in C.
-            ids.extend(chain.from_iterable(map(lookup, pattern.findall(segment))))
+            ids.frombytes(b"".join(map(lookup, pattern.findall(segment))))
             return None if need is None or len(ids) < need else len(segment)
         for match in pattern.finditer(segment):  # a huge segment: only its head
-            ids.extend(lookup(match.group()))
+            ids.frombytes(lookup(match.group()))
             if len(ids) >= need:
                 return match.end()
         return None
