@@ -15,7 +15,9 @@ For each tokenizer (the test tokenizer `tests/fixtures/tokenizer/llama3`, and
    - turn N, cache warm: a conversation whose turn N-1 was routed before (the new turn
      adds an assistant reply and a user message, ~150 tokens); each iteration another
      conversation;
-   - the same, as an Anthropic `/v1/messages` body.
+   - the same, as an Anthropic `/v1/messages` body;
+   - cold with every word new (random letters): the fast path's piece cache misses on
+     every piece, its worst case.
 
 p50 / p90 / p99 over the iterations, in microseconds. The machine is shared and noisy:
 compare rows of one run.
@@ -92,14 +94,22 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(out)
 
 
-def _conversation(rng: random.Random, tok: Tokenizer, target: int, turns: int) -> list[ChatMessage]:
+def _novel_text(rng: random.Random, words: int) -> str:
+    """Words never seen before (random letters): every piece misses the piece cache."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choices(letters, k=rng.randint(3, 9))) for _ in range(words))
+
+
+def _conversation(
+    rng: random.Random, tok: Tokenizer, target: int, turns: int, text: Callable[..., str] = _text
+) -> list[ChatMessage]:
     """A conversation of about `target` tokens under `tok`: a system prompt and turns."""
-    messages = [ChatMessage("system", _text(rng, 200))]
+    messages = [ChatMessage("system", text(rng, 200))]
     for i in range(turns):
-        messages.append(ChatMessage("user" if i % 2 == 0 else "assistant", _text(rng, 60)))
+        messages.append(ChatMessage("user" if i % 2 == 0 else "assistant", text(rng, 60)))
     # Grow the system prompt until the rendering holds `target` tokens (+ the new turn).
     while len(tok.encode_chat(messages)) < target - 150:
-        messages[0] = ChatMessage("system", messages[0].content + " " + _text(rng, 100))
+        messages[0] = ChatMessage("system", messages[0].content + " " + text(rng, 100))
     return messages
 
 
@@ -178,6 +188,13 @@ def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> lis
         runner = tok
         samples = _timed(lambda i, t=runner, b=these, p=path: decision(p, b[i], t), iterations)
         rows.append(Row(name, f"decision: {label}", count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
+    # The worst cold case: every word new, so every piece is a BPE call (the
+    # conversations are built with another tokenizer, so the timed one has seen none).
+    novel = [_chat_body(_conversation(random.Random(10_000 + i), hf_only, prompt_tokens, turns, _novel_text)) for i in range(max(20, iterations // 5))]  # fmt: skip
+    fresh = load_tokenizer_dir(directory, cache_bytes=0)
+    novel_count = len(hf_only.encode_chat(parse_request(CHAT, novel[0], {}).prompt.messages or ()))
+    samples = _timed(lambda i: decision(CHAT, novel[i], fresh), len(novel))
+    rows.append(Row(name, "decision: real tokenizer, cold, every word new", novel_count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
     return rows
 
 
