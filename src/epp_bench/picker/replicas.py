@@ -71,6 +71,8 @@ SIM_ARGS = (
 )  # fmt: skip
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STARTUP_TIMEOUT_S = 30.0
+# Failover scene with a hung replica (SIGSTOP): what a client waits before giving up.
+HUNG_TIMEOUT_S = 5.0
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -385,6 +387,7 @@ async def _steady_load(
     duration_s: float,
     signal_at_s: float,
     on_signal,
+    request_timeout_s: float = 60.0,
 ) -> tuple[list[Sent], float]:
     """`clients` clients, each running conversations back to back for `duration_s`; a
     failed turn ends its conversation (the next one starts). `on_signal` runs (in a
@@ -394,7 +397,7 @@ async def _steady_load(
     signalled = start + signal_at_s
     sent: list[Sent] = []
     conversations = iter(workload.conversations * 1000)
-    timeout = aiohttp.ClientTimeout(total=60)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
     async def converse(session: aiohttp.ClientSession, conversation: Conversation) -> None:
         replies: list[str] = []
@@ -416,7 +419,9 @@ async def _steady_load(
                             error = stream.error or "stream cut"
                         else:
                             reply = stream.reply
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except TimeoutError:
+                error = f"no answer in {request_timeout_s:g} s"
+            except (aiohttp.ClientError, OSError) as exc:
                 error = type(exc).__name__
             sent.append(Sent(began - signalled, status, error))
             if reply is None:
@@ -457,6 +462,8 @@ def run_failover(
         def on_signal() -> None:
             proc.signal(sig)
 
+        # A hung replica's streams hang: the clients give up after a few seconds.
+        hung = sig == signal.SIGSTOP
         sent, after = asyncio.run(
             _steady_load(
                 f"{stack.envoy_url}/v1/chat/completions",
@@ -465,8 +472,11 @@ def run_failover(
                 duration_s,
                 signal_at_s,
                 on_signal,
+                request_timeout_s=HUNG_TIMEOUT_S if hung else 60.0,
             )
         )
+        if hung:
+            proc.signal(signal.SIGKILL)  # a stopped process would ignore SIGTERM
     failed = [s for s in sent if s.error is not None]
     errors = Counter(s.error or "" for s in failed)
     return FailoverResult(
@@ -597,6 +607,13 @@ def render_page(
         " NOT_SERVING at once, the health check takes the replica out within 0.5 s, and the"
         " replica keeps routing what still comes until quiet.",
         "",
+        "A hung replica (SIGSTOP: alive, answering nothing) is worse than a dead one: the"
+        " requests Envoy sends it before a health check times out (0.25 s, every 0.5 s)"
+        f" hang. In `FULL_DUPLEX_STREAMED` neither a retry nor the ext_proc timeouts end"
+        f" them (README, Failure modes); the clients here give up after {HUNG_TIMEOUT_S:g} s,"
+        " which also slows their later requests. Least request sends the hung replica"
+        " fewer streams as its open ones pile up.",
+        "",
     ]
     kills = [f for f in failovers if f.signal == "SIGKILL" and "without" not in f.name]
     if kills:
@@ -684,6 +701,10 @@ def main(argv: list[str]) -> int:
             ),
             run_failover(
                 "SIGTERM one of 2 (drain)", work / "term", spec, args.clients, signal.SIGTERM,
+                args.failover_s, signal_at,
+            ),
+            run_failover(
+                "SIGSTOP one of 2 (hung)", work / "stop", spec, args.clients, signal.SIGSTOP,
                 args.failover_s, signal_at,
             ),
         ]  # fmt: skip
