@@ -493,17 +493,19 @@ def run_failover(
 
 # -- report -------------------------------------------------------------------------------
 def _fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
+    return "-" if value is None else f"{value:.0f}"
 
 
 def render_page(
-    scenes: list[SceneResult],
+    groups: list[list[SceneResult]],
     failovers: list[FailoverResult],
     command: str,
     commit: str,
     spec: WorkloadSpec,
     concurrency: int,
+    seeds: Sequence[int],
 ) -> str:
+    """`groups`: per scene, one result per seed (cells show them as `a / b`)."""
     lines = [
         "# Several EPP replicas behind one Envoy",
         "",
@@ -514,7 +516,10 @@ def render_page(
         "",
         f"Workload: the demo's chat ({spec.conversations} conversations x {spec.turns} turns,"
         f" {spec.system_prompts} shared system prompts of {spec.system_prompt_tokens} tokens,"
-        f" streaming, {concurrency} conversations at once, seed {spec.seed}). Each turn"
+        f" streaming, {concurrency} conversations at once, seeds"
+        f" {' and '.join(str(x) for x in seeds)}: each cell reads `seed {seeds[0]}"
+        + "".join(f" / seed {x}" for x in seeds[1:])
+        + "`; the failover scenes use the first). Each turn"
         " resends the whole history, so the pod that served turn k holds most of turn k+1.",
         "",
         "## The design, in short",
@@ -538,37 +543,40 @@ def render_page(
         "",
         "## Hit rate and TTFT: 1 replica, 2 without sharing, 2 sharing",
         "",
-        "| | " + " | ".join(s.name for s in scenes) + " |",
-        "|---|" + "---:|" * len(scenes),
+        "| | " + " | ".join(g[0].name for g in groups) + " |",
+        "|---|" + "---:|" * len(groups),
     ]
 
-    def row(label: str, cells: Sequence[str]) -> None:
+    def row(label: str, cell) -> None:
+        cells = [" / ".join(cell(s) for s in group) for group in groups]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
-    row("requests ok / failed", [f"{s.requests - s.failed} / {s.failed}" for s in scenes])
+    row("requests failed", lambda s: str(s.failed))
     row(
         "prefix cache hit rate (pods)",
-        ["-" if s.hit_rate is None else f"{s.hit_rate * 100:.1f}%" for s in scenes],
+        lambda s: "-" if s.hit_rate is None else f"{s.hit_rate * 100:.1f}%",
     )
-    row("TTFT p50", [_fmt_ms(s.ttft_p50_ms) for s in scenes])
-    row("TTFT p90", [_fmt_ms(s.ttft_p90_ms) for s in scenes])
-    row("TTFT p99", [_fmt_ms(s.ttft_p99_ms) for s in scenes])
-    row("wall time", [f"{s.duration_s:.1f} s" for s in scenes])
-    row("turns on another pod than the turn before", [str(s.pod_switches) for s in scenes])
+    row("TTFT p50 (ms)", lambda s: _fmt_ms(s.ttft_p50_ms))
+    row("TTFT p90 (ms)", lambda s: _fmt_ms(s.ttft_p90_ms))
+    row("TTFT p99 (ms)", lambda s: _fmt_ms(s.ttft_p99_ms))
+    row("wall time (s)", lambda s: f"{s.duration_s:.1f}")
+    row("turns on another pod than the turn before", lambda s: str(s.pod_switches))
     row(
         "decisions per replica",
-        [" / ".join(f"{n:.0f}" for n in s.per_replica) for s in scenes],
+        lambda s: "+".join(f"{n:.0f}" for n in s.per_replica),
     )
-    pods = sorted({p for s in scenes for p in s.per_pod})
+    pods = sorted({p for g in groups for s in g for p in s.per_pod})
     for pod in pods:
-        row(f"requests on {pod}", [str(s.per_pod.get(pod, 0)) for s in scenes])
+        row(f"requests on {pod}", lambda s, pod=pod: str(s.per_pod.get(pod, 0)))
     lines += [
         "",
         "- **Hit rate**: the pods' own counters, the increase of"
         " `vllm:prefix_cache_hits_total` over that of `vllm:prefix_cache_queries_total`,"
         " summed over the pods.",
         "- **Turns on another pod**: a turn whose conversation's previous turn was served by"
-        " a different pod (it finds its history cold).",
+        " a different pod (it finds its history cold). With sharing a few can remain: two"
+        " replicas placing new prompts within the same millisecond (see Limits), or load"
+        " moving a conversation, as it can with one replica.",
         '- **Decisions per replica**: `epp_routing_decisions_total{result="routed"}` of'
         " each replica; Envoy balances routing streams over the replicas (least request).",
         "",
@@ -665,15 +673,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--conversations", type=int, default=48)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", default="0,1", help="workload seeds of the sharing scenes (comma list)"
+    )
     parser.add_argument("--clients", type=int, default=8, help="failover: clients at once")
     parser.add_argument("--failover-s", type=float, default=8.0, help="failover: run length")
-    parser.add_argument("--kill-runs", type=int, default=5, help="failover: SIGKILL runs")
+    parser.add_argument("--kill-runs", type=int, default=3, help="failover: SIGKILL runs")
     parser.add_argument("--work-dir", type=Path, help="keep logs and configs here")
     parser.add_argument("--out", type=Path, help="write the markdown page here")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    spec = WorkloadSpec(seed=args.seed, conversations=args.conversations, turns=args.turns)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    specs = [
+        WorkloadSpec(seed=seed, conversations=args.conversations, turns=args.turns)
+        for seed in seeds
+    ]
+    spec = specs[0]
     with contextlib.ExitStack() as cleanup:
         if args.work_dir is not None:
             work = args.work_dir
@@ -681,10 +696,17 @@ def main(argv: list[str]) -> int:
             import tempfile
 
             work = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="epp-replicas-")))
-        scenes = [
-            run_scene("1 replica", work / "one", spec, args.concurrency, 1, False),
-            run_scene("2 replicas, not sharing", work / "two", spec, args.concurrency, 2, False),
-            run_scene("2 replicas, sharing", work / "shared", spec, args.concurrency, 2, True),
+        kinds = [
+            ("1 replica", "one", 1, False),
+            ("2 replicas, not sharing", "two", 2, False),
+            ("2 replicas, sharing", "shared", 2, True),
+        ]
+        groups = [
+            [
+                run_scene(name, work / f"{folder}-{s.seed}", s, args.concurrency, count, share)
+                for s in specs
+            ]
+            for name, folder, count, share in kinds
         ]
         signal_at = args.failover_s / 2
         failovers = [
@@ -710,19 +732,21 @@ def main(argv: list[str]) -> int:
         ]  # fmt: skip
     command = (
         f"epp bench replicas --conversations {args.conversations} --turns {args.turns}"
-        f" --concurrency {args.concurrency} --seed {args.seed} --clients {args.clients}"
+        f" --concurrency {args.concurrency} --seeds {args.seeds} --clients {args.clients}"
         f" --failover-s {args.failover_s:g} --kill-runs {args.kill_runs}"
     )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    page = render_page(scenes, failovers, command, commit or "unknown", spec, args.concurrency)
+    page = render_page(
+        groups, failovers, command, commit or "unknown", spec, args.concurrency, seeds
+    )
     print(page)
     if args.out is not None:
         args.out.write_text(page)
     if args.json is not None:
         payload = {
-            "scenes": [asdict(s) for s in scenes],
+            "scenes": [asdict(s) for g in groups for s in g],
             "failovers": [asdict(f) for f in failovers],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
