@@ -100,3 +100,35 @@ def test_piece_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = array("I")
     fast.encode_into(ids, " ".join(f"w{i}" for i in range(100)), None)
     assert len(fast._pieces) <= 10
+
+
+@pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
+def test_bounded_heads_of_long_segments_equal_hf(name: str) -> None:
+    """Windows of a long segment (no special token in 50k characters) resume at piece
+    ends exactly as the whole text splits, whitespace runs and long words included."""
+    directory = tokenizer_dir(name)
+    hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    rng = random.Random(4)
+    chunks = ["word", " ", "    ", "\n\n\n", "\t", "x" * 300, " " * 700, "12345678", "é中", "!?"]
+    for _ in range(12):
+        text = "".join(rng.choice(chunks) for _ in range(rng.randint(2000, 6000)))
+        want = hf.encode(text, add_special_tokens=False).ids
+        for cut in (1, 50, 517, 2000):
+            tok = load_tokenizer_dir(directory, cache_bytes=0)
+            assert list(tok.encode_text_head(text, cut).ids) == want[:cut]
+
+
+def test_a_single_huge_word_costs_a_bounded_encode(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = load_tokenizer_dir(tokenizer_dir("llama3"), cache_bytes=0)
+    seen: list[int] = []
+    encode = tok._encode
+
+    def spy(text: str, add_special_tokens: bool = True) -> object:
+        seen.append(len(text))
+        return encode(text, add_special_tokens=add_special_tokens)
+
+    tok._encode = spy  # type: ignore[method-assign]
+    word = "abcdefghij" * 200_000  # 2 million letters, one pre-tokenizer piece
+    head = tok.encode_text_head(word, 1000)
+    assert len(head.ids) == 1000 and not head.exact
+    assert sum(seen) < 1000 * 16 * 4  # slices of the head only, never the whole word

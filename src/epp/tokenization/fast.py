@@ -218,18 +218,41 @@ class FastByteLevelBpe:
     def encode_into(self, ids: array, segment: str, need: int | None) -> int | None:
         """Append the ids of a safe segment (no special tokens in it). With `need`, stop
         once `ids` holds that many and return the characters consumed (a piece end, so
-        the ids so far are exact); None when the whole segment was encoded."""
+        the ids so far are exact); None when the whole segment was encoded.
+
+        Bounded work with `need`: the segment is read in windows of 8 characters per id
+        still needed; a window's last two pieces are left for the next window (the
+        pattern's greedy runs and lookahead may end them differently in the whole text),
+        and the next window starts at a piece end, where the pattern restarts as it does
+        in the whole text. A window holding a single piece (a "word" longer than the
+        window) raises HandOver: the caller encodes the rest otherwise."""
         pattern = self._ascii_pattern if segment.isascii() else self._pattern
         lookup = self._pieces.__getitem__
-        if need is None or len(segment) <= (need - len(ids)) * 16 + 4096:
-            # The whole segment at once: the loop runs in C.
+        if need is None:
             ids.frombytes(b"".join(map(lookup, pattern.findall(segment))))
-            return None if need is None or len(ids) < need else len(segment)
-        for match in pattern.finditer(segment):  # a huge segment: only its head
-            ids.frombytes(lookup(match.group()))
+            return None
+        pos = 0
+        while True:
+            window = max(4096, (need - len(ids)) * 8)
+            if len(segment) - pos <= window:
+                ids.frombytes(b"".join(map(lookup, pattern.findall(segment, pos))))
+                return None if len(ids) < need else len(segment)
+            pieces = pattern.findall(segment, pos, pos + window)[:-2]
+            consumed = sum(map(len, pieces))
+            if consumed == 0:
+                raise HandOver(pos)
+            ids.frombytes(b"".join(map(lookup, pieces)))
+            pos += consumed
             if len(ids) >= need:
-                return match.end()
-        return None
+                return pos
+
+
+class HandOver(Exception):  # a signal, not an error
+    """The fast path stops at `consumed` characters of the segment (a piece end)."""
+
+    def __init__(self, consumed: int) -> None:
+        super().__init__(consumed)
+        self.consumed = consumed
 
 
 def _byte_level_pattern(spec: Any) -> str | None:

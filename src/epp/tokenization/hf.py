@@ -26,8 +26,10 @@ What vLLM does, and this reproduces:
 Bounded work: `encode_prefix` / `encode_chat_prefix` return at most `max_tokens` ids,
 encoding a slice of the text's head that grows until it holds `max_tokens` + 16 ids
 and the kept ids end at least two pre-tokenizer pieces before the cut (so a merge across
-the cut cannot change them), and estimate the rest of the count from the slice's
-characters per token. A rendered chat is cut the same way (the template itself renders
+the cut cannot change them; the slice grows once at most for that, so a single "word"
+longer than the slice is cut there, its last ids possibly not the engine's), and
+estimate the rest of the count from the slice's characters per token. The fast path
+(`fast.py`) reads windows of the text the same way. A rendered chat is cut the same way (the template itself renders
 the whole conversation the parser kept: templates may look ahead).
 
 Multi-turn reuse (`cache.py`): before encoding a rendered chat, the longest prefix of it
@@ -55,7 +57,7 @@ import xxhash
 
 from epp.tokenization.cache import PrefixTokenCache
 from epp.tokenization.chat_template import ChatTemplate
-from epp.tokenization.fast import FastByteLevelBpe
+from epp.tokenization.fast import FastByteLevelBpe, HandOver
 from epp.tokenize import (
     DEFAULT_CHAT_OPTIONS,
     ChatMessage,
@@ -342,7 +344,16 @@ class HfTokenizer:
                     offset = len(ids)
                     ids.extend(tail.ids)
                     return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
-                stop = fast.encode_into(ids, segment, need)
+                try:
+                    stop = fast.encode_into(ids, segment, need)
+                except HandOver as over:  # one huge piece: the HF path's bounded cut
+                    pos += over.consumed
+                    rest = None if need is None else max(0, need - len(ids))
+                    tail = self._encode_from(text, pos, "", rest)
+                    assert tail is not None
+                    offset = len(ids)
+                    ids.extend(tail.ids)
+                    return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
                 if stop is not None:
                     return _Piece(ids, start, pos + stop, False, counts=counts)
             if match is None:
@@ -365,6 +376,7 @@ class HfTokenizer:
             if need is None
             else max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token))
         )
+        first = size
         while True:
             end = min(len(text), start + size)
             chunk = text[start:end]
@@ -388,7 +400,15 @@ class HfTokenizer:
             if count >= need + MARGIN_TOKENS:
                 cut_word = encoding.token_to_word(need - 1 + skip) if need > 0 else None
                 last_word = encoding.token_to_word(len(ids) - 1)
-                if need == 0 or cut_word is None or last_word is None or cut_word < last_word - 2:
+                # The kept ids end two pieces before the cut; one growth at most for that
+                # (a single huge "word" would otherwise grow the slice to the whole text).
+                if (
+                    need == 0
+                    or cut_word is None
+                    or last_word is None
+                    or cut_word < last_word - 2
+                    or size >= 2 * first
+                ):
                     return _Piece(ids[skip:], start, end, False, encoding, skip, len(anchor))
             size *= 2
 
