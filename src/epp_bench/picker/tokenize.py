@@ -203,11 +203,13 @@ def markdown(rows: list[Row], command: str, load: str) -> str:
     lines = [
         "# Tokenizing with the model's own tokenizer",
         "",
-        f"Regenerate: `.venv/bin/{command}` (about 1 minute). In process, on "
-        f"{platform.machine()} (CPython {platform.python_version()}), {load}; the machine is",
-        "shared: compare rows of one run. Each decision row is what `Router.prepare` does",
-        "with the prompt: `parse_request` + the tokenizer (chat template rendered, text",
-        "encoded) + the chained block hashes (`prefix.blocks.prompt_blocks`).",
+        f"Regenerate: `.venv/bin/{command}` (about 1 minute).",
+        "",
+        f"In process, on {platform.machine()} (CPython {platform.python_version()}), {load}.",
+        "The machine is shared: compare rows of one run. Each decision row is what",
+        "`Router.prepare` does with the prompt: `parse_request` + the tokenizer (chat",
+        "template rendered, text encoded) + the chained block hashes",
+        "(`prefix.blocks.prompt_blocks`).",
         "",
         "| tokenizer | what | tokens | p50 (us) | p90 (us) | p99 (us) |",
         "|---|---|---:|---:|---:|---:|",
