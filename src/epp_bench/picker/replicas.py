@@ -624,12 +624,19 @@ def render_page(
         "",
     ]
     kills = [f for f in failovers if f.signal == "SIGKILL" and "without" not in f.name]
+    bare = [f for f in failovers if f.signal == "SIGKILL" and "without" in f.name]
     if kills:
         per_kill = ", ".join(str(f.failed) for f in kills)
         lines += [
             f"**SIGKILL of one of 2 replicas: {sum(f.failed for f in kills)} failed requests"
             f" in {len(kills)} kills** (per kill: {per_kill}; at most"
-            f" {max(f.failed for f in kills)}).",
+            f" {max(f.failed for f in kills)})."
+            + (
+                f" Without the retry and ejection settings: {sum(f.failed for f in bare)} in"
+                f" {len(bare)} kills (per kill: {', '.join(str(f.failed) for f in bare)})."
+                if bare
+                else ""
+            ),
             "",
         ]
     lines += [
@@ -718,9 +725,12 @@ def main(argv: list[str]) -> int:
         ]  # fmt: skip
         failovers += [
             run_failover(
-                "SIGKILL, Envoy without retry and ejection", work / "kill-bare", spec,
-                args.clients, signal.SIGKILL, args.failover_s, signal_at, envoy="bare",
-            ),
+                f"SIGKILL, Envoy without retry and ejection, run {i + 1}", work / f"bare-{i}",
+                spec, args.clients, signal.SIGKILL, args.failover_s, signal_at, envoy="bare",
+            )
+            for i in range(args.kill_runs)
+        ]  # fmt: skip
+        failovers += [
             run_failover(
                 "SIGTERM one of 2 (drain)", work / "term", spec, args.clients, signal.SIGTERM,
                 args.failover_s, signal_at,
