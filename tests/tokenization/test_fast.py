@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from array import array
 
@@ -132,3 +133,25 @@ def test_a_single_huge_word_costs_a_bounded_encode(monkeypatch: pytest.MonkeyPat
     head = tok.encode_text_head(word, 1000)
     assert len(head.ids) == 1000 and not head.exact
     assert sum(seen) < 1000 * 16 * 4  # slices of the head only, never the whole word
+
+
+def test_an_nfc_normalizer_keeps_the_fast_path_exact(tmp_path) -> None:
+    """Qwen 2's tokenizers normalize with NFC: text NFC leaves alone takes the fast path,
+    text it changes goes to HF, and both equal HF's ids."""
+    spec = json.loads((tokenizer_dir("llama3") / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFC"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = load_tokenizer_dir(tmp_path, cache_bytes=0)
+    assert tok._fast is not None
+    hf = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    rng = random.Random(8)
+    alphabet = [*ALPHABET, "e\u0301", "A\u030a", "\u212b", "\ufb01", "\u1e9b\u0323"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert list(tok.encode_text_head(text, None).ids) == want
+        cut = rng.randint(1, len(want) + 1)
+        assert list(tok.encode_text_head(text, cut).ids) == want[:cut]
+    other = dict(spec, normalizer={"type": "NFKC"})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(other))
+    assert load_tokenizer_dir(tmp_path)._fast is None  # NFKC: not reproduced

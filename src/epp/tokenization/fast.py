@@ -18,15 +18,16 @@ less work, in three steps that are each exact:
    separators U+001C-U+001F that Python counts as spaces, the long s (U+017F) under
    `(?i)`, astral characters other than emoji) is encoded by HF instead (`safe`).
 
-Only tokenizers with no normalizer, a ByteLevel pre-tokenizer without prefix space (with
-its own regex or after one Split), a plain BPE model and added tokens that split cleanly
-qualify, and each one must pass a self-test at load (a corpus with ASCII, Latin, CJK,
+Only tokenizers with no normalizer or NFC alone (applied per segment, as HF does), a
+ByteLevel pre-tokenizer without prefix space (with its own regex or after one Split), a
+plain BPE model and added tokens that split cleanly qualify, and each one must pass a self-test at load (a corpus with ASCII, Latin, CJK,
 emoji and digits, encoded both ways) or it is not used.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 from array import array
@@ -48,6 +49,7 @@ SELF_TEST = [
     "'S 'T 'RE 'VE 'M 'LL 'D 's't're've'm'll'd",
     '{"name": "get_weather", "arguments": {"city": "Paris"}}\n<tool_call>',
     "    def f(x):\n        return x ** 2  # comment\n\n\n",
+    "decomposed e\u0301 and composed \u00e9, A\u030a \u212b \ufb01 \u1e9b\u0323",
 ]
 
 
@@ -160,13 +162,15 @@ class _PieceIds(dict[str, bytes]):
 class FastByteLevelBpe:
     """Pieces by a Python regex, ids by a cache over the tokenizer's BPE model."""
 
-    def __init__(self, model: Any, pattern: str, ascii_pattern: str) -> None:
+    def __init__(self, model: Any, pattern: str, ascii_pattern: str, *, nfc: bool = False) -> None:
+        self._nfc = nfc  # the tokenizer's normalizer is NFC (per segment, as HF applies it)
         self._pattern = re.compile(pattern)
         # On ASCII text, ASCII classes are the Unicode ones (U+001C-U+001F aside, which
         # `safe` sends to HF), and match faster.
         self._ascii_pattern = re.compile(ascii_pattern, re.ASCII)
         self._pieces = _PieceIds(model)
         self._risky = _risky()
+        self.chars_per_id = 4.0  # learnt from the windows read
 
     @classmethod
     def build(
@@ -177,8 +181,9 @@ class FastByteLevelBpe:
             spec = json.loads(tokenizer.to_str())
         except ValueError:
             return None
-        if spec.get("normalizer") is not None:
-            return None
+        normalizer = spec.get("normalizer")
+        if normalizer is not None and normalizer != {"type": "NFC"}:
+            return None  # NFC alone (Qwen 2) is reproduced; anything else is not
         added = spec.get("added_tokens") or []
         if any(token.get("content") not in anchors for token in added):
             return None  # an added token with strip or word rules
@@ -198,12 +203,19 @@ class FastByteLevelBpe:
         ascii_translated = translate_pattern(pattern, ascii_only=True)
         if translated is None or ascii_translated is None:
             return None
-        fast = cls(tokenizer.model, translated, ascii_translated)
+        fast = cls(tokenizer.model, translated, ascii_translated, nfc=normalizer is not None)
         for sample in SELF_TEST:
             if not fast.safe(sample):
                 continue  # the HF path takes it anyway
+            for compiled in (fast._pattern, fast._ascii_pattern):
+                covers = "".join(compiled.findall(sample)) == sample
+                if (sample.isascii() or compiled is fast._pattern) and not covers:
+                    return None  # pieces must cover the text end to end
             ids = array("I")
-            fast.encode_into(ids, sample, None)
+            try:
+                fast.encode_into(ids, sample, None)
+            except HandOver:
+                continue  # HF takes such text anyway
             if list(ids) != tokenizer.encode(sample, add_special_tokens=False).ids:
                 return None
         fast._pieces.clear()
@@ -225,23 +237,37 @@ class FastByteLevelBpe:
         pattern's greedy runs and lookahead may end them differently in the whole text),
         and the next window starts at a piece end, where the pattern restarts as it does
         in the whole text. A window holding a single piece (a "word" longer than the
-        window) raises HandOver: the caller encodes the rest otherwise."""
-        pattern = self._ascii_pattern if segment.isascii() else self._pattern
+        window), or text that the tokenizer's NFC normalizer would change, raises
+        HandOver: the caller encodes the rest otherwise."""
+        if segment.isascii():
+            pattern = self._ascii_pattern  # ASCII text is its own NFC form
+        else:
+            pattern = self._pattern
+            if self._nfc and not unicodedata.is_normalized("NFC", segment):
+                raise HandOver(0)  # NFC would move characters: HF takes it from here
         lookup = self._pieces.__getitem__
         if need is None:
             ids.frombytes(b"".join(map(lookup, pattern.findall(segment))))
             return None
         pos = 0
         while True:
-            window = max(4096, (need - len(ids)) * 8)
+            # About the characters the ids still needed take, and a tenth more.
+            window = max(4096, math.ceil((need - len(ids)) * self.chars_per_id * 1.1))
             if len(segment) - pos <= window:
                 ids.frombytes(b"".join(map(lookup, pattern.findall(segment, pos))))
                 return None if len(ids) < need else len(segment)
-            pieces = pattern.findall(segment, pos, pos + window)[:-2]
-            consumed = sum(map(len, pieces))
-            if consumed == 0:
+            end = pos + window
+            pieces = pattern.findall(segment, pos, end)
+            if len(pieces) < 3:
                 raise HandOver(pos)
+            # The pieces cover the window end to end (checked at load): the kept ones end
+            # where the last two begin.
+            consumed = window - len(pieces[-1]) - len(pieces[-2])
+            before = len(ids)
+            del pieces[-2:]
             ids.frombytes(b"".join(map(lookup, pieces)))
+            if len(ids) > before:
+                self.chars_per_id = 0.5 * self.chars_per_id + 0.5 * consumed / (len(ids) - before)
             pos += consumed
             if len(ids) >= need:
                 return pos

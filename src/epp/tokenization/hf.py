@@ -374,7 +374,7 @@ class HfTokenizer:
         size = (
             remaining
             if need is None
-            else max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token))
+            else max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token * 1.2))
         )
         first = size
         while True:
@@ -410,7 +410,12 @@ class HfTokenizer:
                     or size >= 2 * first
                 ):
                     return _Piece(ids[skip:], start, end, False, encoding, skip, len(anchor))
-            size *= 2
+                size *= 2  # the cut word's pieces: once
+            else:
+                # Too few ids: grow to what the ids per character so far say, and a bit.
+                per_id = (end - start) / max(1, count)
+                self._chars_per_token = 0.5 * self._chars_per_token + 0.5 * per_id
+                size = max(size * 5 // 4, math.ceil((need + MARGIN_TOKENS) * per_id * 1.2))
 
     def _store(
         self,
