@@ -1,10 +1,11 @@
-"""The restructured prefix index (pod bitmasks, two-generation LRU) answers exactly as the
-straightforward one it replaced (a set of pods per block, an OrderedDict LRU per pod)."""
+"""The restructured prefix index (pod bits, a CLOCK queue of 8-byte hashes per pod) answers
+exactly as a straightforward model of the same policy (a set of pods per block, a deque, a
+set of held and of marked blocks per pod)."""
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 
 from epp.prefix.hashing import BlockHash
@@ -12,13 +13,17 @@ from epp.prefix.index import PrefixIndex
 
 
 class ReferenceIndex:
-    """The previous implementation (dict of sets + OrderedDict per pod), as the oracle."""
+    """CLOCK written the obvious way, as the oracle: blocks queue in the order first
+    recorded (a prompt's tail first); recording a held block marks it; eviction takes the
+    front: a marked block is unmarked and requeued, an unmarked one goes."""
 
     def __init__(self, capacity: int, fraction: float) -> None:
         self.default = capacity
         self.fraction = fraction
         self.holders: dict[int, set[str]] = {}
-        self.lru: dict[str, OrderedDict[int, None]] = {}
+        self.queue: dict[str, deque[int]] = {}
+        self.held: dict[str, set[int]] = {}
+        self.marked: dict[str, set[int]] = {}
         self.cap: dict[str, int] = {}
 
     def capacity(self, pod: str) -> int:
@@ -49,31 +54,47 @@ class ReferenceIndex:
 
     def record(self, pod: str, hashes: Sequence[int]) -> None:
         limit = max(1, int(self.capacity(pod) * self.fraction))
-        lru = self.lru.setdefault(pod, OrderedDict())
+        queue = self.queue.setdefault(pod, deque())
+        held = self.held.setdefault(pod, set())
+        marked = self.marked.setdefault(pod, set())
         for block in reversed(hashes[:limit]):
-            if block in lru:
-                lru.move_to_end(block)
+            if block in held:
+                marked.add(block)
             else:
-                lru[block] = None
+                held.add(block)
+                queue.append(block)
                 self.holders.setdefault(block, set()).add(pod)
         self._evict(pod)
+
+    def blocks(self, pod: str) -> int:
+        return len(self.held.get(pod, ()))
 
     def set_capacity(self, pod: str, capacity: int) -> None:
         self.cap[pod] = max(1, min(capacity, self.default))
         self._evict(pod)
 
     def clear_pod(self, pod: str) -> None:
-        for block in self.lru.pop(pod, ()):
+        for block in self.held.pop(pod, ()):
             self._drop(block, pod)
+        self.queue.pop(pod, None)
+        self.marked.pop(pod, None)
 
     def remove_pod(self, pod: str) -> None:
         self.clear_pod(pod)
         self.cap.pop(pod, None)
 
     def _evict(self, pod: str) -> None:
-        lru = self.lru.get(pod)
-        while lru is not None and len(lru) > self.capacity(pod):
-            block, _ = lru.popitem(last=False)
+        held = self.held.get(pod)
+        if held is None:
+            return
+        queue, marked = self.queue[pod], self.marked[pod]
+        while len(held) > self.capacity(pod):
+            block = queue.popleft()
+            if block in marked:
+                marked.discard(block)
+                queue.append(block)
+                continue
+            held.discard(block)
             self._drop(block, pod)
 
     def _drop(self, block: int, pod: str) -> None:
@@ -113,7 +134,7 @@ def test_random_operations_answer_as_the_reference():
         for prefix in prefixes:
             assert ours.match(prefix) == ref.match(prefix)  # type: ignore[arg-type]
         for pod in pods:
-            assert ours.blocks(pod) == len(ref.lru.get(pod, ()))
+            assert ours.blocks(pod) == ref.blocks(pod)
         assert ours.nodes == len(ref.holders)
 
 
@@ -131,13 +152,13 @@ def test_hashes_outside_64_bits_still_work():
     index = PrefixIndex(4, max_record_fraction=1.0)
     blocks = [BlockHash(-5), BlockHash(2**70), BlockHash(3), BlockHash(4)]
     index.record("a", blocks)
-    index.record("a", [BlockHash(9)])  # the old generation holds the first four: a list
+    index.record("a", [BlockHash(9)])  # evicts the unmarked oldest: the tail, 4
     assert index.match(blocks) == {"a": 3}
     index.clear_pod("a")
     assert index.nodes == 0
 
 
-def test_the_lru_stays_exact_over_many_generations():
+def test_the_queue_stays_exact_over_many_turns():
     index = PrefixIndex(10, max_record_fraction=1.0)
     ref = ReferenceIndex(10, 1.0)
     rng = random.Random(3)
@@ -145,4 +166,19 @@ def test_the_lru_stays_exact_over_many_generations():
         block = [rng.randrange(30)]
         index.record("a", block)  # type: ignore[arg-type]
         ref.record("a", block)
-    assert sorted(k for k in range(30) if index.match([BlockHash(k)])) == sorted(ref.lru["a"])
+    assert sorted(k for k in range(30) if index.match([BlockHash(k)])) == sorted(ref.held["a"])
+
+
+def test_a_precise_pods_churned_engine_map_is_compacted_and_still_right():
+    import sys
+
+    index = PrefixIndex(100_000)
+    index.set_precise("a", True)
+    engine = list(range(1, 20_001))
+    index.store_engine_blocks("a", engine, [BlockHash(h * 7) for h in engine], 1)
+    slot_size = sys.getsizeof(index._pods["a"].engine)
+    assert index.remove_engine_blocks("a", engine[:19_000]) == 19_000
+    assert sys.getsizeof(index._pods["a"].engine) < slot_size / 4  # copied, right-sized
+    assert sorted(index.engine_blocks("a")) == engine[19_000:]
+    assert index.match([BlockHash(19_001 * 7)]) == {"a": 1}
+    assert index.match([BlockHash(7)]) == {}

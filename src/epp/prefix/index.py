@@ -9,11 +9,15 @@ the length of the longest cached prefix, not by the size of the index.
 Each pod learns its blocks in one of two modes (`set_precise`):
 
 - **Approximate** (the default): `record` says the router sent the pod this prefix, so
-  the pod is assumed to hold it. The pod's blocks sit in an LRU bounded by a capacity (the
-  pod's real KV size when known), so the index cannot grow without bound and forgets what
-  the pod must have evicted too. No single request takes over a pod's memory: `record`
-  keeps at most `max_record_fraction` of the pod's capacity (at least one block) from the
-  prompt's head and drops the tail.
+  the pod is assumed to hold it. The pod's blocks are bounded by a capacity (the pod's
+  real KV size when known), so the index cannot grow without bound and forgets what the
+  pod must have evicted too. Eviction is CLOCK (second chance), the classic close
+  approximation of LRU: blocks queue in the order they were first recorded; a block
+  recorded again is marked, and when its turn to go comes, a marked block loses its mark
+  and goes to the back instead. A prompt's blocks are queued tail first, so an engine's
+  order (a sequence's tail before its head) is kept. No single request takes over a
+  pod's memory: `record` keeps at most `max_record_fraction` of the pod's capacity (at
+  least one block) from the prompt's head and drops the tail.
 - **Precise**: the pod's engine says what it stored and evicted (vLLM KV events, applied
   by `epp.prefix.precise`). Each engine block is kept under the engine's own hash with
   the router's key(s) for it (`store_engine_blocks`, `remove_engine_blocks`), so that an
@@ -25,19 +29,20 @@ Each pod learns its blocks in one of two modes (`set_precise`):
 
 Memory (the field's routers have run out of it; docs/benchmarks/index.md measures this):
 
-- pods are small integer ids, and a block maps to a bitmask of the pods holding it (an
-  int) rather than a set of names: a block held by one pod costs one dict entry whose
-  value is the pod's shared bit object;
-- the approximate LRU is exact but needs no linked list: recent blocks are the keys of a
-  plain dict in recency order (a touch pops and re-inserts), older ones an array of
-  8-byte hashes consumed from the front. When the array is used up, the dict becomes the
-  next array. A plain dict cannot be popped from the front cheaply (CPython scans the
-  deleted slots before the first live one), and the array never needs that.
+- pods are small integer ids, and a block maps to one int of bits: per pod, a "holds it"
+  bit and (approximate mode) its CLOCK mark beside it, rather than a set of names. A
+  block held by one pod costs one dict entry whose value is a shared int object;
+- the approximate queue is an array of 8-byte hashes per pod (no per-block object, no
+  linked list); whether a block is held and marked is read from its bits;
+- dicts that churn (a precise pod's engine blocks, its predicted entries) are copied into
+  a right-sized table once as many entries were removed as they hold: CPython never
+  shrinks a dict, and one that has churned keeps a table up to 3x its size.
 """
 
 from __future__ import annotations
 
 import heapq
+import sys
 import time
 from array import array
 from collections import deque
@@ -60,61 +65,67 @@ tuple when an engine block spans several of ours; () when the block's keys are u
 parent was never seen): it is kept so that its eviction and its children are recognised,
 but it matches nothing."""
 
-_MISSING = object()
-_EMPTY: list[BlockHash] = []  # never mutated: `old` is replaced, not appended to
+_COMPACT_AFTER = 4096  # removals from a churning dict before its size is checked
 
 
-def _frozen(blocks: dict[BlockHash, None]) -> array | list[BlockHash]:
-    """The blocks in order, 8 bytes each; a list for hashes outside 0..2**64-1 (the
-    router's are xxh64 digests, always inside; tests may use Python's signed hash())."""
-    try:
-        return array("Q", blocks)
-    except OverflowError:
-        return list(blocks)
+def _new_log() -> array | list[BlockHash]:
+    return array("Q")
+
+
+def _compact(table: dict) -> dict:
+    """`table`, or a right-sized copy of it when its table is more than about twice what
+    its entries need (a fresh dict of ints costs 30-60 bytes an entry)."""
+    if sys.getsizeof(table) > 64 * len(table) + 4096:
+        return dict(table)
+    return table
 
 
 class _Pod:
     """One pod's blocks. Only the fields of its mode are in use; switching mode clears them."""
 
     __slots__ = (
-        "bit",
+        "both",
         "capacity",
+        "count",
         "engine",
+        "engine_churn",
         "extra_copies",
+        "hold",
+        "log",
+        "log_pos",
+        "mark",
         "name",
-        "old",
-        "old_live",
-        "old_pos",
         "pod_id",
         "precise",
         "predicted",
-        "young",
+        "predicted_churn",
     )
 
     def __init__(self, name: str, pod_id: int, capacity: int) -> None:
         self.name = name
         self.pod_id = pod_id
-        self.bit = 1 << pod_id
+        self.hold = 1 << (2 * pod_id)  # the pod holds the block
+        self.mark = self.hold << 1  # approximate: recorded again since its last turn
+        self.both = self.hold | self.mark
         self.capacity = capacity
         self.precise = False
-        # Approximate: LRU in two generations. `young` holds the recently used blocks in
-        # recency order; `old[old_pos:]` the older ones, oldest first, of which `old_live`
-        # are still held (a block touched again moved to `young`, leaving a stale copy).
-        self.young: dict[BlockHash, None] = {}
-        self.old: array | list[BlockHash] = _EMPTY
-        self.old_pos = 0
-        self.old_live = 0
+        # Approximate: the CLOCK queue, `log[log_pos:]`, each held block once, and its size.
+        self.log: array | list[BlockHash] = _new_log()
+        self.log_pos = 0
+        self.count = 0
         # Precise: engine hash -> our key(s), in the order stored; engine hashes stored
         # more than once (an engine may cache one hash twice) -> the number of extra copies.
         self.engine: dict[int, EngineKeys] = {}
+        self.engine_churn = 0
         self.extra_copies: dict[int, int] | None = None
         # Precise: our key -> expiry of a predicted entry not yet confirmed by an event.
         self.predicted: dict[BlockHash, float] = {}
+        self.predicted_churn = 0
 
     def size(self) -> int:
         if self.precise:
             return len(self.engine) + len(self.predicted)
-        return len(self.young) + self.old_live
+        return self.count
 
 
 class PrefixIndex:
@@ -136,8 +147,10 @@ class PrefixIndex:
         self.max_record_fraction = max_record_fraction
         self.predicted_ttl_s = predicted_ttl_s
         self._clock = clock
-        # block -> bitmask of the ids of the pods holding it (never 0: the key goes)
+        # block -> bits: pod id i holds it (bit 2i) and, approximate, is marked (bit 2i+1);
+        # never 0 (the key goes).
         self._holders: dict[BlockHash, int] = {}
+        self._hold_all = 0  # every pod's "holds" bit
         self._pods: dict[str, _Pod] = {}
         self._names: list[str | None] = []  # pod id -> name
         self._free_ids: list[int] = []  # a heap: the lowest id is reused first
@@ -177,7 +190,7 @@ class PrefixIndex:
         if not hashes:
             return {}
         holders_of = self._holders.get
-        active = holders_of(hashes[0], 0)
+        active = holders_of(hashes[0], 0) & self._hold_all
         if not active:
             return {}
         names = self._names
@@ -189,7 +202,7 @@ class PrefixIndex:
                 dropped = active ^ both
                 while dropped:
                     low = dropped & -dropped
-                    matched[names[low.bit_length() - 1]] = depth  # type: ignore[index]
+                    matched[names[low.bit_length() >> 1]] = depth  # type: ignore[index]
                     dropped ^= low
                 active = both
                 if not active:
@@ -198,7 +211,7 @@ class PrefixIndex:
             depth = len(hashes)
         while active:
             low = active & -active
-            matched[names[low.bit_length() - 1]] = depth  # type: ignore[index]
+            matched[names[low.bit_length() >> 1]] = depth  # type: ignore[index]
             active ^= low
         return matched
 
@@ -218,24 +231,45 @@ class PrefixIndex:
         if slot.precise:
             self._predict(slot, hashes, self._clock() if now is None else now)
             return
-        young = slot.young
         holders = self._holders
         holders_of = holders.get
-        bit = slot.bit
-        pop = young.pop
-        # Touch the last block first, so the prefix's head is the most recently used: an
-        # engine evicts a sequence's tail before its head, and so must the index.
+        hold, mark, both = slot.hold, slot.mark, slot.both
+        log = slot.log
+        append = log.append
+        added = 0
+        # The tail first: of a prompt's new blocks, the tail is the first to go, as an
+        # engine evicts a sequence's tail before its head.
         for block in reversed(hashes):
-            if pop(block, _MISSING) is _MISSING:
-                mask = holders_of(block)
-                if mask is None:
-                    holders[block] = bit
-                elif mask & bit:
-                    slot.old_live -= 1  # in the old generation: it moves to the young one
-                else:
-                    holders[block] = mask | bit
-            young[block] = None
+            mask = holders_of(block)
+            if mask is None:
+                holders[block] = hold
+            elif mask == both:  # held by this pod alone, marked: the common re-record
+                continue
+            elif mask == hold:
+                holders[block] = both
+                continue
+            elif mask & hold:
+                if not mask & mark:
+                    holders[block] = mask | mark
+                continue
+            else:
+                holders[block] = mask | hold
+            try:
+                append(block)
+            except OverflowError:  # not a 64-bit unsigned hash (see _append_slow)
+                append = self._append_slow(slot, block)
+            added += 1
+        slot.count += added
         self._evict_lru(slot)
+
+    @staticmethod
+    def _append_slow(slot: _Pod, block: BlockHash) -> Callable[[BlockHash], None]:
+        # The router's hashes are xxh64 digests (0..2**64-1: an array of 8-byte values);
+        # anything else (tests use Python's signed hash()) moves the queue to a list.
+        if isinstance(slot.log, array):
+            slot.log = list(slot.log)
+        slot.log.append(block)
+        return slot.log.append
 
     def predict(self, pod: str, hashes: Sequence[BlockHash], now: float) -> None:
         """`record` at time `now` (the same for an approximate pod)."""
@@ -248,13 +282,16 @@ class PrefixIndex:
         while expiries and expiries[0][0] <= now:
             expires, slot, keys = expiries.popleft()
             predicted = slot.predicted
-            bit = slot.bit
             for key in keys:
                 # Refreshed by a later prediction, confirmed, or the pod was cleared: skip.
                 if predicted.get(key) == expires:
                     del predicted[key]
-                    self._clear_bit(key, bit)
+                    self._clear_bit(key, slot)
                     dropped += 1
+            slot.predicted_churn += len(keys)
+            if slot.predicted_churn > _COMPACT_AFTER and slot.predicted_churn > len(predicted):
+                slot.predicted = _compact(predicted)
+                slot.predicted_churn = 0
         return dropped
 
     # -- pods ---------------------------------------------------------------------------
@@ -352,7 +389,7 @@ class PrefixIndex:
         holders = self._holders
         holders_of = holders.get
         pop_predicted = slot.predicted.pop
-        bit = slot.bit
+        bit = slot.hold
         known = bool(keys)
         for i, engine_hash in enumerate(engine_hashes):
             if engine_hash in engine:
@@ -396,6 +433,10 @@ class PrefixIndex:
         for engine_hash in engine_hashes:
             if self._drop_engine_block(slot, engine_hash):
                 found += 1
+        slot.engine_churn += found
+        if slot.engine_churn > _COMPACT_AFTER and slot.engine_churn > len(slot.engine):
+            slot.engine = _compact(slot.engine)
+            slot.engine_churn = 0
         return found
 
     # -- internals ----------------------------------------------------------------------
@@ -410,12 +451,14 @@ class PrefixIndex:
                 pod_id = len(self._names)
                 self._names.append(pod)
             slot = self._pods[pod] = _Pod(pod, pod_id, self.capacity(pod))
+            self._hold_all |= slot.hold
         return slot
 
-    def _clear_bit(self, block: BlockHash, bit: int) -> None:
+    def _clear_bit(self, block: BlockHash, slot: _Pod) -> None:
+        """The pod no longer holds the block (its mark goes too)."""
         mask = self._holders.get(block)
-        if mask is not None and mask & bit:
-            mask ^= bit
+        if mask is not None and mask & slot.hold:
+            mask &= ~slot.both
             if mask:
                 self._holders[block] = mask
             else:
@@ -423,60 +466,64 @@ class PrefixIndex:
 
     def _clear(self, slot: _Pod) -> None:
         clear_bit = self._clear_bit
-        bit = slot.bit
-        for block in slot.young:
-            clear_bit(block, bit)
-        for raw in islice(slot.old, slot.old_pos, None):
-            clear_bit(BlockHash(raw), bit)
+        for block in islice(slot.log, slot.log_pos, None):
+            clear_bit(block, slot)
         for keys in slot.engine.values():
             if isinstance(keys, int):
-                clear_bit(keys, bit)
+                clear_bit(keys, slot)
             else:
                 for block in keys:
-                    clear_bit(block, bit)
+                    clear_bit(block, slot)
         for block in slot.predicted:
-            clear_bit(block, bit)
-        slot.young = {}
-        slot.old = _EMPTY
-        slot.old_pos = slot.old_live = 0
+            clear_bit(block, slot)
+        slot.log = _new_log()
+        slot.log_pos = slot.count = 0
         slot.engine = {}
+        slot.engine_churn = 0
         slot.extra_copies = None
         slot.predicted = {}
+        slot.predicted_churn = 0
 
     def _evict_lru(self, slot: _Pod) -> None:
-        excess = len(slot.young) + slot.old_live - slot.capacity
+        """CLOCK: from the front of the queue, a marked block loses its mark and goes to
+        the back; an unmarked one is evicted; until the pod is within its capacity."""
+        excess = slot.count - slot.capacity
         if excess <= 0:
             return
-        clear_bit = self._clear_bit
-        bit = slot.bit
+        holders = self._holders
+        holders_of = holders.get
+        hold, mark = slot.hold, slot.mark
+        log = slot.log
+        pos = slot.log_pos
         while excess > 0:
-            if slot.old_pos >= len(slot.old):
-                # The old generation is used up: the young one, in recency order, is next.
-                slot.old = _frozen(slot.young)
-                slot.young = {}
-                slot.old_pos = 0
-                slot.old_live = len(slot.old)
-            old, young, pos = slot.old, slot.young, slot.old_pos
-            end = len(old)
-            while excess > 0 and pos < end:
-                block = old[pos]
-                pos += 1
-                if block in young:
-                    continue  # touched since: this copy is stale
-                clear_bit(BlockHash(block), bit)
-                slot.old_live -= 1
-                excess -= 1
-            slot.old_pos = pos
-        if slot.old_pos >= len(slot.old):
-            slot.old = _EMPTY
-            slot.old_pos = 0
+            block = log[pos]
+            pos += 1
+            mask = holders_of(block)
+            if mask is None or not mask & hold:
+                continue  # not held (cannot happen: each held block is queued once)
+            if mask & mark:
+                mask ^= mark
+                holders[block] = hold if mask == hold else mask
+                log.append(block)  # a second chance: to the back
+                continue
+            mask ^= hold
+            if mask:
+                holders[block] = mask
+            else:
+                del holders[block]
+            excess -= 1
+        slot.count = slot.capacity
+        if pos > 1024 and pos * 2 > len(log):
+            del log[:pos]  # the consumed front: memmove of the rest, once per half turn
+            pos = 0
+        slot.log_pos = pos
 
     def _predict(self, slot: _Pod, hashes: Sequence[BlockHash], now: float) -> None:
         expires = now + self.predicted_ttl_s
         predicted = slot.predicted
         holders = self._holders
         holders_of = holders.get
-        bit = slot.bit
+        bit = slot.hold
         fresh: list[BlockHash] = []
         for block in hashes:
             if predicted.pop(block, None) is None:
@@ -500,7 +547,7 @@ class PrefixIndex:
             predicted = slot.predicted
             for block in list(islice(predicted, excess)):  # the oldest predictions
                 del predicted[block]
-                self._clear_bit(block, slot.bit)
+                self._clear_bit(block, slot)
 
     def _bound_engine(self, slot: _Pod) -> None:
         # Removals come from the engine, so this bound is a safety net. It drops a slack of
@@ -526,10 +573,9 @@ class PrefixIndex:
         keys = slot.engine.pop(engine_hash, None)
         if keys is None:
             return False
-        bit = slot.bit
         if isinstance(keys, int):
-            self._clear_bit(keys, bit)
+            self._clear_bit(keys, slot)
         else:
             for key in keys:
-                self._clear_bit(key, bit)
+                self._clear_bit(key, slot)
         return True

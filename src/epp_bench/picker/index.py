@@ -130,21 +130,33 @@ class Timing:
     mean_us: float
 
 
-def _time(fn: Callable[[], object], iterations: int) -> tuple[float, float, float]:
-    for _ in range(min(200, iterations)):
-        fn()
-    samples = []
+def _time_side_by_side(
+    fns: dict[str, Callable[[], object]], iterations: int, rounds: int = 10
+) -> dict[str, tuple[float, float, float]]:
+    """p50, p99 and mean (us) of each function, timed in alternating rounds so that the
+    machine's noise falls on all of them alike."""
+    for fn in fns.values():
+        for _ in range(min(200, iterations)):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     clock = time.perf_counter
-    for _ in range(iterations):
-        start = clock()
-        fn()
-        samples.append((clock() - start) * 1e6)
-    samples.sort()
-    return (
-        samples[len(samples) // 2],
-        samples[min(len(samples) - 1, int(len(samples) * 0.99))],
-        statistics.fmean(samples),
-    )
+    per_round = max(1, iterations // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out = samples[name]
+            for _ in range(per_round):
+                start = clock()
+                fn()
+                out.append((clock() - start) * 1e6)
+    result = {}
+    for name, values in samples.items():
+        values.sort()
+        result[name] = (
+            values[len(values) // 2],
+            values[min(len(values) - 1, int(len(values) * 0.99))],
+            statistics.fmean(values),
+        )
+    return result
 
 
 def lookup(iterations: int, seed: int = 0) -> list[Timing]:
@@ -160,6 +172,7 @@ def lookup(iterations: int, seed: int = 0) -> list[Timing]:
     missing = prompt(TOKENS // BLOCK)
     rows: list[Timing] = []
     for scene in ("one pod holds it", "64 pods share its first half", "nobody holds it"):
+        fns: dict[str, Callable[[], object]] = {}
         for label, cls in (("before", LegacyPrefixIndex), ("after", PrefixIndex)):
             index = cls(CAPACITY)
             for pod in range(PODS):
@@ -174,11 +187,13 @@ def lookup(iterations: int, seed: int = 0) -> list[Timing]:
                 assert got == {}
             else:
                 assert got["pod-7"] == 256
-            p50, p99, mean = _time(lambda i=index, h=hashes: i.match(h), iterations)
-            rows.append(Timing(f"match, {scene} ({label})", p50, p99, mean))
+            fns[f"match, {scene} ({label})"] = lambda i=index, h=hashes: i.match(h)
             if scene.startswith("one"):
-                p50, p99, mean = _time(lambda i=index: i.record("pod-7", target), iterations)
-                rows.append(Timing(f"record 256 blocks, approximate ({label})", p50, p99, mean))
+                fns[f"record 256 blocks again, approximate ({label})"] = lambda i=index: i.record(
+                    "pod-7", target
+                )
+        for name, (p50, p99, mean) in _time_side_by_side(fns, iterations).items():
+            rows.append(Timing(name, p50, p99, mean))
     return rows
 
 
