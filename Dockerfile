@@ -13,7 +13,8 @@ FROM ${PYTHON_IMAGE} AS builder
 WORKDIR /src
 # .dockerignore lets only these in.
 COPY pyproject.toml README.md ./
-COPY src ./src
+# Only the router package: the wheel holds `epp` and nothing of the harness beside it.
+COPY src/epp ./src/epp
 RUN python -m pip wheel --no-cache-dir --disable-pip-version-check --no-deps --wheel-dir /wheels .
 
 # ---- runtime ---------------------------------------------------------------------------

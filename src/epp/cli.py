@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         if extra is None or (exc.name or "").split(".")[0] in ("epp",):
             raise
         print(
-            f"epp {args[0]}: needs the [{extra}] extra ({exc.name} is not installed): "
-            f"pip install 'epp[{extra}]'",
+            f"epp {args[0]}: {exc.name} is not installed. The harness (simulator, demo, "
+            f"benchmarks) comes with a source checkout of this repository: "
+            f"pip install -e '.[{extra}]'",
             file=sys.stderr,
         )
         return 2

@@ -18,7 +18,7 @@
 - `server`: the aiohttp app around one engine (`create_app`, `start_pod`), with
   `lora_admin` (runtime LoRA endpoints) and `served_models`.
 - `metrics_page`: /metrics in vLLM 0.33's format.
-- `cli`: `epp sim` / `vllm-sim`.
+- `cli`: `epp sim` (or `python -m vllm_sim`).
 
 The package imports nothing from the router (`epp`): its tokens and block hashes are its
 own, so a router matches a simulated pod's cache only from what it can observe, as it

@@ -397,8 +397,3 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     return _runner()(serve(config, args.host, args.port))
-
-
-def console() -> int:
-    """The `vllm-sim` console script."""
-    return main(sys.argv[1:])

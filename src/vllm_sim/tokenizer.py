@@ -43,7 +43,7 @@ assistant turn that answers it, so a client that sends the reply back reuses the
 engine's blocks.
 
 `HfDirTokenizer` replaces all of this with a real model's tokenizer files
-(`vllm-sim --tokenizer DIR`): its BPE and its chat template, so that a harness run with
+(`epp sim --tokenizer DIR`): its BPE and its chat template, so that a harness run with
 the router configured with the same files shows the two agree (tests/tokenization).
 
 Content is kept verbatim: Llama 3's template trims it, which would drop the leading space
@@ -211,7 +211,7 @@ class SimTokenizer:
 
 
 class HfDirTokenizer:
-    """A real model's tokenizer for the simulated pod (`vllm-sim --tokenizer DIR`).
+    """A real model's tokenizer for the simulated pod (`epp sim --tokenizer DIR`).
 
     DIR holds `tokenizer.json` and `tokenizer_config.json` (its `chat_template`, or a
     `chat_template.jinja` beside it, and the named special tokens). Written for the

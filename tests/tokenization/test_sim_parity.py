@@ -1,4 +1,4 @@
-"""The simulated pod with a real model's tokenizer files (`vllm-sim --tokenizer DIR`)
+"""The simulated pod with a real model's tokenizer files (`epp sim --tokenizer DIR`)
 tokenizes chats exactly as the EPP does with the same files: two implementations
 (vllm_sim.tokenizer.HfDirTokenizer, epp.tokenization) agree, through a real pod on
 loopback answering with its prompt token ids (vLLM's `return_token_ids`)."""
