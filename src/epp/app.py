@@ -53,6 +53,7 @@ from epp.replicas import ReplicaSync
 from epp.routing import Router
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
+from epp.tokenization import TokenizerRegistry
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 
 log = structlog.get_logger("epp.app")
@@ -108,7 +109,8 @@ class EppService:
 
     config: EppConfig
     registry: ScorerRegistry | None = None  # add custom scorers here before start
-    tokenizer: Tokenizer | None = None  # default: the byte-level estimate
+    # For models without a `tokenizers:` entry (default: the byte-level estimate).
+    tokenizer: Tokenizer | None = None
     # The Kubernetes API client for pool discovery (default: in-cluster or kubeconfig);
     # tests pass one pointed at a stand-in API server.
     kube_client: Any = None
@@ -124,7 +126,9 @@ class EppService:
             self.store,
             self.index,
             self.scheduler,
-            self.tokenizer or ByteEstimateTokenizer(),
+            TokenizerRegistry.from_config(
+                config.tokenizers, fallback=self.tokenizer or ByteEstimateTokenizer()
+            ),
             self.metrics,
             debug=config.log_level in ("debug", "trace"),
         )

@@ -56,6 +56,7 @@ from epp.scheduling.types import (
     SchedulingError,
     SchedulingRequest,
 )
+from epp.tokenization import TokenizerRegistry
 from epp.tokenize import Tokenizer
 
 log = structlog.get_logger("epp.routing")
@@ -119,7 +120,7 @@ class Router:
         store: EndpointStore,
         index: PrefixIndex,
         scheduler: Scheduler,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | TokenizerRegistry,
         metrics: EppMetrics,
         debug: bool = False,
     ) -> None:
@@ -132,7 +133,12 @@ class Router:
         self._store = store
         self._index = index
         self._scheduler = scheduler
-        self._tokenizer = tokenizer
+        # One tokenizer per base model (config `tokenizers:`), the fallback for the others.
+        self._tokenizers = (
+            tokenizer
+            if isinstance(tokenizer, TokenizerRegistry)
+            else TokenizerRegistry(fallback=tokenizer)
+        )
         self._metrics = metrics
         self._flow_metrics = FlowMetrics(metrics.registry)
         self._block_size = config.prefix.block_size
@@ -200,9 +206,8 @@ class Router:
         seed = chain_seed(served or "", adapter, request.cache_salt)
         # Bounded work: at most prefix.max_blocks_per_request blocks are tokenized, hashed,
         # looked up and recorded, whatever the prompt's size (prefix/blocks.py).
-        blocks = prompt_blocks(
-            request.prompt, self._tokenizer, self._block_size, seed, self._max_blocks
-        )
+        tokenizer = self._tokenizers.for_model(base or served)
+        blocks = prompt_blocks(request.prompt, tokenizer, self._block_size, seed, self._max_blocks)
         priority = self._models.priority(request.model, headers or {})
         if priority is None:
             priority = request_priority(request.model, headers or {}, self._flow)
