@@ -433,10 +433,7 @@ class PrefixIndex:
         for engine_hash in engine_hashes:
             if self._drop_engine_block(slot, engine_hash):
                 found += 1
-        slot.engine_churn += found
-        if slot.engine_churn > _COMPACT_AFTER and slot.engine_churn > len(slot.engine):
-            slot.engine = _compact(slot.engine)
-            slot.engine_churn = 0
+        self._compact_engine(slot)
         return found
 
     # -- internals ----------------------------------------------------------------------
@@ -559,6 +556,13 @@ class PrefixIndex:
             for engine_hash in list(islice(engine, excess)):
                 self._drop_engine_block(slot, engine_hash)
             self.precise_capacity_evictions += excess
+            self._compact_engine(slot)
+
+    @staticmethod
+    def _compact_engine(slot: _Pod) -> None:
+        if slot.engine_churn > _COMPACT_AFTER and slot.engine_churn * 2 > len(slot.engine):
+            slot.engine = _compact(slot.engine)
+            slot.engine_churn = 0
 
     def _drop_engine_block(self, slot: _Pod, engine_hash: int) -> bool:
         copies = slot.extra_copies
@@ -573,6 +577,7 @@ class PrefixIndex:
         keys = slot.engine.pop(engine_hash, None)
         if keys is None:
             return False
+        slot.engine_churn += 1
         if isinstance(keys, int):
             self._clear_bit(keys, slot)
         else:

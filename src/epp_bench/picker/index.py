@@ -250,18 +250,27 @@ def memory(pods: int, blocks: int, legacy: bool = True) -> list[Memory]:
 
         return build
 
-    def precise(sharing: int = 1) -> Callable[[], object]:
+    def precise(sharing: int = 1, churn: bool = False) -> Callable[[], object]:
         def build() -> object:
             index = PrefixIndex(blocks, 1.0)
             groups = (pods + sharing - 1) // sharing
             for group in range(groups):
-                keys = [bits(64) for _ in range(blocks)]
+                keys = [bits(64) for _ in range(blocks * (2 if churn else 1))]
                 for pod in range(group * sharing, min(pods, (group + 1) * sharing)):
                     name = f"pod-{pod}"
                     index.set_precise(name, True)
+                    stored: list[int] = []
                     for chunk in _chunks(keys):
                         engine = [bits(64) for _ in chunk]
+                        if len(stored) + len(chunk) > blocks:
+                            # The engine evicts its oldest blocks to make room, and says
+                            # so before it stores the new ones.
+                            gone = len(stored) + len(chunk) - blocks
+                            index.remove_engine_blocks(name, stored[:gone])
+                            stored = stored[gone:]
                         index.store_engine_blocks(name, engine, chunk, 1)  # type: ignore[arg-type]
+                        stored.extend(engine)
+                    del stored
                 del keys
             return index
 
@@ -287,6 +296,12 @@ def memory(pods: int, blocks: int, legacy: bool = True) -> list[Memory]:
         ),
         _measure("approximate, each block on 8 pods", pods, blocks, approximate(PrefixIndex, 8)),
         _measure("precise (engine hash kept), distinct blocks", pods, blocks, precise()),
+        _measure(
+            "precise, distinct, after churn (2x capacity stored, oldest removed)",
+            pods,
+            blocks,
+            precise(churn=True),
+        ),
         _measure("precise, each block on 8 pods", pods, blocks, precise(8)),
     ]
     return rows
