@@ -370,6 +370,14 @@ class PrefixIndex:
         slot = self._pods.get(pod)
         return None if slot is None else slot.engine.get(engine_hash)
 
+    def reported(self, pod: str, block: BlockHash) -> bool:
+        """The precise pod's engine reported holding the block (not just a prediction)."""
+        slot = self._pods.get(pod)
+        if slot is None or not slot.precise or block in slot.predicted:
+            return False
+        mask = self._holders.get(block)
+        return mask is not None and bool(mask & slot.hold)
+
     def engine_blocks(self, pod: str) -> list[int]:
         """The engine hashes the precise pod's events say it holds (each copy once)."""
         slot = self._pods.get(pod)

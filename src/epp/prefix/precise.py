@@ -51,6 +51,7 @@ from epp.prefix.kv_events import (
     KvEvent,
     KvEventStats,
 )
+from epp.prefix.precise_stale import PreciseStaleCheck, claim_cap
 
 _encode = msgspec.msgpack.Encoder().encode
 _NO_KEYS: tuple[BlockHash, ...] = ()
@@ -66,14 +67,20 @@ class PreciseIndex:
     """Applies the KV events of followed (`attach`ed) pods to a PrefixIndex."""
 
     def __init__(
-        self, index: PrefixIndex, block_size: int, stats: KvEventStats | None = None
+        self,
+        index: PrefixIndex,
+        block_size: int,
+        stats: KvEventStats | None = None,
+        stale: PreciseStaleCheck | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError("block_size must be at least 1")
         self.index = index
         self.block_size = block_size
         self.stats = stats or KvEventStats()
+        self.stale = stale or PreciseStaleCheck()
         self._models: dict[str, str | None] = {}
+        self._engine_block_size: dict[str, int] = {}  # the last one each pod's events showed
 
     # -- pods -------------------------------------------------------------------------
 
@@ -89,10 +96,13 @@ class PreciseIndex:
     def detach(self, pod: str) -> None:
         """Stop following the pod: it is approximate again, with no entries."""
         self._models.pop(pod, None)
+        self.stale.forget_pod(pod)
         self.index.set_precise(pod, False)
 
     def remove_pod(self, pod: str) -> None:
         self._models.pop(pod, None)
+        self._engine_block_size.pop(pod, None)
+        self.stale.forget_pod(pod)
         self.index.remove_pod(pod)
 
     def is_attached(self, pod: str) -> bool:
@@ -100,9 +110,50 @@ class PreciseIndex:
 
     def reset_pod(self, pod: str) -> None:
         """Drop the pod's entries (a resync starts, the publisher restarted, events were
-        lost): the pod stays precise and followed."""
+        lost): the pod stays precise and followed. Its open stale-routing claims are
+        dropped unchecked: what its engine computed meanwhile may be unknown."""
         if pod in self._models:
             self.index.clear_pod(pod)
+            self.stale.forget_pod(pod)
+
+    # -- stale routing (epp.prefix.precise_stale) ---------------------------------------
+
+    def dispatched(
+        self,
+        token: str,
+        pod: str,
+        hashes: Sequence[BlockHash],
+        matched: int,
+        prompt_tokens: int,
+        now: float,
+    ) -> bool:
+        """A decision sent `hashes` to a precise pod predicting `matched` blocks cached:
+        open its stale-routing claim (call before `index.record` of the same hashes).
+        False (nothing to check) for approximate pods and predictions of nothing."""
+        if matched < 1 or pod not in self._models or not self.index.is_precise(pod):
+            return False
+        engine_bs = self._engine_block_size.get(pod, self.block_size)
+        claimed = min(matched, claim_cap(prompt_tokens, self.block_size, engine_bs), len(hashes))
+        if claimed < 1:
+            return False
+        return self.stale.dispatched(
+            token,
+            pod,
+            hashes,
+            matched,
+            prompt_tokens,
+            block_size=self.block_size,
+            engine_block_size=engine_bs,
+            confirmed=self.index.reported(pod, hashes[claimed - 1]),
+            now=now,
+        )
+
+    def completed(self, token: str, now: float) -> None:
+        self.stale.completed(token, now)
+
+    def poll(self, now: float) -> None:
+        """Check due stale-routing claims (`self.stale.stale` / `.checked` grow)."""
+        self.stale.poll(now)
 
     # -- events -----------------------------------------------------------------------
 
@@ -191,6 +242,8 @@ class PreciseIndex:
             stats.add("opaque_extra_keys", sum(1 for item in opaque if item is not None))
             keys = _keys_with_extras(tokens, event.block_size, ours, seed, opaque)
         index.store_engine_blocks(pod, hashes, keys, per_block)
+        self._engine_block_size[pod] = event.block_size
+        self.stale.stored(pod, keys)
 
     def _root_seed(self, pod: str, event: BlockStored) -> int | None:
         """The chain seed of a prompt's first block; None if its extra keys hold more than
@@ -266,4 +319,4 @@ def _keys_with_extras(
     return keys
 
 
-__all__ = ["PreciseIndex", "request_seed"]
+__all__ = ["PreciseIndex", "PreciseStaleCheck", "request_seed"]
