@@ -205,6 +205,27 @@ async def test_without_a_replay_socket_a_gap_drops_the_pods_entries():
         await pod.close()
 
 
+async def test_a_replay_socket_that_does_not_answer_is_left_alone_and_events_flow():
+    pod = await pod_with_events(replay_port=None)
+    settings = SubscriberSettings(resync_timeout_s=0.2, reconnect_ivl_s=0.05)
+    rig = Rig(pod, replay_endpoint=f"tcp://127.0.0.1:{free_port()}", settings=settings)
+    try:
+        await rig.start()
+        await until(lambda: rig.sub.state.replay_failures == 1)  # the first resync waited
+        first = ids_of(1)
+        await serve(pod, first)
+        await until(lambda: rig.holds(first) == 10)
+        lose(rig.publisher, [stored(ids_of(2))])
+        second = ids_of(3)
+        await serve(pod, second)
+        await until(lambda: rig.holds(second) == 10)
+        assert rig.holds(first) == 0  # the gap dropped the entries: nobody asked to wait
+        assert rig.sub.state.gaps == 1 and rig.sub.state.replay_failures == 2
+    finally:
+        await rig.sub.close()
+        await pod.close()
+
+
 async def test_a_restarted_publisher_leaves_no_stale_entries():
     """The pod's process restarts on the same ports: the old engine's blocks must go,
     and the new one's arrive (through the full resync after the reconnect)."""

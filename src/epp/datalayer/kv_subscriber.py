@@ -89,7 +89,8 @@ class SubscriberSettings:
     reconnect_max_s: float = 2.0
     slice_ms: float = 2.0  # apply at most about this long before yielding to the loop
     slice_blocks: int = 512  # and cut events into pieces of at most this many blocks
-    rcvhwm: int = 100_000  # live messages queued in ZMQ while a replay runs
+    rcvhwm: int = 10_000  # live messages ZMQ queues while a replay runs (then: a gap)
+    replay_retry_s: float = 60.0  # a replay socket that did not answer is left alone this long
     limits: DecodeLimits = field(default_factory=DecodeLimits)
 
     @classmethod
@@ -167,6 +168,9 @@ class KvEventSubscriber:
         self._skip_through = -1  # live seqs up to this were applied by a replay
         self._start_time: float | None = None
         self._slice_started = 0.0
+        # A replay socket that did not answer is not asked again (each ask waits up to
+        # resync_timeout_s with live messages queued) until this time or a reconnect.
+        self._replay_down_until = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -284,6 +288,7 @@ class KvEventSubscriber:
                 state.connected_at = now
                 if not state.attached:
                     self._attach()
+                self._replay_down_until = 0.0  # a new publisher: its replay may answer
                 log.info("kv_events_connected", pod=self.pod, endpoint=self.endpoint)
                 self._resync_reason = "connected"
             elif event == zmq.EVENT_DISCONNECTED and state.connected:
@@ -311,7 +316,7 @@ class KvEventSubscriber:
             state.attached = False
             log.info("kv_events_fallback_approximate", pod=self.pod)
         if (
-            self.replay_endpoint is not None
+            self._replay_usable()
             and state.connected
             and state.next_seq is not None
             and now - (state.last_message_at or state.connected_at or now)
@@ -323,6 +328,9 @@ class KvEventSubscriber:
             except _ReplayFailed as exc:
                 state.replay_failures += 1
                 self.stats.problem("probe_failed", pod=self.pod, error=str(exc))
+
+    def _replay_usable(self) -> bool:
+        return self.replay_endpoint is not None and self._clock() >= self._replay_down_until
 
     def _attach(self) -> None:
         self._sink.attach(self.pod, self.model)
@@ -388,8 +396,8 @@ class KvEventSubscriber:
 
     async def _fill_gap(self, start: int, live_seq: int) -> None:
         try:
-            if self.replay_endpoint is None:
-                raise _ReplayFailed("no replay socket")
+            if not self._replay_usable():
+                raise _ReplayFailed("no replay socket (or it did not answer lately)")
             last = await self._replay(start, gap=True, until=live_seq)
             if last != live_seq - 1:
                 raise _ReplayFailed(f"the replay ended at {last}, before {live_seq - 1}")
@@ -409,7 +417,7 @@ class KvEventSubscriber:
         self._sink.reset_pod(self.pod)
         state.next_seq = None
         self._skip_through = -1
-        if self.replay_endpoint is None:
+        if not self._replay_usable():
             return  # live events from now on
         try:
             await self._replay(0, gap=False)
@@ -447,6 +455,7 @@ class KvEventSubscriber:
             while True:
                 wait = min(settings.resync_timeout_s, deadline - self._clock())
                 if wait <= 0 or not await dealer.poll(int(wait * 1000)):
+                    self._replay_down_until = self._clock() + settings.replay_retry_s
                     raise _ReplayFailed("the replay socket did not answer in time")
                 frames = await dealer.recv_multipart()
                 if frames and frames[0] == b"":
