@@ -21,6 +21,7 @@ from epp.datalayer.kv_subscriber import (
     KvEventSubscriber,
     SubscriberSettings,
     format_endpoint,
+    resolve_pod,
     topic_prefix,
 )
 from epp.prefix.hashing import block_hashes, chain_seed
@@ -429,3 +430,38 @@ def test_the_kv_events_config_section():
     for bad in ({"endpoint": "tcp://{hots}:5557"}, {"mode": "exact"}, {"predicted_ttl_s": 0}):
         with pytest.raises(ValidationError):
             EppConfig.model_validate({"kv_events": bad})
+
+
+def test_resolving_a_pods_mode_and_endpoints_from_config_and_labels():
+    from epp.config import EppConfig
+
+    config = EppConfig.model_validate(
+        {"kv_events": {"pod_modes": {"b": "approximate"}, "topic": "kv@{host}:{port}@{model}"}}
+    ).kv_events
+    a = resolve_pod(config, "a", "10.0.0.5:8000", None)
+    assert (a.mode, a.endpoint, a.replay_endpoint) == (
+        "auto",
+        "tcp://10.0.0.5:5557",
+        "tcp://10.0.0.5:5558",
+    )
+    assert a.topic == "kv@10.0.0.5:8000@"  # the model is not known yet: a prefix
+    assert resolve_pod(config, "b", "10.0.0.6:8000", "m").endpoint is None
+    local = resolve_pod(
+        config,
+        "c",
+        "127.0.0.1:8003",
+        "m",
+        {
+            "kv_events_endpoint": "tcp://127.0.0.1:6003",
+            "kv_events_replay": "",
+            "kv_events_mode": "precise",
+        },
+    )
+    assert (local.mode, local.endpoint, local.replay_endpoint) == (
+        "precise",
+        "tcp://127.0.0.1:6003",
+        None,
+    )
+    assert resolve_pod(config, "d", "1.2.3.4:1", "m", {"kv_events_mode": "approximate"}).mode == (
+        "approximate"
+    )

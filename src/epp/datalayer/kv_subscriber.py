@@ -506,3 +506,51 @@ def topic_prefix(template: str, address: str, model: str | None, name: str) -> s
         template = template.split("{model}", 1)[0]
     host, _, port = address.rpartition(":")
     return template.format(host=host, port=port, model=model or "", name=name)
+
+
+# Endpoint labels that override the templates for one pod (static endpoint files: several
+# pods on one host need their own ports; Kubernetes pods each have their own IP and use
+# the templates).
+LABEL_MODE = "kv_events_mode"
+LABEL_ENDPOINT = "kv_events_endpoint"
+LABEL_REPLAY = "kv_events_replay"
+LABEL_TOPIC = "kv_events_topic"
+
+
+@dataclass(frozen=True, slots=True)
+class PodKvEvents:
+    """Where one pod's events come from, resolved from the config and its labels."""
+
+    mode: Literal["auto", "approximate", "precise"]
+    endpoint: str | None  # None: approximate (or the template needs the unknown model)
+    replay_endpoint: str | None
+    topic: str
+
+
+def resolve_pod(
+    config: KvEventsConfig,
+    name: str,
+    address: str,
+    model: str | None,
+    labels: dict[str, str] | None = None,
+) -> PodKvEvents:
+    """The pod's mode (label `kv_events_mode`, else `pod_modes[name]`, else `mode`) and
+    endpoints (labels `kv_events_endpoint` / `kv_events_replay` ("" for none) /
+    `kv_events_topic`, else the templates)."""
+    labels = labels or {}
+    mode = labels.get(LABEL_MODE) or config.mode_of(name)
+    if mode not in ("auto", "approximate", "precise"):
+        mode = config.mode_of(name)
+    if mode == "approximate":
+        return PodKvEvents("approximate", None, None, "")
+    endpoint = labels.get(LABEL_ENDPOINT) or format_endpoint(config.endpoint, address, model, name)
+    if LABEL_REPLAY in labels:
+        replay = labels[LABEL_REPLAY] or None
+    elif config.replay_endpoint is None:
+        replay = None
+    else:
+        replay = format_endpoint(config.replay_endpoint, address, model, name)
+    topic = labels.get(LABEL_TOPIC)
+    if topic is None:
+        topic = topic_prefix(config.topic, address, model, name)
+    return PodKvEvents(mode, endpoint, replay, topic)  # type: ignore[arg-type]
