@@ -231,6 +231,11 @@ def test_in_flight_counts_a_streaming_response_until_its_end(tmp_path):
     import threading
 
     with LocalStack(pods=1, sim_args=["--decode-per-token-ms", "60"], work_dir=tmp_path) as stack:
+        # Warm up first (Envoy's connections to the EPP and the pod), so that on a loaded
+        # machine the sampling below covers the streaming, not the connection set-up.
+        status, _, _ = chat(stack, [{"role": "user", "content": "warm up"}], max_tokens=1)
+        assert status == 200
+        wait_for(lambda: epp_debug(stack)[0]["in_flight"] == 0, what="warm-up completion")
         done = threading.Event()
 
         def stream_one():
