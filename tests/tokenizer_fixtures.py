@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "tokenizer"
 TINY_LLAMA = ROOT / ".bench" / "tiny-llama"
@@ -17,4 +15,3 @@ def tokenizer_dir(name: str) -> Path:
     are copied under tests/fixtures/tokenizer/tiny-llama, so the vLLM golden tests run on
     a machine without .bench/)."""
     return FIXTURES / name
-
