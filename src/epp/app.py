@@ -11,6 +11,8 @@ events (EndpointStore.on_change) to their readers, in this order:
     store --added/removed--------------------> scraper (one scrape loop per pod)
     store --removed/reset/updated------------> prefix index (`connect`: forget a pod,
                                                clear its cache, size it from its page)
+    store --added/updated/reset/removed------> precise mode (one KV-event subscriber per
+                                               pod that publishes: datalayer/kv_events_wiring)
     store --removed/released/updated/added---> router (forget a pod's requests and scorer
                                                state, release waiting requests)
 
@@ -43,6 +45,7 @@ from epp.config import EppConfig, PrefixConfig, load_config, load_endpoints_file
 from epp.datalayer.discovery.file import EndpointsFileWatcher
 from epp.datalayer.discovery.state import DiscoveryState
 from epp.datalayer.endpoint import Endpoint
+from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointListener, EndpointStore
 from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
@@ -88,18 +91,34 @@ def index_listener(index: PrefixIndex, config: PrefixConfig) -> EndpointListener
         elif event == "updated" and config.use_reported_capacity:
             metrics = endpoint.metrics
             if metrics is not None and metrics.num_gpu_blocks and metrics.block_size:
-                # The pod's blocks may differ in size from ours: convert to our blocks.
-                ours = metrics.num_gpu_blocks * metrics.block_size // config.block_size
-                index.set_capacity(endpoint.name, ours)
+                if index.is_precise(endpoint.name):
+                    # A precise pod's entries are the engine's blocks: count in those.
+                    index.set_capacity(endpoint.name, metrics.num_gpu_blocks)
+                else:
+                    # The pod's blocks may differ in size from ours: convert to our blocks.
+                    ours = metrics.num_gpu_blocks * metrics.block_size // config.block_size
+                    index.set_capacity(endpoint.name, ours)
 
     return on_change
 
 
-def connect(store: EndpointStore, index: PrefixIndex, router: Router, config: EppConfig) -> None:
-    """Connect the endpoint store's events to the prefix index, then to the router (the
-    data flow of the module docstring). Whatever builds a Router calls it once: the
-    service below, the virtual-time and overhead benchmarks, the tests' `router_with`."""
+def connect(
+    store: EndpointStore,
+    index: PrefixIndex,
+    router: Router,
+    config: EppConfig,
+    precise: PreciseMode | None = None,
+) -> None:
+    """Connect the endpoint store's events to the prefix index, to precise mode (if
+    given), then to the router (the data flow of the module docstring). Whatever builds a
+    Router calls it once: the service below, the virtual-time and overhead benchmarks,
+    the tests' `router_with`. With `precise`, the router's decisions on precise pods open
+    stale-routing claims that the pods' KV events settle (epp.prefix.precise_stale)."""
     store.on_change(index_listener(index, config.prefix))
+    if precise is not None:
+        store.on_change(precise.on_change)
+        router.record_listeners.append(precise.precise.dispatched)
+        router.completion_listeners.append(precise.precise.completed)
     store.on_change(router.on_endpoint_change)
 
 
@@ -119,7 +138,11 @@ class EppService:
         config = self.config
         self.metrics = EppMetrics()
         self.store = EndpointStore.for_config(config)
-        self.index = PrefixIndex.from_config(config.prefix)
+        self.index = PrefixIndex.from_config(
+            config.prefix, predicted_ttl_s=config.kv_events.predicted_ttl_s, clock=self.store.now
+        )
+        # KV events (precise mode): subscribers start with the service (start()).
+        self.precise = PreciseMode(config.kv_events, self.index, config.prefix.block_size)
         self.scheduler = Scheduler(config.scheduling, self.registry)
         self.router = Router(
             config,
@@ -134,7 +157,7 @@ class EppService:
         )
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.store.on_change(self.scraper.on_endpoint_change)
-        connect(self.store, self.index, self.router, config)
+        connect(self.store, self.index, self.router, config, self.precise)
         # Peer replicas share their decisions (epp/replicas); without peers nothing listens.
         self.replicas = (
             ReplicaSync(config, self.store, self.index, self.scheduler, self.router, self.metrics)
@@ -142,6 +165,8 @@ class EppService:
             else None
         )
         self.metrics.watch(self.store.all, self.index.blocks)
+        self.metrics.watch_kv_events(self.precise.stats, lambda: self.precise.subscribers)
+        self._stale_seen = (0, 0)  # precise stale-routing counts already exported
         # Names the operator configured keep their own label series (observability/labels.py).
         self.metrics.allow_labels(
             models=[*config.adapters, *config.adapters.values(), *config.flow_control.priorities]
@@ -221,6 +246,7 @@ class EppService:
         await site.start()
         self.metrics_port = self._web_runner.addresses[0][1]  # (host, port) of the site
         await self.scraper.start()
+        await self.precise.start()
         self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
         self._tasks.append(self.metrics.loop_lag.start())  # cancelled in stop() with the rest
         log.info(
@@ -264,6 +290,7 @@ class EppService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.scraper.stop()
+        await self.precise.close()
         await self._grpc.stop(grace_s)
         if self.replicas is not None:
             await self.replicas.stop()
@@ -277,11 +304,24 @@ class EppService:
         while True:
             self.store.refresh_health()
             self.router.tick()  # retry waiting requests, forget settled reservations
+            self._check_precise_stale()
             if self.ready != was_ready:
                 was_ready = self.ready
                 await self.health.set(live=True, ready=was_ready)
                 log.info("readiness_changed", ready=was_ready)
             await asyncio.sleep(HEALTH_REFRESH_S)
+
+    def _check_precise_stale(self) -> None:
+        """Settle due stale-routing claims of precise pods; export what is new."""
+        check = self.precise.precise
+        check.poll(self.store.now())
+        stale, checked = check.stale.stale, check.stale.checked
+        seen_stale, seen_checked = self._stale_seen
+        if stale > seen_stale:
+            self.metrics.stale.stale.inc(stale - seen_stale)
+        if checked > seen_checked:
+            self.metrics.stale.checked.inc(checked - seen_checked)
+        self._stale_seen = (stale, checked)
 
     def _web_app(self) -> web.Application:
         app = web.Application()
@@ -317,6 +357,8 @@ class EppService:
                         "error_rate": round(e.error_rate, 3),
                         "adapters": sorted(e.adapters),
                         "prefix_blocks": self.index.blocks(e.name),
+                        "index_mode": self.precise.mode_of(e.name),
+                        "kv_events": self._kv_events_state(e.name),
                         "scrape_failures": e.consecutive_failures,
                         "last_error": e.last_error,
                     }
@@ -327,8 +369,47 @@ class EppService:
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/ready", ready)
+
+        async def index_view(request: web.Request) -> web.Response:
+            # One pod's entries: for a precise pod, the engine block hashes its events say
+            # it holds (each once, hex); a test compares them with the engine's own view.
+            pod = request.query.get("pod", "")
+            if pod not in self.index.pods():
+                return web.json_response({"error": f"unknown pod {pod!r}"}, status=404)
+            return web.json_response(
+                {
+                    "pod": pod,
+                    "mode": self.precise.mode_of(pod),
+                    "blocks": self.index.blocks(pod),
+                    "capacity": self.index.capacity(pod),
+                    "engine_blocks": sorted(f"{h:016x}" for h in self.index.engine_blocks(pod)),
+                }
+            )
+
         app.router.add_get("/debug/endpoints", endpoints)
+        app.router.add_get("/debug/index", index_view)
         return app
+
+    def _kv_events_state(self, pod: str) -> dict[str, Any] | None:
+        sub = self.precise.subscriber(pod)
+        if sub is None:
+            return None
+        state = sub.state
+        return {
+            "endpoint": sub.endpoint,
+            "replay": sub.replay_endpoint,
+            "mode": sub.mode,
+            "connected": state.connected,
+            "attached": state.attached,
+            "next_seq": state.next_seq,
+            "messages": state.messages,
+            "replayed": state.replayed,
+            "gaps": state.gaps,
+            "restarts": state.restarts,
+            "resyncs": state.resyncs,
+            "replay_failures": state.replay_failures,
+            "disconnects": state.disconnects,
+        }
 
     async def run_until_stopped(self) -> None:
         """Serve until SIGTERM/SIGINT, then drain and stop; a second signal stops at once."""

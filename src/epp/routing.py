@@ -15,6 +15,9 @@ The Router subscribes to nothing: the app connects the endpoint store's events t
 its own either: with peer replicas (epp/replicas) the app adds a `dispatch_listeners`
 entry (each decision is shared), a `token_prefix` naming this replica in route tokens,
 and `foreign_completion` (a response end seen here for a decision another replica made).
+In precise mode (KV events) the app adds `record_listeners` (each decision on a precise
+pod opens a stale-routing claim before its blocks are recorded) and
+`completion_listeners` (the claim is checked after the response ended).
 
 The ext_proc server awaits `route` and calls `complete`; the virtual-time benchmark and
 tests call `route_now`, the same path without waiting.
@@ -29,7 +32,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -65,6 +68,11 @@ SATURATED = "rejected-saturated"
 
 # (the dispatch as the scorers saw it, uncached prompt tokens reserved on the pod)
 DispatchListener = Callable[[Dispatched, int], None]
+# (route token, pod name, the prompt's block hashes, leading blocks the index matched on
+# the pod, prompt tokens, store time): called before the blocks are recorded in the index
+RecordListener = Callable[[str, str, Sequence[BlockHash], int, int, float], object]
+# (route token, store time) of a decision of this Router whose response ended
+CompletionListener = Callable[[str, float], None]
 # (route token, status, served address) of a decision this Router did not make
 ForeignCompletion = Callable[[str, int | None, str | None], None]
 
@@ -155,6 +163,10 @@ class Router:
         # Connected by the app for peer replicas (module docstring); no I/O may happen in
         # a listener (it runs on the routing path), and its failure never fails a request.
         self.dispatch_listeners: list[DispatchListener] = []
+        # Connected by the app in precise mode (stale routing checked from KV events): the
+        # same rules as dispatch_listeners.
+        self.record_listeners: list[RecordListener] = []
+        self.completion_listeners: list[CompletionListener] = []
         self.token_prefix = ""
         self.foreign_completion: ForeignCompletion | None = None
 
@@ -263,12 +275,14 @@ class Router:
         uncached = max(0, prepared.prompt_tokens - matched * self._block_size)
         seq = self._store.dispatched(chosen, uncached)
         try:
+            token = self.token_prefix + secrets.token_hex(12)
             if hashes:
+                if self.record_listeners:
+                    self._before_record(token, chosen.name, sched_request, matched)
                 self._index.record(chosen.name, hashes)
             # Scorer state: `prefix_match` is still the match the scorers saw.
             event = Dispatched(sched_request, chosen)
             self._scheduler.observe(event)
-            token = self.token_prefix + secrets.token_hex(12)
             routed = RoutedRequest(
                 prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
                 prepared.priority, body=prepared.body,
@@ -290,6 +304,14 @@ class Router:
                 with contextlib.suppress(Exception):
                     log.exception("dispatch_listener_failed", request_id=prepared.request_id)
         return routed
+
+    def _before_record(self, token: str, pod: str, sched: SchedulingRequest, matched: int) -> None:
+        for listener in self.record_listeners:
+            try:
+                listener(token, pod, sched.block_hashes, matched, sched.prompt_tokens, sched.now)
+            except Exception:  # never costs the request
+                with contextlib.suppress(Exception):
+                    log.exception("record_listener_failed", request_id=sched.request_id)
 
     def route_now(
         self,
@@ -476,6 +498,14 @@ class Router:
             return
         routed.done = True
         endpoint = routed.endpoint
+        if self.completion_listeners:
+            now = self._store.now()
+            for listener in self.completion_listeners:
+                try:
+                    listener(token, now)
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        log.exception("completion_listener_failed", request_id=routed.request_id)
         if served_address and served_address != endpoint.address:
             # The gateway retried on a fallback: the primary refused, the fallback served.
             self._metrics.fallback_served.inc()
@@ -519,7 +549,9 @@ class Router:
         chosen = decision.primary
         block_size = sched.block_size
         matched = sched.prefix_match.get(chosen.name, 0)
-        if matched:  # checked later against the pod's own hit counter (observability/stale)
+        if matched and not self._index.is_precise(chosen.name):
+            # Checked later against the pod's own hit counter (observability/stale); a
+            # precise pod's decisions are checked from its KV events (prefix/precise_stale).
             m.stale.dispatched(chosen, seq, matched * block_size, sched.prompt_tokens, block_size)
         cache = decision.factor("cache")
         best = (

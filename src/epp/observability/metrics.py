@@ -12,7 +12,7 @@ the configuration or the pods know, plus at most `client_label_limit` others, th
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
@@ -24,6 +24,7 @@ import epp
 from epp.datalayer.endpoint import Endpoint
 from epp.observability.answers import Answers
 from epp.observability.discovery import DiscoveryCollector
+from epp.observability.kv_events import KvEventsCollector
 from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
 from epp.observability.logs import trace, trace_enabled
 from epp.observability.loop_lag import LoopLagMonitor
@@ -31,6 +32,8 @@ from epp.observability.stale import StaleCacheTracker
 
 if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
+    from epp.datalayer.kv_subscriber import KvEventSubscriber
+    from epp.prefix.kv_events import KvEventStats
 
 log = structlog.get_logger("epp.datalayer")
 
@@ -241,6 +244,14 @@ class EppMetrics:
     def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
         """Export discovery's state (`EppService.discovery`), read at each scrape."""
         self.registry.register(DiscoveryCollector(state))
+
+    def watch_kv_events(
+        self,
+        stats: KvEventStats,
+        subscribers: Callable[[], Mapping[str, KvEventSubscriber]],
+    ) -> None:
+        """Export precise mode's counts and subscriber states, read at each scrape."""
+        self.registry.register(KvEventsCollector(stats, subscribers))
 
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         """An endpoint store event (the router forwards them): count failed scrapes, check

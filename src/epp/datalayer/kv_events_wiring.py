@@ -1,0 +1,231 @@
+"""Precise mode in `epp serve`: one KV-event subscriber per pod that publishes events.
+
+`PreciseMode` owns what the app needs for it: the shared `KvEventStats`, the
+`PreciseIndex` that applies events to the prefix index, one ZMQ context for every
+subscriber (made on first use) and a pod name -> `KvEventSubscriber` map. The app
+connects `on_change` to the endpoint store (after `index_listener`), as every other
+reader of the store's events:
+
+- `added` / `updated`: the pod's mode and endpoints are resolved from `kv_events:` and
+  its labels (`resolve_pod`). A pod that is not `approximate`, whose publisher endpoint is
+  known and whose model is known gets a subscriber (the model may only be learned from
+  the first metrics page: it starts on the first update that has it). A change of model,
+  endpoints, topic or mode closes the old subscriber and starts a new one; a pod that
+  became `approximate` loses its subscriber (and its precise entries).
+- `reset` (the pod's counters went back: its engine restarted): `restarted`, so its
+  entries go now and are rebuilt from a full resync.
+- `removed`: the subscriber is closed and the pod forgotten (`PreciseIndex.remove_pod`):
+  no entry stays.
+
+A retired subscriber is cut off from the index at once (its sink is a gate that closes
+before its sockets do), so that a late batch of an old publisher never reaches the pod's
+new entries. Subscribers start when the service starts (`start`), or at once when
+created later; `close` stops them all, then terminates the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import zmq.asyncio
+
+from epp.datalayer.kv_subscriber import (
+    KvEventSubscriber,
+    PodKvEvents,
+    SubscriberSettings,
+    resolve_pod,
+)
+from epp.prefix.kv_events import KvEvent, KvEventStats
+from epp.prefix.precise import PreciseIndex
+
+if TYPE_CHECKING:
+    from epp.config import KvEventsConfig
+    from epp.datalayer.endpoint import Endpoint
+    from epp.prefix.index import PrefixIndex
+
+log = structlog.get_logger("epp.kv_events")
+
+
+class _Gate:
+    """A subscriber's sink: forwards to the PreciseIndex until the subscriber is retired."""
+
+    __slots__ = ("open", "sink", "stats")
+
+    def __init__(self, sink: PreciseIndex) -> None:
+        self.sink = sink
+        self.stats = sink.stats
+        self.open = True
+
+    def attach(self, pod: str, model: str | None) -> None:
+        if self.open:
+            self.sink.attach(pod, model)
+
+    def detach(self, pod: str) -> None:
+        if self.open:
+            self.sink.detach(pod)
+
+    def reset_pod(self, pod: str) -> None:
+        if self.open:
+            self.sink.reset_pod(pod)
+
+    def apply_events(self, pod: str, events: Sequence[KvEvent]) -> int:
+        return self.sink.apply_events(pod, events) if self.open else 0
+
+
+class _Follow:
+    __slots__ = ("gate", "sub", "wiring")
+
+    def __init__(self, sub: KvEventSubscriber, gate: _Gate, wiring: tuple) -> None:
+        self.sub = sub
+        self.gate = gate
+        self.wiring = wiring  # what it was made from: a change makes a new subscriber
+
+
+class PreciseMode:
+    """The KV-event subscribers of every followed pod, and the index they keep."""
+
+    def __init__(
+        self,
+        config: KvEventsConfig,
+        index: PrefixIndex,
+        block_size: int,
+        *,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.stats = KvEventStats()
+        self.precise = PreciseIndex(index, block_size, self.stats)
+        self.settings = SubscriberSettings.from_config(config)
+        self._context = context
+        self._own_context = context is None
+        self._follows: dict[str, _Follow] = {}
+        self._running = False
+        self._closed = False
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # -- what others read -------------------------------------------------------------
+
+    @property
+    def subscribers(self) -> dict[str, KvEventSubscriber]:
+        """Pod name -> its subscriber (a copy)."""
+        return {name: follow.sub for name, follow in self._follows.items()}
+
+    def subscriber(self, pod: str) -> KvEventSubscriber | None:
+        follow = self._follows.get(pod)
+        return None if follow is None else follow.sub
+
+    def mode_of(self, pod: str) -> str:
+        """`precise` while the pod's events keep its entries, else `approximate`."""
+        return "precise" if self.index.is_precise(pod) else "approximate"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the subscribers made so far; later ones start as they are made."""
+        self._running = True
+        for follow in list(self._follows.values()):
+            await follow.sub.start()
+
+    async def close(self) -> None:
+        """Stop every subscriber (their pods go back to approximate, with no entries),
+        then terminate the shared context."""
+        self._running = False
+        self._closed = True
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        follows, self._follows = self._follows, {}
+        for follow in follows.values():
+            with contextlib.suppress(Exception):
+                await follow.sub.close(detach=True)
+            follow.gate.open = False
+        if self._context is not None and self._own_context:
+            self._context.term()
+            self._context = None
+
+    # -- the endpoint store's events ----------------------------------------------------
+
+    def on_change(self, event: str, endpoint: Endpoint) -> None:
+        if self._closed:
+            return
+        name = endpoint.name
+        if event == "removed":
+            self._retire(name)
+            self.precise.remove_pod(name)
+        elif event == "reset":
+            follow = self._follows.get(name)
+            if follow is not None:
+                follow.sub.restarted("counters_reset")
+        elif event in ("added", "updated"):
+            self._follow(endpoint)
+
+    def _follow(self, endpoint: Endpoint) -> None:
+        name, model = endpoint.name, endpoint.model
+        pod = resolve_pod(self.config, name, endpoint.address, model, endpoint.labels)
+        wanted = pod.mode != "approximate" and pod.endpoint is not None and model is not None
+        wiring = (pod, model)
+        current = self._follows.get(name)
+        if current is not None:
+            if wanted and current.wiring == wiring:
+                return
+            self._retire(name)
+            self.precise.detach(name)  # approximate, with no entries, until a new handshake
+            log.info("kv_events_unfollowed", pod=name, reason="changed" if wanted else "mode")
+        if wanted:
+            self._new(name, pod, model)
+
+    def _new(self, name: str, pod: PodKvEvents, model: str | None) -> None:
+        assert pod.endpoint is not None and pod.mode != "approximate"
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        gate = _Gate(self.precise)
+        sub = KvEventSubscriber(
+            name,
+            pod.endpoint,
+            gate,
+            model=model,
+            replay_endpoint=pod.replay_endpoint,
+            topic=pod.topic,
+            mode=pod.mode,
+            settings=self.settings,
+            stats=self.stats,
+            context=self._context,
+        )
+        self._follows[name] = _Follow(sub, gate, (pod, model))
+        log.info(
+            "kv_events_following",
+            pod=name,
+            mode=pod.mode,
+            endpoint=pod.endpoint,
+            replay=pod.replay_endpoint,
+            model=model,
+        )
+        if self._running:
+            self._schedule(sub.start())
+
+    def _retire(self, name: str) -> None:
+        follow = self._follows.pop(name, None)
+        if follow is None:
+            return
+        follow.gate.open = False  # nothing it still receives reaches the index
+        # Its pod's entries are the caller's to drop (remove_pod or detach), now.
+        self._schedule(follow.sub.close(detach=False))
+
+    def _schedule(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            work.close()  # no loop (a service built, never started): nothing runs yet
+            return
+        task = loop.create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("kv_events_task_failed", error=repr(task.exception())[:200])
