@@ -1,0 +1,298 @@
+"""PreciseMode (epp.datalayer.kv_events_wiring): the endpoint store's events start, replace
+and close KV-event subscribers, against real simulated pods publishing over real ZMQ on
+loopback. A pod is followed once its model is known; a new model or endpoint replaces
+its subscriber (nothing of the old one stays), a reset drops its entries and resyncs,
+removal leaves nothing, and `close` stops everything. Through the EppService's router:
+a decision on a precise pod opens a stale-routing claim that its events settle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from array import array
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+
+from epp.app import EppService
+from epp.config import EndpointConfig, EppConfig, KvEventsConfig
+from epp.datalayer.kv_events_wiring import PreciseMode
+from epp.datalayer.metrics_parser import PodMetrics
+from epp.datalayer.store import EndpointStore
+from epp.prefix.hashing import block_hashes, chain_seed
+from epp.prefix.index import PrefixIndex
+from vllm_sim.kv_publisher import KvEventsConfig as SimKvEvents
+from vllm_sim.server import RunningPod, SimPodConfig, start_pod
+
+MODEL = "m"
+FAST = {"resync_timeout_s": 1.0, "reconnect_max_s": 0.2, "fallback_after_s": 0.5}
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def sim_pod(name: str, model: str = MODEL) -> RunningPod:
+    return await start_pod(
+        SimPodConfig(
+            pod_name=name,
+            model=model,
+            time_scale=0.001,
+            kv_events=SimKvEvents(port=0, replay_port=0, topic=""),
+        )
+    )
+
+
+def labels(pod: RunningPod) -> dict[str, str]:
+    publisher = pod.kv_publisher
+    assert publisher is not None
+    return {
+        "kv_events_endpoint": f"tcp://127.0.0.1:{publisher.pub_port}",
+        "kv_events_replay": f"tcp://127.0.0.1:{publisher.replay_port}",
+    }
+
+
+def endpoint(name: str, pod: RunningPod, model: str | None = None, **extra: str) -> EndpointConfig:
+    return EndpointConfig(
+        name=name,
+        address=f"127.0.0.1:{pod.port}",
+        model=model,
+        labels={**labels(pod), **extra},
+    )
+
+
+def ids_of(seed: int, n: int = 160) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 100_000) for _ in range(n)]
+
+
+def ours(ids: list[int], model: str = MODEL) -> list:
+    return block_hashes(array("I", ids), 16, chain_seed(model))
+
+
+async def serve(pod: RunningPod, ids: list[int], model: str = MODEL) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            pod.url + "/v1/completions", json={"model": model, "prompt": ids, "max_tokens": 1}
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+
+
+def engine_view(pod: RunningPod) -> set[int]:
+    return set(pod.pod.engine._pool._copies)
+
+
+class Rig:
+    def __init__(self, **kv_events: object) -> None:
+        config = KvEventsConfig.model_validate({**FAST, **kv_events})
+        self.store = EndpointStore(EppConfig().datalayer)
+        self.index = PrefixIndex(100_000, clock=self.store.now)
+        self.mode = PreciseMode(config, self.index, 16)
+        self.store.on_change(self.mode.on_change)
+
+    def holds(self, pod: str, ids: list[int], model: str = MODEL) -> int:
+        return self.index.match(ours(ids, model)).get(pod, 0)
+
+    def attached(self, pod: str) -> bool:
+        sub = self.mode.subscriber(pod)
+        return sub is not None and sub.state.attached and sub.state.resyncs >= 1
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[list[RunningPod]]:
+    running = [await sim_pod(f"pod-{i}") for i in range(2)]
+    yield running
+    for pod in running:
+        await pod.close()
+
+
+async def test_a_pod_is_followed_once_its_model_is_known_and_the_index_matches_its_engine(
+    pods: list[RunningPod],
+):
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0]), endpoint("pod-1", pods[1], model=MODEL)])
+        assert rig.mode.subscriber("pod-0") is None  # no model yet: no seed for its chains
+        await until(lambda: rig.attached("pod-1"))
+        assert rig.mode.mode_of("pod-1") == "precise" and rig.mode.mode_of("pod-0") == "approximate"
+        pod0 = rig.store.get("pod-0")
+        assert pod0 is not None
+        rig.store.scraped(pod0, PodMetrics(model=MODEL))  # the first page names the model
+        await until(lambda: rig.attached("pod-0"))
+        for i, pod in enumerate(pods):
+            for seed in range(3):
+                await serve(pod, ids_of(10 * i + seed))
+        for i, pod in enumerate(pods):
+            name = f"pod-{i}"
+            await until(lambda n=name, p=pod: set(rig.index.engine_blocks(n)) == engine_view(p))
+            assert rig.holds(name, ids_of(10 * i)) == 10
+            assert rig.holds(name, ids_of(10 * (1 - i))) == 0  # the other pod's prompt
+        subs = rig.mode.subscribers
+        rig.store.scraped(pod0, PodMetrics(model=MODEL))  # the same wiring: kept
+        assert rig.mode.subscribers == subs
+        assert rig.mode.stats.counts["blocks_stored"] > 0
+    finally:
+        await rig.mode.close()
+    assert rig.mode.subscribers == {}
+    assert not rig.index.is_precise("pod-0") and rig.index.blocks("pod-0") == 0
+
+
+async def test_a_new_model_or_endpoint_replaces_the_subscriber_and_nothing_old_stays(
+    pods: list[RunningPod],
+):
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
+        await until(lambda: rig.attached("pod-0"))
+        await serve(pods[0], ids_of(1))
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)
+        first = rig.mode.subscriber("pod-0")
+        # The pod's publisher endpoint changes (its labels now name pod-1's publisher).
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL, **labels(pods[1]))])
+        pod0 = rig.store.get("pod-0")
+        assert pod0 is not None
+        rig.store.scraped(pod0, PodMetrics(model=MODEL))
+        second = rig.mode.subscriber("pod-0")
+        assert second is not None and second is not first
+        assert rig.holds("pod-0", ids_of(1)) == 0  # the old publisher's blocks went at once
+        await until(lambda: rig.attached("pod-0"))
+        await until(lambda: first is not None and first.state.connected is False)
+        await serve(pods[1], ids_of(2))
+        await until(lambda: rig.holds("pod-0", ids_of(2)) == 10)
+        await serve(pods[0], ids_of(3))  # the old publisher: nothing of it reaches the index
+        await asyncio.sleep(0.3)
+        assert rig.holds("pod-0", ids_of(3)) == 0
+        assert set(rig.index.engine_blocks("pod-0")) == engine_view(pods[1])
+        # A new model: a new subscriber, whose chains start from the new name.
+        rig.store.sync(
+            [EndpointConfig(name="pod-0", address=pod0.address, model="m2", labels=labels(pods[1]))]
+        )
+        rig.store.scraped(pod0, PodMetrics(model="m2"))
+        third = rig.mode.subscriber("pod-0")
+        assert third is not None and third is not second and third.model == "m2"
+        await until(lambda: rig.attached("pod-0"))
+        await until(lambda: rig.holds("pod-0", ids_of(2), "m2") == 10)  # resynced from replay
+        assert rig.holds("pod-0", ids_of(2)) == 0
+    finally:
+        await rig.mode.close()
+
+
+async def test_a_reset_drops_entries_and_resyncs_and_removal_leaves_nothing(
+    pods: list[RunningPod],
+):
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
+        await until(lambda: rig.attached("pod-0"))
+        await serve(pods[0], ids_of(1))
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)
+        sub = rig.mode.subscriber("pod-0")
+        assert sub is not None
+        pod0 = rig.store.get("pod-0")
+        assert pod0 is not None
+        rig.mode.on_change("reset", pod0)  # the store saw the pod's counters go back
+        assert sub.state.restarts == 1
+        assert rig.holds("pod-0", ids_of(1)) == 0  # dropped at once...
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)  # ...and replayed
+        rig.store.sync([])
+        assert rig.mode.subscriber("pod-0") is None
+        assert rig.index.blocks("pod-0") == 0 and "pod-0" not in rig.index.pods()
+        await until(lambda: not sub.state.connected)
+        await serve(pods[0], ids_of(2))
+        await asyncio.sleep(0.3)
+        assert "pod-0" not in rig.index.pods() and not rig.mode.precise.is_attached("pod-0")
+    finally:
+        await rig.mode.close()
+
+
+async def test_approximate_pods_get_no_subscriber_and_a_silent_publisher_stays_approximate(
+    pods: list[RunningPod],
+):
+    rig = Rig(pod_modes={"pod-1": "approximate"})
+    await rig.mode.start()
+    try:
+        rig.store.sync(
+            [
+                endpoint("pod-0", pods[0], model=MODEL),
+                endpoint("pod-1", pods[1], model=MODEL),
+                # auto, but nothing publishes there: it stays approximate.
+                EndpointConfig(
+                    name="pod-2",
+                    address="127.0.0.1:1",
+                    model=MODEL,
+                    labels={"kv_events_endpoint": "tcp://127.0.0.1:1", "kv_events_replay": ""},
+                ),
+            ]
+        )
+        assert rig.mode.subscriber("pod-1") is None
+        assert rig.mode.subscriber("pod-2") is not None
+        await until(lambda: rig.attached("pod-0"))
+        assert not rig.index.is_precise("pod-2")
+        # The operator turns pod-0 approximate (a label): its subscriber goes.
+        # (pod-1 and pod-2 are removed; a pod that stays gets its new labels without an
+        # event: they take effect with its next page.)
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL, kv_events_mode="approximate")])
+        assert rig.mode.subscriber("pod-2") is None
+        pod0 = rig.store.get("pod-0")
+        assert pod0 is not None
+        rig.store.scraped(pod0, PodMetrics(model=MODEL))
+        assert rig.mode.subscribers == {} and not rig.index.is_precise("pod-0")
+    finally:
+        await rig.mode.close()
+
+
+async def test_the_service_checks_stale_routing_of_precise_pods_from_their_events(
+    pods: list[RunningPod],
+):
+    config = EppConfig.model_validate(
+        {
+            "endpoints": [
+                endpoint(f"pod-{i}", p, model=MODEL).model_dump() for i, p in enumerate(pods)
+            ],
+            "kv_events": FAST,
+            "prefix": {"block_size": 16},
+        }
+    )
+    service = EppService(config)
+    service.store.sync(config.endpoints)
+    await service.precise.start()
+    try:
+        await until(lambda: all(service.index.is_precise(f"pod-{i}") for i in range(2)))
+        ids = ids_of(7)
+        body = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 1}).encode()
+        routed = service.router.route_now(path="/v1/completions", body=body, request_id="r0")
+        name = routed.endpoint.name
+        pod = pods[int(name[-1])]
+        await serve(pod, ids)  # the request runs on the pod the EPP chose
+        service.router.complete(routed, 200)
+        await until(lambda: service.index.reported(name, ours(ids)[-1]))
+        check = service.precise.precise.stale
+        again = service.router.route_now(path="/v1/completions", body=body, request_id="r1")
+        assert again.endpoint.name == name  # the engine's own blocks drew it there
+        assert check.open_claims == 1
+        await serve(pod, ids)
+        service.router.complete(again, 200)
+        await asyncio.sleep(check.grace_s + 0.1)
+        service._check_precise_stale()
+        assert (check.checked, check.stale) == (1, 0)  # the engine reused them: not stale
+        page = service.metrics.exposition().decode()
+        assert "epp_stale_cache_checked_total 1.0" in page
+        assert f'epp_pod_kv_events_attached{{pod="{name}"}} 1.0' in page
+        assert 'epp_kv_events_total{reason="blocks_stored"}' in page
+        endpoints = {e.name: e for e in service.store.all()}
+        assert service.index.blocks(name) == len(engine_view(pod))
+        assert service.precise.mode_of(endpoints[name].name) == "precise"
+    finally:
+        await service.precise.close()
