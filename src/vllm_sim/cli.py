@@ -64,6 +64,8 @@ KV-cache events (vLLM's ZMQ format):
   generated tokens are cached and announced too (when the request finishes), a
   recomputed block is announced again under its hash, and a reset's AllBlocksCleared
   goes out with the next batch. "return_token_ids": true returns the token ids.
+  GET /sim/kv lists the engine's cached block hashes (each once, hex): what a router
+  following these events should hold for the pod.
 
 failure injection (for testing routers):
   header {FAIL_HEADER}: {"|".join(k.value for k in FailureKind)}

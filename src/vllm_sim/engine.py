@@ -715,6 +715,11 @@ class SimEngine:
         """Cached KV blocks (prompt and output), held or idle; copies of a hash count each."""
         return self._pool.cached_blocks
 
+    def cached_block_hashes(self) -> list[BlockHash]:
+        """The hash of every cached block (each hash once): what a KV-event subscriber
+        that missed nothing holds for this pod."""
+        return self._pool.cached_hashes()
+
     @property
     def loaded_adapters(self) -> tuple[str, ...]:
         return self._adapters.loaded

@@ -109,6 +109,10 @@ class PrefixBlockPool:
         """How many resets so far (a request pinned in an older epoch holds detached blocks)."""
         return self._epoch
 
+    def cached_hashes(self) -> list[BlockHash]:
+        """Every cached hash once (however many copies), for debugging views."""
+        return list(self._copies)
+
     def contains(self, block: BlockHash) -> bool:
         return block in self._copies
 

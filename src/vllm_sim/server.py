@@ -494,6 +494,13 @@ class SimPod:
             log.info("pod failures set pod=%s state=%s", self.config.pod_name, self.faults.state())
         return web.json_response(self.faults.state(), dumps=_dumps)
 
+    async def sim_kv(self, request: web.Request) -> web.Response:
+        """GET /sim/kv: the engine's cached blocks, each hash once (16 hex digits), sorted:
+        what a router that follows this pod's KV events should hold for it."""
+        hashes = sorted(f"{h:016x}" for h in self.engine.cached_block_hashes())
+        body = {"block_size": self.config.engine.block_size, "blocks": hashes}
+        return web.json_response(body, dumps=_dumps)
+
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         header = request.headers.get(FAIL_HEADER)
         kind = None if header is None else parse_header(header)
@@ -653,6 +660,7 @@ def create_app(config: SimPodConfig) -> web.Application:
     app.router.add_post("/v1/unload_lora_adapter", pod.unload_lora_adapter)
     app.router.add_get("/sim/fail", pod.sim_fail)
     app.router.add_post("/sim/fail", pod.sim_fail)
+    app.router.add_get("/sim/kv", pod.sim_kv)
     return app
 
 

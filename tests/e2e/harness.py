@@ -141,12 +141,16 @@ class Rig:
         for address in self.pods:
             wait_for(lambda a=address: http(f"http://{a}/health", timeout=1)[0] == 200)
 
-    def start_epp(self, config: dict | None = None) -> Proc:
-        """`epp serve` on fixed ports (the same ones again after a restart)."""
+    def start_epp(
+        self, config: dict | None = None, labels_for: Callable[[int], dict] | None = None
+    ) -> Proc:
+        """`epp serve` on fixed ports (the same ones again after a restart); `labels_for(i)`:
+        pod i's endpoint labels."""
         if not self.epp_grpc_port:
             self.epp_grpc_port, self.epp_metrics_port = free_ports(2)
         endpoints = [
             {"name": f"pod-{i}", "address": a, "metrics_url": f"http://{a}/metrics"}
+            | ({"labels": labels_for(i)} if labels_for else {})
             for i, a in enumerate(self.pods)
         ]
         (self.work / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}))
