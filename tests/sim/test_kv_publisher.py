@@ -246,3 +246,18 @@ def test_config_refuses_bad_ports_and_buffers() -> None:
             KvEventsConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         KvEventsConfig(port=0, replay_buffer=0)
+
+
+async def test_sim_kv_lists_the_engines_cached_hashes_each_once(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    pod = await start(num_gpu_blocks=12, kv_events=KvEventsConfig(port=0, replay_port=0))
+    a = list(range(64))
+    await complete(http, pod, a)
+    await complete(http, pod, a)  # a second copy of the last block: listed once
+    async with http.get(pod.url + "/sim/kv") as resp:
+        view = await resp.json()
+    assert view == {
+        "block_size": 16,
+        "blocks": sorted(f"{h:016x}" for h in block_hashes(array("I", a), 16)),
+    }
