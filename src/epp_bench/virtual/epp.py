@@ -33,7 +33,7 @@ from epp.routing import RoutedRequest, Router, Saturated
 from epp.scheduling.admission import FlowQueue, Waiting
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 from epp_bench.virtual.types import WAITING, PreparedRequest, RouteChoice, VirtualPods
 from vllm_sim.engine import SimEngine
 
@@ -89,6 +89,7 @@ class EppVirtualRouter:
         seed: int = 0,
         adapters: dict[str, str] | None = None,
         registry: ScorerRegistry | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         base = config or EppConfig()
         endpoints = [
@@ -110,7 +111,8 @@ class EppVirtualRouter:
         self._now = 0.0
         self.store = EndpointStore.for_config(self.config, clock=self._clock)
         self.store.sync(self.config.endpoints)
-        self.index = PrefixIndex.from_config(self.config.prefix)
+        # On the virtual clock: a precise pod's predicted entries expire in virtual time.
+        self.index = PrefixIndex.from_config(self.config.prefix, clock=self._clock)
         self.scheduler = Scheduler(
             self.config.scheduling, registry=registry, rng=random.Random(seed)
         )
@@ -119,7 +121,7 @@ class EppVirtualRouter:
             self.store,
             self.index,
             self.scheduler,
-            ByteEstimateTokenizer(),
+            tokenizer or ByteEstimateTokenizer(),
             EppMetrics(),
         )
         connect(self.store, self.index, self.router, self.config)
@@ -143,6 +145,11 @@ class EppVirtualRouter:
         self.queued = 0
         self.wait_seconds = 0.0
         self.refused_by_class: dict[str, int] = {}
+        # Request index -> (blocks the index matched on the chosen pod, the router's prompt
+        # tokens) of every dispatched request: the stale-routing check (runner) compares
+        # them with what the engine reused.
+        self.predictions: dict[int, tuple[int, int]] = {}
+        self._untimed = 0.0  # CPU of that bookkeeping, kept out of `cpu_seconds`
 
     def _clock(self) -> float:
         return self._now
@@ -165,6 +172,7 @@ class EppVirtualRouter:
 
     def route(self, request: PreparedRequest, now: float) -> RouteChoice:
         started = time.process_time()
+        self._untimed = 0.0
         self.decisions += 1
         try:
             prepared = self.router.prepare(
@@ -178,17 +186,32 @@ class EppVirtualRouter:
                 for w in self._waiting.candidates()
             ):
                 raise Saturated(429, "requests are waiting", reason="rejected-saturated")
-            routed = self.router.dispatch(prepared)
+            routed = self._dispatch(request, prepared)
         except Saturated:
             choice = self._admit(request, prepared, now)
-            self.cpu_seconds += time.process_time() - started
+            self.cpu_seconds += time.process_time() - started - self._untimed
             return choice
         except RequestRejected as exc:
-            self.cpu_seconds += time.process_time() - started
+            self.cpu_seconds += time.process_time() - started - self._untimed
             return self._refused(request, exc.status, exc.reason)
-        self.cpu_seconds += time.process_time() - started
+        self.cpu_seconds += time.process_time() - started - self._untimed
         self._observe(routed)
         return RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
+
+    def _dispatch(self, request: PreparedRequest, prepared: Any) -> RoutedRequest:
+        """`Router.dispatch`, noting the match the index predicted on the chosen pod (the
+        same lookup the router makes just before, on the same index and clock)."""
+        started = time.process_time()
+        match = self.index.match(prepared.hashes) if prepared.hashes else {}
+        self._untimed += time.process_time() - started
+        routed = self.router.dispatch(prepared)
+        matched = match.get(routed.endpoint.name, 0)
+        self.predictions[request.index] = (matched, prepared.prompt_tokens)
+        self._dispatched(routed, prepared, matched)
+        return routed
+
+    def _dispatched(self, routed: RoutedRequest, prepared: Any, matched: int) -> None:
+        """Hook: a request was dispatched predicting `matched` blocks on its pod."""
 
     # -- admission: the live EPP's queue (scheduling/admission.py) on virtual time -------
     def _refused(self, request: PreparedRequest, status: int, reason: str) -> RouteChoice:
@@ -224,7 +247,7 @@ class EppVirtualRouter:
                 continue
             request, prepared = waiting.item
             try:
-                routed = self.router.dispatch(prepared)
+                routed = self._dispatch(request, prepared)
             except Saturated:
                 blocked.add(waiting.model)
                 continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -63,6 +64,7 @@ def _prepare_one(
         prompt_tokens=len(gen.tokens),
         max_tokens=request.max_tokens,
         hashes=tuple(prompt.block_hashes),
+        token_ids=array("I", gen.tokens),
     )
 
 

@@ -45,6 +45,11 @@ from epp_bench.virtual.baselines import (
     RoundRobin,
 )
 from epp_bench.virtual.epp import EppVirtualRouter
+from epp_bench.virtual.precise import (
+    ApproxEngineTokEppRouter,
+    PreciseEppRouter,
+    engine_stale,
+)
 from epp_bench.virtual.prepare import prepare
 from epp_bench.virtual.types import (
     WAITING,
@@ -61,6 +66,8 @@ from epp_bench.virtual.whatif import (
 from epp_bench.workloads.types import RequestOutcome, RunResult, Workload
 from vllm_sim.engine import Admission, EngineConfig, SimEngine
 
+# Routers whose pods publish KV events (the engines queue them; the runner drains them).
+KV_EVENT_ROUTERS = frozenset({"epp_precise"})
 ROUTERS = ("epp", "round_robin", "random", "least_outstanding", "consistent_hash", "oracle")
 
 _ARRIVAL = 0
@@ -83,6 +90,10 @@ def make_router(
         return EppVirtualRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_prefill":
         return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
+    if name == "epp_precise":
+        return PreciseEppRouter(pods, epp_config, seed=seed, adapters=adapters)
+    if name == "epp_approx_engine_tok":
+        return ApproxEngineTokEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_spec":
         spec = EppVirtualRouter(pods, spec_config(epp_config), seed=seed, adapters=adapters)
         spec.name = "epp_spec"
@@ -138,6 +149,10 @@ class _Simulation:
         self.progress = progress
         self.state = [_Pod(engine) for engine in pods.engines]
         self.zero_decode = [e.config.decode_per_token_s == 0 for e in pods.engines]
+        # Routers in precise mode take the engines' KV events (drained after each call).
+        self.on_kv_events: Callable[[int, list, float], None] | None = getattr(
+            router, "on_kv_events", None
+        )
         self.flights: dict[int, _Flight] = {}
         self.arrived: dict[int, float] = {}  # held by the router: index -> arrival time
         self.outcomes: list[RequestOutcome | None] = [None] * len(prepared)
@@ -205,7 +220,12 @@ class _Simulation:
             return
         engine = self.pods.engines[choice.pod]
         admission = engine.submit(
-            f"r{index}", request.hashes, request.prompt_tokens, request.max_tokens, request.adapter
+            f"r{index}",
+            request.hashes,
+            request.prompt_tokens,
+            request.max_tokens,
+            request.adapter,
+            prompt_token_ids=request.token_ids if engine.kv_events_enabled else None,
         )
         if admission is not Admission.QUEUED:
             status = 429 if admission is Admission.QUEUE_FULL else 400
@@ -270,12 +290,21 @@ class _Simulation:
             self._push(now + started.prefill_seconds, _FIRST_TOKEN, pod_index, index)
             if started.prefill_wait_seconds > 0:
                 self._push(now + started.prefill_wait_seconds, _REPLAN, pod_index, 0)
+        self._publish(pod_index, now)
         self._schedule_finish(pod_index, now)
+
+    def _publish(self, pod_index: int, now: float) -> None:
+        """The engine's KV events since its last call, to a precise router."""
+        if self.on_kv_events is not None:
+            events = self.pods.engines[pod_index].drain_kv_events()
+            if events:
+                self.on_kv_events(pod_index, events, now)
 
     def _end(self, pod_index: int, index: int, now: float) -> None:
         flight = self.flights.pop(index)
         output_tokens = self.prepared[index].max_tokens
         self.pods.engines[pod_index].finish(f"r{index}", output_tokens)
+        self._publish(pod_index, now)
         self.router.complete(flight.choice, 200)
         assert flight.first_token_s is not None
         self._record(
@@ -349,9 +378,10 @@ def run_virtual(
         or workload.params.get("model")
         or (workload.requests[0].model if workload.requests else "")
     )
+    kv_events = router in KV_EVENT_ROUTERS
     fleet = VirtualPods(
         names=tuple(f"pod-{i}" for i in range(pods)),
-        engines=tuple(SimEngine(engine_config) for _ in range(pods)),
+        engines=tuple(SimEngine(engine_config, kv_events=kv_events) for _ in range(pods)),
         served_model=served,
     )
     chosen = make_router(router, fleet, seed=seed, epp_config=epp_config, adapters=adapters)
@@ -364,8 +394,10 @@ def run_virtual(
     queries = sum(e.counters.prefix_cache_queries for e in fleet.engines)
     stats = chosen.stats()
     cpu_us: float | None = None
-    if isinstance(chosen, EppVirtualRouter) and chosen.decisions:
-        cpu_us = chosen.cpu_seconds / chosen.decisions * 1e6
+    if isinstance(chosen, EppVirtualRouter):
+        stats.update(engine_stale(chosen.predictions, outcomes, prepared, engine_config.block_size))
+        if chosen.decisions:
+            cpu_us = chosen.cpu_seconds / chosen.decisions * 1e6
     return RunResult(
         router=router,
         workload=workload.name,

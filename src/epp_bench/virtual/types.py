@@ -3,6 +3,7 @@ router may look at, a routing choice, and the router contract."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +32,8 @@ class PreparedRequest:
     max_tokens: int
     hashes: tuple[BlockHash, ...]
     priority: int = 0  # < 0: sheddable (sent as the EPP's trusted priority header)
+    # The engine's prompt token ids (uint32), for engines that publish KV events.
+    token_ids: array | None = None
 
 
 @dataclass(frozen=True, slots=True)

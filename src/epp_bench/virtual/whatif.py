@@ -9,6 +9,10 @@ weights are scaled by 1 - PREFILL_WEIGHT and `prefill` gets PREFILL_WEIGHT. The 
 cost model (`scheduling.prefill_estimate`) is set from the simulated pods' own prefill
 costs, as an operator would set it from the model and GPU the pods run, so the estimate is
 exact for a pod that prefills only what the EPP sent it.
+
+`epp_precise` (precise mode: the index fed by the engines' KV events) and
+`epp_approx_engine_tok` (approximate, with the engine's tokenizer) live in
+`epp_bench.virtual.precise`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from epp_bench.virtual.epp import EppVirtualRouter
 from epp_bench.virtual.types import VirtualPods
 from vllm_sim.engine import EngineConfig
 
-WHATIF_ROUTERS = ("epp_prefill", "epp_spec")
+WHATIF_ROUTERS = ("epp_prefill", "epp_spec", "epp_precise", "epp_approx_engine_tok")
 PREFILL_WEIGHT = 0.5
 
 
