@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.index",
         "prefix index: lookup, memory per entry, KV event ingest, loop pauses",
     ),
+    "precise-report": (
+        "epp_bench.virtual.precise_report",
+        "precise vs approximate mode tables (docs/benchmarks/precise.md) from virtual runs",
+    ),
     "report": ("epp_bench.reports.cli", "rebuild docs/benchmarks/ from saved JSON results"),
 }
 

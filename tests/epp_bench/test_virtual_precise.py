@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -171,3 +172,29 @@ def test_engine_stale_definition() -> None:
     assert stale["stale_engine"] == 1
     # No prediction, nothing to check.
     assert engine_stale({0: (0, 100)}, outcomes, prepared, 16)["stale_engine_checked"] == 0
+
+
+def test_the_precise_report_tables_every_router_over_seeds(tmp_path: Path) -> None:
+    from epp_bench.reports.tables import save_results
+    from epp_bench.virtual.precise_report import BEGIN, END, main
+
+    workload = workloads.shared_prefix(SHAPE, rate=40.0, seed=1)
+    paths = []
+    for seed in (0, 1):
+        results = [
+            run_virtual(workload, router, pods=4, engine=CHURNY, seed=seed)
+            for router in ("epp", "epp_precise", "round_robin")
+        ]
+        paths.append(save_results(results, tmp_path / f"churny-s{seed}.json", outcomes=False))
+    out = tmp_path / "precise.md"
+    out.write_text(f"# page\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    assert main(["--out", str(out), "--from", *map(str, paths)]) == 0
+    text = out.read_text()
+    assert text.startswith("# page") and text.rstrip().endswith("after") and "old" not in text
+    assert "### churny" in text and "seeds 0, 1" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {"epp", "epp_precise", "round_robin"}
+    # The event-side rate only for the precise router; the engine-side one for both EPPs.
+    assert rows["epp_precise"].split("|")[5].strip() != "-"
+    assert rows["epp"].split("|")[5].strip() == "-" and rows["epp"].split("|")[4].strip() != "-"
+    assert rows["round_robin"].split("|")[4].strip() == "-"

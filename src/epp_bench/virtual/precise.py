@@ -23,8 +23,10 @@
   model's tokenizer. The approximate `epp` keeps its default byte estimate;
   `epp_approx_engine_tok` is the approximate EPP with the engine's tokenizer, to tell
   the tokenizer's share of a difference from the events'.
-- Stale routing from the events (`PreciseIndex.dispatched` / `completed` / `poll`,
-  `epp.prefix.precise_stale`): reported as `stale_events` / `stale_events_checked`.
+- Stale routing from the events (`PreciseIndex.dispatched` / `completed` as the Router's
+  record and completion listeners, as `epp.app.connect` wires them; `poll` at every
+  event, `epp.prefix.precise_stale`): reported as `stale_events` /
+  `stale_events_checked`.
 
 The runner also reports an engine-side stale rate for every EPP router
 (`engine_stale`), the same definition for both modes.
@@ -32,6 +34,7 @@ The runner also reports an engine-side stale rate for every EPP router
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -40,10 +43,9 @@ from typing import Any
 from epp.config import EppConfig
 from epp.prefix.kv_events import KvEventDecoder
 from epp.prefix.precise import PreciseIndex
-from epp.routing import RoutedRequest
 from epp.tokenize import ChatMessage, ChatOptions, Encoded
 from epp_bench.virtual.epp import EppVirtualRouter
-from epp_bench.virtual.types import PreparedRequest, RouteChoice, VirtualPods
+from epp_bench.virtual.types import PreparedRequest, VirtualPods
 from vllm_sim.kv_events import KvEvent, encode_event_batch
 from vllm_sim.tokenizer import ChatMessage as SimChatMessage
 from vllm_sim.tokenizer import SimTokenizer
@@ -131,10 +133,15 @@ class PreciseEppRouter(EppVirtualRouter):
         self.decoder = KvEventDecoder(stats=self.precise.stats)
         for name in pods.names:
             self.precise.attach(name, pods.served_model)
+        # Stale routing as `epp.app.connect` wires it: a decision on a precise pod opens a
+        # claim before its blocks are recorded; the claim is checked after it ended.
+        self.router.record_listeners.append(self.precise.dispatched)
+        self.router.completion_listeners.append(self.precise.completed)
         # (due, pod, payload) in due order (one delay for all: FIFO is due order).
         self._inbox: deque[tuple[float, str, bytes]] = deque()
         self.batches = 0
         self.payload_bytes = 0
+        self.ingest_cpu_s = 0.0  # decoding and applying the batches (not in a decision)
 
     # -- events ------------------------------------------------------------------------
 
@@ -149,11 +156,15 @@ class PreciseEppRouter(EppVirtualRouter):
 
     def _deliver(self, until: float) -> None:
         inbox = self._inbox
+        if not inbox or inbox[0][0] > until:
+            return
+        started = time.process_time()
         while inbox and inbox[0][0] <= until:
             _, pod, payload = inbox.popleft()
             batch = self.decoder.decode(payload, pod)
             if batch is not None:
                 self.precise.apply(pod, batch)
+        self.ingest_cpu_s += time.process_time() - started
 
     def tick(self, now: float) -> None:
         super().tick(now)
@@ -165,27 +176,6 @@ class PreciseEppRouter(EppVirtualRouter):
         self._deliver(float("inf"))
         self.precise.poll(float("inf"))
 
-    # -- stale routing from the events -------------------------------------------------
-
-    def _dispatched(self, routed: RoutedRequest, prepared: Any, matched: int) -> None:
-        # After `index.record`: for the blocks of the match, whether the engine had
-        # reported the claimed one is unchanged by recording them (a reported block is
-        # not predicted again, a predicted one stays predicted).
-        self.precise.dispatched(
-            routed.token,
-            routed.endpoint.name,
-            prepared.hashes,
-            matched,
-            prepared.prompt_tokens,
-            self._now,
-        )
-
-    def complete(self, choice: RouteChoice, status: int) -> None:
-        super().complete(choice, status)
-        if status == 200 and isinstance(choice.ticket, RoutedRequest):
-            # A request the pod refused computed nothing: its claim is never checked.
-            self.precise.completed(choice.ticket.token, self._now)
-
     def stats(self) -> dict[str, Any]:
         self.flush()
         stale = self.precise.stale
@@ -195,6 +185,7 @@ class PreciseEppRouter(EppVirtualRouter):
             "predicted_ttl_s": self.index.predicted_ttl_s,
             "kv_event_batches": self.batches,
             "kv_event_bytes": self.payload_bytes,
+            "kv_event_ingest_cpu_s": self.ingest_cpu_s,
             "kv_event_stats": dict(self.precise.stats.counts),
             "stale_events": stale.stale,
             "stale_events_checked": stale.checked,
