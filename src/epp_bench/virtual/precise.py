@@ -20,7 +20,9 @@
   request only when the router's token ids are the engine's. Live, that is the model's
   own tokenizer (`tokenizers:` in the config; tests/tokenization checks its parity with
   the simulator's `HfDirTokenizer`); here the simulated pods' `SimTokenizer` plays the
-  model's tokenizer. The approximate `epp` keeps its default byte estimate;
+  model's tokenizer. `epp_precise_ttl30` is the same with predicted entries living 30 s
+  (a what-if: the default 2 s is shorter than a request's wait in a deep engine queue,
+  docs/benchmarks/precise.md). The approximate `epp` keeps its default byte estimate;
   `epp_approx_engine_tok` is the approximate EPP with the engine's tokenizer, to tell
   the tokenizer's share of a difference from the events'.
 - Stale routing from the events (`PreciseIndex.dispatched` / `completed` as the Router's
@@ -114,7 +116,6 @@ class PreciseEppRouter(EppVirtualRouter):
     """The EPP with every pod precise, fed by the engines' KV events (module docstring)."""
 
     name = "epp_precise"
-    wants_kv_events = True
 
     def __init__(
         self,
@@ -124,10 +125,15 @@ class PreciseEppRouter(EppVirtualRouter):
         seed: int = 0,
         adapters: dict[str, str] | None = None,
         delivery_s: float = DEFAULT_DELIVERY_S,
+        predicted_ttl_s: float | None = None,
     ) -> None:
         if delivery_s < 0:
             raise ValueError("delivery_s must not be negative")
         super().__init__(pods, config, seed=seed, adapters=adapters, tokenizer=EngineTokenizer())
+        if predicted_ttl_s is not None:
+            if not predicted_ttl_s > 0:
+                raise ValueError("predicted_ttl_s must be > 0")
+            self.index.predicted_ttl_s = predicted_ttl_s  # before any entry is predicted
         self.delivery_s = delivery_s
         self.precise = PreciseIndex(self.index, self.config.prefix.block_size)
         self.decoder = KvEventDecoder(stats=self.precise.stats)

@@ -67,7 +67,7 @@ from epp_bench.workloads.types import RequestOutcome, RunResult, Workload
 from vllm_sim.engine import Admission, EngineConfig, SimEngine
 
 # Routers whose pods publish KV events (the engines queue them; the runner drains them).
-KV_EVENT_ROUTERS = frozenset({"epp_precise"})
+KV_EVENT_ROUTERS = frozenset({"epp_precise", "epp_precise_ttl30"})
 ROUTERS = ("epp", "round_robin", "random", "least_outstanding", "consistent_hash", "oracle")
 
 _ARRIVAL = 0
@@ -92,6 +92,12 @@ def make_router(
         return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_precise":
         return PreciseEppRouter(pods, epp_config, seed=seed, adapters=adapters)
+    if name == "epp_precise_ttl30":
+        precise = PreciseEppRouter(
+            pods, epp_config, seed=seed, adapters=adapters, predicted_ttl_s=30.0
+        )
+        precise.name = name
+        return precise
     if name == "epp_approx_engine_tok":
         return ApproxEngineTokEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_spec":

@@ -24,7 +24,13 @@ from epp_bench.virtual.epp import EppVirtualRouter
 from epp_bench.virtual.types import VirtualPods
 from vllm_sim.engine import EngineConfig
 
-WHATIF_ROUTERS = ("epp_prefill", "epp_spec", "epp_precise", "epp_approx_engine_tok")
+WHATIF_ROUTERS = (
+    "epp_prefill",
+    "epp_spec",
+    "epp_precise",
+    "epp_precise_ttl30",
+    "epp_approx_engine_tok",
+)
 PREFILL_WEIGHT = 0.5
 
 
