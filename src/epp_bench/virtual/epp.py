@@ -207,11 +207,7 @@ class EppVirtualRouter:
         routed = self.router.dispatch(prepared)
         matched = match.get(routed.endpoint.name, 0)
         self.predictions[request.index] = (matched, prepared.prompt_tokens)
-        self._dispatched(routed, prepared, matched)
         return routed
-
-    def _dispatched(self, routed: RoutedRequest, prepared: Any, matched: int) -> None:
-        """Hook: a request was dispatched predicting `matched` blocks on its pod."""
 
     # -- admission: the live EPP's queue (scheduling/admission.py) on virtual time -------
     def _refused(self, request: PreparedRequest, status: int, reason: str) -> RouteChoice:
