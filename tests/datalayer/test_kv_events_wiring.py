@@ -296,3 +296,31 @@ async def test_the_service_checks_stale_routing_of_precise_pods_from_their_event
         assert service.precise.mode_of(endpoints[name].name) == "precise"
     finally:
         await service.precise.close()
+
+
+async def test_pods_sharing_a_host_do_not_follow_one_templated_publisher() -> None:
+    """The default endpoint template names a host's port: pods on one host (several on one
+    machine, data-parallel ranks) would all read one publisher's events as theirs. None of
+    them follows it; a pod with its own endpoint label still does."""
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        one = EndpointConfig(name="a", address="127.0.0.1:8001", model=MODEL)
+        rig.store.sync([one])
+        assert rig.mode.subscriber("a") is not None  # alone on its host: followed
+        two = EndpointConfig(name="b", address="127.0.0.1:8002", model=MODEL)
+        own = EndpointConfig(
+            name="c",
+            address="127.0.0.1:8003",
+            model=MODEL,
+            labels={"kv_events_endpoint": "tcp://127.0.0.1:1", "kv_events_replay": ""},
+        )
+        rig.store.sync([one, two, own])
+        assert rig.mode.subscriber("a") is None and rig.mode.subscriber("b") is None
+        assert not rig.index.is_precise("a") and not rig.index.is_precise("b")
+        assert rig.mode.subscriber("c") is not None
+        rig.store.sync([one, own])  # b leaves: a alone on its host again
+        rig.store.scraped(rig.store.get("a"), PodMetrics(model=MODEL))
+        assert rig.mode.subscriber("a") is not None
+    finally:
+        await rig.mode.close()

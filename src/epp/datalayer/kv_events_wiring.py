@@ -34,6 +34,7 @@ import structlog
 import zmq.asyncio
 
 from epp.datalayer.kv_subscriber import (
+    LABEL_ENDPOINT,
     KvEventSubscriber,
     PodKvEvents,
     SubscriberSettings,
@@ -107,6 +108,10 @@ class PreciseMode:
         self._running = False
         self._closed = False
         self._pending: set[asyncio.Task[None]] = set()
+        # Auto mode with the endpoint template: which pods each templated endpoint would
+        # stand for. Pods sharing a host (several on one machine, data-parallel ranks)
+        # resolve to one publisher that cannot be told apart: none of them follows it.
+        self._templated: dict[str, set[str]] = {}
 
     # -- what others read -------------------------------------------------------------
 
@@ -156,6 +161,8 @@ class PreciseMode:
         if event == "removed":
             self._retire(name)
             self.precise.remove_pod(name)
+            for names in self._templated.values():
+                names.discard(name)
         elif event == "reset":
             follow = self._follows.get(name)
             if follow is not None:
@@ -167,6 +174,19 @@ class PreciseMode:
         name, model = endpoint.name, endpoint.model
         pod = resolve_pod(self.config, name, endpoint.address, model, endpoint.labels)
         wanted = pod.mode != "approximate" and pod.endpoint is not None and model is not None
+        if wanted and pod.mode == "auto" and LABEL_ENDPOINT not in endpoint.labels:
+            assert pod.endpoint is not None
+            for url, names in self._templated.items():
+                if url != pod.endpoint:
+                    names.discard(name)
+            sharing = self._templated.setdefault(pod.endpoint, set())
+            sharing.add(name)
+            if len(sharing) > 1:
+                for other in sharing - {name}:
+                    if other in self._follows:
+                        self._retire(other)
+                        self._retire_now(other)
+                wanted = False
         wiring = (pod, model)
         current = self._follows.get(name)
         if current is not None:
@@ -206,6 +226,16 @@ class PreciseMode:
         )
         if self._running:
             self._schedule(sub.start())
+
+    def _retire_now(self, name: str) -> None:
+        """`name` was followed on an endpoint another pod turned out to share."""
+        self.precise.detach(name)
+        log.warning(
+            "kv_events_endpoint_shared",
+            pod=name,
+            detail="several pods resolve to one KV-event endpoint (same host): they stay "
+            "approximate; give each its own with the kv_events_endpoint label",
+        )
 
     def _retire(self, name: str) -> None:
         follow = self._follows.pop(name, None)
