@@ -89,6 +89,21 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 class PodInfo:
     name: str
     address: str  # "ip:port"
+    # The pod's vLLM KV-event publisher and replay sockets ("tcp://ip:port"), when it
+    # publishes (LocalStack(kv_events=True)); pods on one host need ports of their own.
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The endpoint labels that tell the EPP where this pod's KV events are: a
+        templated endpoint cannot name several pods sharing one host (README, Precise mode)."""
+        labels: dict[str, str] = {}
+        if self.kv_events_endpoint is not None:
+            labels["kv_events_endpoint"] = self.kv_events_endpoint
+        if self.kv_replay_endpoint is not None:
+            labels["kv_events_replay"] = self.kv_replay_endpoint
+        return labels
 
     @property
     def base_url(self) -> str:
@@ -150,6 +165,10 @@ class LocalStack:
     After `start()`: `envoy_url`, `envoy_admin_url`, `pods`, `epp_grpc_port`,
     `epp_metrics_url` (None unless mode "epp"), `log_paths` (process name -> log file),
     `pids` (process name -> pid of the live ones).
+
+    With `kv_events=True` every pod publishes vLLM KV events on ports of its own
+    (`--kv-events-port`, `--kv-replay-port`), and the EPP's endpoints file names them in
+    each pod's labels, so the EPP (in `kv_events.mode` auto or precise) follows them.
     """
 
     def __init__(
@@ -168,6 +187,7 @@ class LocalStack:
         stop_timeout_s: float = 5.0,
         envoy_concurrency: int = 1,
         log_level: str = "info",
+        kv_events: bool = False,
     ) -> None:
         if pods < 1:
             raise ValueError(f"pods must be at least 1, got {pods}")
@@ -184,6 +204,7 @@ class LocalStack:
         self.stop_timeout_s = stop_timeout_s
         self.envoy_concurrency = envoy_concurrency
         self.log_level = log_level
+        self.kv_events = kv_events
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self._listen_port = listen_port
@@ -326,33 +347,57 @@ class LocalStack:
                 )
             time.sleep(_POLL_INTERVAL_S)
 
+    def pod_argv(self, pod: PodInfo) -> list[str]:
+        """The command line of one simulated pod."""
+        argv = [
+            sys.executable, "-m", "vllm_sim",
+            "--host", HOST, "--port", pod.address.rpartition(":")[2],
+            "--name", pod.name, "--model", self.model,
+        ]  # fmt: skip
+        for flag, endpoint in (
+            ("--kv-events-port", pod.kv_events_endpoint),
+            ("--kv-replay-port", pod.kv_replay_endpoint),
+        ):
+            if endpoint is not None:
+                argv += [flag, endpoint.rpartition(":")[2]]
+        return argv + self.sim_args
+
+    def plan_pods(self) -> list[PodInfo]:
+        """Names and free ports of the pods: one HTTP port each, and with `kv_events` a
+        publisher and a replay port each (distinct: the pods share 127.0.0.1)."""
+        per_pod = 3 if self.kv_events else 1
+        ports = free_ports(self.pod_count * per_pod)
+        pods = []
+        for index in range(self.pod_count):
+            http, *kv = ports[index * per_pod : (index + 1) * per_pod]
+            pod = PodInfo(f"pod-{index}", f"{HOST}:{http}")
+            if kv:
+                events, replay = (f"tcp://{HOST}:{port}" for port in kv)
+                pod = PodInfo(pod.name, pod.address, events, replay)
+            pods.append(pod)
+        return pods
+
+    def endpoints_yaml(self) -> str:
+        """The EPP's endpoints file for the started pods."""
+        endpoints = [
+            {"name": p.name, "address": p.address, "metrics_url": p.metrics_url, "labels": p.labels}
+            for p in self.pods
+        ]
+        return yaml.safe_dump({"endpoints": endpoints}, sort_keys=False)
+
     def _start_pods(self) -> None:
-        ports = free_ports(self.pod_count)
         starting: list[tuple[_Child, PodInfo]] = []
         # All pods boot in parallel; only then is each one waited for.
-        for index, port in enumerate(ports):
-            pod = PodInfo(name=f"pod-{index}", address=f"{HOST}:{port}")
-            argv = [
-                sys.executable, "-m", "vllm_sim",
-                "--host", HOST, "--port", str(port),
-                "--name", pod.name, "--model", self.model,
-                *self.sim_args,
-            ]  # fmt: skip
-            starting.append((self._spawn(pod.name, argv), pod))
+        for pod in self.plan_pods():
+            starting.append((self._spawn(pod.name, self.pod_argv(pod)), pod))
         for child, pod in starting:
             self._wait_until(child, f"{pod.base_url}/health", lambda s: s == 200, "healthy")
             self.pods.append(pod)
 
     def _start_epp(self) -> None:
         assert self.work_dir is not None
-        endpoints = {
-            "endpoints": [
-                {"name": p.name, "address": p.address, "metrics_url": p.metrics_url, "labels": {}}
-                for p in self.pods
-            ]
-        }
         endpoints_path = self.work_dir / "endpoints.yaml"
-        endpoints_path.write_text(yaml.safe_dump(endpoints, sort_keys=False))
+        endpoints_path.write_text(self.endpoints_yaml())
         grpc_port, metrics_port = free_ports(2)
         argv = [
             sys.executable, "-m", "epp", "serve",

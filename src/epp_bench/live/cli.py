@@ -5,6 +5,11 @@
                    [--client ours|inference-perf|both] [--duration-s N] [--repeats N]
                    [--out docs/benchmarks/live]
     epp bench live --replot .bench/results/<file>.json --out DIR
+    epp bench live --precise-report DIR --out docs/benchmarks/precise-live.md
+
+Precise against approximate mode: `--routers epp_precise,epp_approx,envoy_round_robin
+--tokenizer DIR` (the pods publish KV events on ports of their own and the EPP follows
+them; pods and EPP share a tokenizer trained on the workload; tools/bench/precise_live.sh).
 
 Prints the tables, writes `<out>/<stem>.json` (per router and rate, the repeats pooled:
 summaries, TTFT quantiles, CPU, occupancy, placement), `<out>/<stem>-meta.json` (machine,
@@ -27,9 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from epp_bench.live.bench_dir import BenchDir, default_bench_dir, repo_root
 from epp_bench.live.frozen_code import children_import, choose_code
 from epp_bench.live.inference_perf import InferencePerfError
+from epp_bench.live.precise_report import write_page
 from epp_bench.live.routers import ROUTERS, RouterSpec, unavailable_reason
 from epp_bench.live.runner import (
     DEFAULT_SIM_ARGS,
@@ -41,6 +49,7 @@ from epp_bench.live.runner import (
     sim_config,
     wait_for_quiet,
 )
+from epp_bench.live.workload_tokenizer import ensure_tokenizer
 from epp_bench.reports import tables as report
 from epp_bench.reports.live import (
     cpu_table,
@@ -138,6 +147,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quiet-wait-s", type=float, default=60.0, help="longest wait for a quiet machine"
     )
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="every pod publishes KV events (on by itself when a router needs them, e.g."
+        " epp_precise, so that every router of the run has the same pods)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="tokenizer directory for the pods (--tokenizer) and the EPP (tokenizers:);"
+        " trained on the workload's text there if it has no tokenizer.json",
+    )
+    parser.add_argument(
+        "--name", default=None, help="stem of the output files (default: the workload)"
+    )
+    parser.add_argument(
+        "--precise-report",
+        type=Path,
+        default=None,
+        help="write the precise-vs-approximate page (--out FILE.md) from the *-runs.json"
+        " files in this directory, without running",
+    )
     return parser
 
 
@@ -153,6 +185,13 @@ def _rates(text: str) -> tuple[float, ...]:
     if not rates or any(r <= 0 for r in rates):
         raise ValueError(f"rates must be positive numbers, got {text!r}")
     return rates
+
+
+def _block_size(epp_config: Path | None) -> int:
+    """The EPP's prefix.block_size (what turns its logged cache match into tokens)."""
+    config = yaml.safe_load(epp_config.read_text()) if epp_config else None
+    prefix = (config or {}).get("prefix") or {}
+    return int(prefix.get("block_size", 16))
 
 
 def _clients(choice: str) -> list[ClientKind]:
@@ -173,7 +212,8 @@ def _reproduce_command(args: argparse.Namespace, settings: LiveSettings, commit:
         "--workload", settings.workload,
         "--rates", ",".join(f"{r:g}" for r in settings.rates),
         "--pods", str(settings.pods),
-        "--sim-args", " ".join(settings.sim_args),
+        # As given: --tokenizer adds itself to the pods' arguments.
+        "--sim-args", args.sim_args,
         "--client", args.client,
         "--duration-s", f"{settings.duration_s:g}",
         "--drain-s", f"{settings.drain_s:g}",
@@ -182,6 +222,11 @@ def _reproduce_command(args: argparse.Namespace, settings: LiveSettings, commit:
         "--code", commit if args.code == "head" else args.code,
         "--seed", str(settings.seed),
         *(["--epp-config", str(args.epp_config)] if args.epp_config else []),
+        *(["--kv-events"] if args.kv_events else []),
+        *(["--tokenizer", str(args.tokenizer)] if args.tokenizer else []),
+        *(["--name", args.name] if args.name else []),
+        "--quiet-below", f"{args.quiet_below:g}",
+        "--quiet-wait-s", f"{args.quiet_wait_s:g}",
         "--out", str(args.out),
     ]  # fmt: skip
     return " ".join(shlex.quote(p) for p in parts)
@@ -255,7 +300,7 @@ def _run_campaign(
         for repeat in range(args.repeats):
             for rate, workload in workloads.items():
                 for client in clients:
-                    for spec in routers:
+                    for spec in router_order(routers, repeat):
                         label = f"{spec.name} @ {rate:g}" + (
                             "" if client == "ours" else " (inference-perf)"
                         )
@@ -291,15 +336,24 @@ def _run_campaign(
             bar.close()
 
 
-def _output_stem(workload: str, client: str) -> str:
-    """File names say the workload, and the client unless it is ours alone."""
-    return workload if client == "ours" else f"{workload}-{client}"
+def router_order(routers: list[RouterSpec], repeat: int) -> list[RouterSpec]:
+    """The routers of one round: reversed on odd repeats (A B C, C B A, ...), so that a
+    machine getting busier or quieter during the campaign weighs on every router alike."""
+    return list(routers) if repeat % 2 == 0 else list(reversed(routers))
+
+
+def _output_stem(workload: str, client: str, name: str | None = None) -> str:
+    """File names say the workload (or `--name`), and the client unless it is ours alone."""
+    base = name or workload
+    return base if client == "ours" else f"{base}-{client}"
 
 
 def _report(results: list[RunResult], out: Path, stem: str, meta: dict[str, Any]) -> None:
     pooled = pool_repeats(results)
     _print_tables(pooled)
     written = _write_outputs(pooled, out, stem)
+    # Every repeat on its own (summaries only): ratios measured side by side, run by run.
+    written.append(report.save_results(results, out / f"{stem}-runs.json", outcomes=False))
     meta_path = out / f"{stem}-meta.json"
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     written.append(meta_path)
@@ -312,12 +366,15 @@ def _report(results: list[RunResult], out: Path, stem: str, meta: dict[str, Any]
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.precise_report is not None:
+        print(f"wrote {write_page(args.precise_report, args.out)}")
+        return 0
     if args.replot is not None:
         # Tables, plots and summaries again from a raw results file, without running.
         raw = json.loads(Path(str(args.replot).replace(".json", "-meta.json")).read_text())
         results = report.load_results(args.replot)
         settings = raw["settings"]
-        stem = _output_stem(settings["workload"], raw.get("client_choice", "ours"))
+        stem = _output_stem(settings["workload"], raw.get("client_choice", "ours"), raw.get("name"))
         _report(results, args.out, stem, raw)
         return 0
     try:
@@ -330,6 +387,12 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown routers {unknown}; choose from {list(ROUTERS)}")
     try:
         sim_args = tuple(shlex.split(args.sim_args))
+        if args.tokenizer is not None:
+            # Absolute: the pods run in their own work directories.
+            directory = ensure_tokenizer(
+                args.tokenizer.resolve(), [live_workload(args.workload, rates[0], args.seed, 1e9)]
+            )
+            sim_args += ("--tokenizer", str(directory))
         sim_config(sim_args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -343,6 +406,8 @@ def main(argv: list[str]) -> int:
         max_in_flight=args.max_in_flight,
         seed=args.seed,
         epp_args=("--config", str(args.epp_config.resolve())) if args.epp_config else (),
+        kv_events=args.kv_events or any(ROUTERS[name].needs_kv_events for name in names),
+        block_size=_block_size(args.epp_config),
     )
     bench = BenchDir(default_bench_dir())
     repo = repo_root()
@@ -388,6 +453,7 @@ def main(argv: list[str]) -> int:
         "routers": {spec.name: spec.description for spec in routers},
         "clients": clients,
         "client_choice": args.client,
+        "name": args.name,
         "skipped": campaign.skipped,
         "quiet_waits": campaign.quiet_waits,
         "machine": {
@@ -400,7 +466,7 @@ def main(argv: list[str]) -> int:
     }
     # Every outcome of every repeat, outside the repository: enough to redo the report.
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    stem = _output_stem(settings.workload, args.client)
+    stem = _output_stem(settings.workload, args.client, args.name)
     raw_path = bench.root / "results" / f"{stem}-{stamp}.json"
     report.save_results(campaign.results, raw_path, outcomes=True)
     raw_path.with_name(raw_path.name.replace(".json", "-meta.json")).write_text(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from epp.envoy_config import REQUEST_ID_RESPONSE_HEADER
 from epp_bench.workloads.types import BenchRequest, RequestOutcome, Workload
 from epp_harness.sse import POD_HEADER, read_stream
 
@@ -54,6 +55,9 @@ class ClientRun:
     # How late open-loop requests left compared with their schedule: a client that cannot
     # keep up (CPU) shows here before it shows anywhere else.
     send_lateness_s: list[float] = field(default_factory=list)
+    # Request index -> the id the EPP logged its decision under (Envoy's x-request-id,
+    # echoed as x-epp-request-id): joins a response to the EPP's prediction for it.
+    request_ids: dict[int, str] = field(default_factory=dict)
 
 
 ProgressCallback = Callable[[RequestOutcome], None]
@@ -69,6 +73,7 @@ async def _send(
     payload: bytes,
     outcome: RequestOutcome,
     started: float,
+    request_ids: dict[int, str],
 ) -> None:
     """Send one streaming request and fill `outcome` (never raises but for cancellation)."""
     try:
@@ -77,6 +82,9 @@ async def _send(
         ) as response:
             outcome.status = response.status
             outcome.pod = response.headers.get(POD_HEADER)
+            request_id = response.headers.get(REQUEST_ID_RESPONSE_HEADER)
+            if request_id:
+                request_ids[outcome.index] = request_id
             if response.status != 200:
                 text = await response.text(errors="replace")
                 outcome.error = f"HTTP {response.status}: {text[:_ERROR_BODY_LIMIT]}"
@@ -147,7 +155,9 @@ async def run_open_loop(
                 outcomes[request.index] = outcome
                 try:
                     url = base + endpoint_path(request)
-                    await _send(session, url, payloads[request.index], outcome, started)
+                    await _send(
+                        session, url, payloads[request.index], outcome, started, run.request_ids
+                    )
                 except asyncio.CancelledError:
                     outcome.error = DEADLINE_ERROR
                     outcome.latency_s = time.monotonic() - started

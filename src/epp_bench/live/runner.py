@@ -20,10 +20,13 @@ Every process is stopped after each run, also on failure or Ctrl-C (LocalStack).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +35,7 @@ from typing import Any, Literal
 from epp_bench.live.bench_dir import BenchDir
 from epp_bench.live.client import ClientLimits, ClientRun, run_open_loop
 from epp_bench.live.cpu import CpuUsage, machine_cpu, snapshot, usage_between
+from epp_bench.live.decisions import engine_stale, read_decisions
 from epp_bench.live.inference_perf import (
     InferencePerfRun,
     load_from_workload,
@@ -50,6 +54,7 @@ from epp_bench.live.sampler import (
 )
 from epp_bench.workloads import catalog as workloads
 from epp_bench.workloads.types import BenchRequest, RequestOutcome, RunResult, Workload
+from epp_harness.stack import StackError
 from vllm_sim import cli as sim_cli
 from vllm_sim.server import SimPodConfig
 
@@ -84,6 +89,9 @@ class LiveSettings:
     idle_probe_s: float = 2.0
     seed: int = 0
     epp_args: tuple[str, ...] = ()
+    # Every pod publishes KV events, whatever the router (the same pods for all of them).
+    kv_events: bool = False
+    block_size: int = 16  # the EPP's prefix.block_size: turns its match into tokens
 
 
 ProgressCallback = Callable[[RequestOutcome], None]
@@ -132,6 +140,7 @@ class _Measured:
     epp_before: dict[str, float] = field(default_factory=dict)
     epp_after: dict[str, float] = field(default_factory=dict)
     client_extra: dict[str, Any] = field(default_factory=dict)
+    request_ids: dict[int, str] = field(default_factory=dict)
 
 
 async def _measure(
@@ -172,6 +181,7 @@ async def _measure(
             "send_lateness_max_s": lateness[-1] if lateness else None,
         }
         outcomes, client_wall = result.outcomes, result.wall_s
+        request_ids = result.request_ids
     else:
         assert isinstance(result, InferencePerfRun)
         client_extra = {
@@ -180,6 +190,7 @@ async def _measure(
             "cannot_give": ["pod per request (no response headers)", "HTTP status"],
         }
         outcomes, client_wall = result.outcomes, result.benchmark_s or result.wall_s
+        request_ids = {}
     return _Measured(
         outcomes=outcomes,
         wall_s=client_wall,
@@ -191,6 +202,7 @@ async def _measure(
         epp_before=epp_before,
         epp_after=epp_after,
         client_extra=client_extra,
+        request_ids=request_ids,
     )
 
 
@@ -238,7 +250,16 @@ def _result(
             ),
             "cache_match_mean": _delta_mean(measured, "cache_match_sum", "cache_match_count"),
             "best_match_mean": _delta_mean(measured, "best_match_sum", "best_match_count"),
+            "stale_from_epp": _epp_stale(measured),
+            "kv_events": _delta(measured, "kv_events"),
         }
+        if router.epp_log is not None and measured.request_ids:
+            epp_extra["stale_engine_side"] = engine_stale(
+                measured.outcomes,
+                measured.request_ids,
+                read_decisions(router.epp_log),
+                settings.block_size,
+            )
     router_cpu_us = None
     if router.decision_component and routed:
         router_cpu_us = measured.cpu.cores.get(router.decision_component, 0.0) * wall / routed * 1e6
@@ -311,6 +332,51 @@ def placement(workload: Workload, outcomes: Sequence[RequestOutcome]) -> dict[st
     }
 
 
+def _delta(measured: _Measured, key: str) -> float:
+    return measured.epp_after.get(key, 0.0) - measured.epp_before.get(key, 0.0)
+
+
+def _epp_stale(measured: _Measured) -> dict[str, float | None]:
+    """`epp_stale_cache_routing_total / epp_stale_cache_checked_total` over the run."""
+    stale, checked = _delta(measured, "stale"), _delta(measured, "stale_checked")
+    return {"stale": stale, "checked": checked, "rate": stale / checked if checked else None}
+
+
+def wait_for_index_modes(
+    metrics_url: str, expected: str, timeout_s: float = 30.0, poll_s: float = 0.2
+) -> dict[str, str]:
+    """Wait until the EPP reports every pod in index mode `expected` (`/debug/endpoints`);
+    StackError if it does not within `timeout_s`. Returns each pod's mode.
+
+    A precise pod becomes precise when its subscriber connects: a run that started before
+    would measure approximate routing under the precise label.
+    """
+    url = metrics_url.rsplit("/metrics", 1)[0] + "/debug/endpoints"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout_s
+    modes: dict[str, str] = {}
+    while True:
+        try:
+            with opener.open(url, timeout=2.0) as response:
+                modes = {e["name"]: e["index_mode"] for e in json.loads(response.read())}
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+            modes = {}
+        if modes and set(modes.values()) == {expected}:
+            return modes
+        if time.monotonic() >= deadline:
+            raise StackError(
+                f"the EPP's pods are not all {expected} after {timeout_s:g} s: {modes}"
+            )
+        time.sleep(poll_s)
+
+
+def expected_index_mode(spec: RouterSpec) -> str | None:
+    """The index mode an EPP variant sets for every pod (None: not set by the router)."""
+    kv_events = spec.epp_config.get("kv_events")
+    mode = kv_events.get("mode") if isinstance(kv_events, dict) else None
+    return mode if mode in ("precise", "approximate") else None
+
+
 def _delta_mean(measured: _Measured, total: str, count: str) -> float | None:
     n = measured.epp_after.get(count, 0.0) - measured.epp_before.get(count, 0.0)
     if n <= 0:
@@ -343,7 +409,14 @@ def run_once(
         sim_args=settings.sim_args,
         epp_args=settings.epp_args,
         work_dir=work_dir,
+        kv_events=settings.kv_events,
     ) as router:
+        expected = expected_index_mode(spec)
+        index_modes = (
+            wait_for_index_modes(router.epp_metrics_url, expected)
+            if expected is not None and router.epp_metrics_url
+            else None
+        )
         if client == "ours":
 
             def drive() -> Any:
@@ -361,7 +434,10 @@ def run_once(
                 return run_inference_perf_async(bench, load, router.url, ip_dir)
 
         measured = asyncio.run(_measure(router, drive, settings))
-        return _result(spec, router, workload, rate, client, settings, measured)
+        result = _result(spec, router, workload, rate, client, settings, measured)
+        if index_modes is not None:
+            result.extra["index_modes"] = index_modes
+        return result
 
 
 def git_state(repo: Path) -> dict[str, Any]:

@@ -156,6 +156,11 @@ _EPP_SUMS = {
     "cache_match_count": "epp_cache_match_ratio_count",
     "best_match_sum": "epp_best_cache_match_ratio_sum",
     "best_match_count": "epp_best_cache_match_ratio_count",
+    # Stale routing as the EPP itself counts it: from the pods' hit counters for an
+    # approximate pod, from its KV events for a precise one (epp.observability.stale).
+    "stale": "epp_stale_cache_routing_total",
+    "stale_checked": "epp_stale_cache_checked_total",
+    "kv_events": "epp_kv_events_total",  # every reason: stored, removed, cleared, gaps...
 }
 
 
