@@ -77,6 +77,7 @@ class Proc:
     argv: list[str]
     log: Path
     popen: subprocess.Popen | None = None
+    env: dict[str, str] | None = None  # the whole environment (default: ours)
 
     def start(self) -> Proc:
         with open(self.log, "ab") as out:
@@ -86,7 +87,7 @@ class Proc:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env=dict(self.env or os.environ, PYTHONUNBUFFERED="1"),
             )
         return self
 
