@@ -549,9 +549,10 @@ class Router:
         chosen = decision.primary
         block_size = sched.block_size
         matched = sched.prefix_match.get(chosen.name, 0)
-        if matched and not self._index.is_precise(chosen.name):
-            # Checked later against the pod's own hit counter (observability/stale); a
-            # precise pod's decisions are checked from its KV events (prefix/precise_stale).
+        if not self._index.is_precise(chosen.name):
+            # Checked later against the pod's own hit counter (observability/stale); one
+            # predicting no hit still counts in the pod's token ratio there. A precise
+            # pod's decisions are checked from its KV events (prefix/precise_stale).
             m.stale.dispatched(chosen, seq, matched * block_size, sched.prompt_tokens, block_size)
         cache = decision.factor("cache")
         best = (
