@@ -139,7 +139,10 @@ class EppService:
         self.metrics = EppMetrics()
         self.store = EndpointStore.for_config(config)
         self.index = PrefixIndex.from_config(
-            config.prefix, predicted_ttl_s=config.kv_events.predicted_ttl_s, clock=self.store.now
+            config.prefix,
+            predicted_ttl_s=config.kv_events.predicted_ttl_s,
+            predicted_max_s=config.kv_events.predicted_max_s,
+            clock=self.store.now,
         )
         # KV events (precise mode): subscribers start with the service (start()).
         self.precise = PreciseMode(config.kv_events, self.index, config.prefix.block_size)

@@ -329,8 +329,12 @@ class KvEventsConfig(Strict):
     endpoint: str = "tcp://{host}:5557"
     replay_endpoint: str | None = "tcp://{host}:5558"
     topic: str = ""
-    # A predicted entry (the pod just chosen) lives this long unless an event confirms it.
+    # A predicted entry (the pod just chosen) lives while its request is in flight, then
+    # this long for the engine's events to arrive, unless an event confirms it.
     predicted_ttl_s: float = Field(2.0, gt=0.0, le=60.0)
+    # ...and never longer than this from dispatch (a completion lost, a request that runs
+    # for minutes).
+    predicted_max_s: float = Field(120.0, gt=0.0, le=3600.0)
     # A replay that sends nothing for this long failed: the pod's entries are dropped.
     resync_timeout_s: float = Field(2.0, gt=0.0, le=60.0)
     probe_interval_s: float = Field(5.0, gt=0.0)
@@ -352,6 +356,12 @@ class KvEventsConfig(Strict):
                     f" ({exc})"
                 ) from None
         return template
+
+    @model_validator(mode="after")
+    def _max_covers_the_ttl(self) -> KvEventsConfig:
+        if self.predicted_max_s < self.predicted_ttl_s:
+            raise ValueError("kv_events.predicted_max_s must be >= predicted_ttl_s")
+        return self
 
     def mode_of(self, pod: str) -> KvEventsMode:
         return self.pod_modes.get(pod, self.mode)

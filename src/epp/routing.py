@@ -279,7 +279,10 @@ class Router:
             if hashes:
                 if self.record_listeners:
                     self._before_record(token, chosen.name, sched_request, matched)
-                self._index.record(chosen.name, hashes)
+                # A precise pod's predicted entries live while the request is in flight:
+                # its end reaches the index through the completion listeners.
+                live = token if self.completion_listeners else None
+                self._index.record(chosen.name, hashes, token=live)
             # Scorer state: `prefix_match` is still the match the scorers saw.
             event = Dispatched(sched_request, chosen)
             self._scheduler.observe(event)

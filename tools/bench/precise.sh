@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=docs/benchmarks/precise
-R="--routers epp,epp_precise,epp_precise_ttl30,epp_approx_engine_tok,round_robin,oracle"
+R="--routers epp,epp_precise,epp_precise_fixed2,epp_precise_fixed30,epp_approx_engine_tok,round_robin,oracle"
 E=".venv/bin/epp bench virtual --pods 8 --preset llama-8b-a100 --out .bench/precise --json-outcomes none --no-progress $R"
 for S in 0 1 2 3; do
     # The standard shape at its two headline points (docs/benchmarks/virtual.md).

@@ -21,11 +21,16 @@ Each pod learns its blocks in one of two modes (`set_precise`):
 - **Precise**: the pod's engine says what it stored and evicted (vLLM KV events, applied
   by `epp.prefix.precise`). Each engine block is kept under the engine's own hash with
   the router's key(s) for it (`store_engine_blocks`, `remove_engine_blocks`), so that an
-  eviction names what to forget. `record` then adds *predicted* entries that live
-  `predicted_ttl_s` (about 2 s): a burst of requests sharing a new prefix lands on one pod
-  before the engine's events arrive; an event storing the block confirms the entry, else
-  it expires. The capacity bounds the engine blocks kept (counted in the engine's
-  blocks), a safety net for removals that never came.
+  eviction names what to forget. `record` then adds *predicted* entries: a burst of
+  requests sharing a new prefix lands on one pod before the engine's events arrive. An
+  event storing the block confirms the entry (it becomes a reported one); else it goes
+  `predicted_ttl_s` (about 2 s) after its request ended (`completed`), or after
+  `predicted_max_s` whatever happens (a completion that never comes). The engine reports
+  a request's blocks only when its prefill starts, which can be long after dispatch when
+  the pod queues: a fixed TTL from dispatch forgot queued requests before they started
+  (docs/benchmarks/precise.md). A block predicted by several requests lives as long as
+  the last of them. The capacity bounds the engine blocks kept (counted in the engine's
+  blocks), a safety net for removals that never came, and the predicted entries.
 
 Memory (the field's routers have run out of it; docs/benchmarks/index.md measures this):
 
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_RECORD_FRACTION = 0.5
 DEFAULT_PREDICTED_TTL_S = 2.0
+DEFAULT_PREDICTED_MAX_S = 120.0
 
 EngineKeys = BlockHash | tuple[BlockHash, ...]
 """The router's key(s) for one engine block: one key when both use the same block size, a
@@ -66,6 +72,10 @@ parent was never seen): it is kept so that its eviction and its children are rec
 but it matches nothing."""
 
 _COMPACT_AFTER = 4096  # removals from a churning dict before its size is checked
+# A predicted entry's value: the sequence number of the prediction that created it (high
+# bits) and how many live predictions hold it (low bits).
+_COUNT_BITS = 32
+_COUNT = (1 << _COUNT_BITS) - 1
 
 
 def _new_log() -> array | list[BlockHash]:
@@ -118,14 +128,30 @@ class _Pod:
         self.engine: dict[int, EngineKeys] = {}
         self.engine_churn = 0
         self.extra_copies: dict[int, int] | None = None
-        # Precise: our key -> expiry of a predicted entry not yet confirmed by an event.
-        self.predicted: dict[BlockHash, float] = {}
+        # Precise: our key -> (creator's sequence number, live predictions holding it) of a
+        # predicted entry not yet confirmed by an event (_COUNT_BITS).
+        self.predicted: dict[BlockHash, int] = {}
         self.predicted_churn = 0
 
     def size(self) -> int:
         if self.precise:
             return len(self.engine) + len(self.predicted)
         return self.count
+
+
+class _Prediction:
+    """One `record` on a precise pod: the blocks it predicted (None once released)."""
+
+    __slots__ = ("deadline", "keys", "seq", "slot", "token")
+
+    def __init__(
+        self, slot: _Pod, keys: list[BlockHash], seq: int, deadline: float, token: str | None
+    ) -> None:
+        self.slot = slot
+        self.keys: list[BlockHash] | None = keys
+        self.seq = seq
+        self.deadline = deadline  # released then at the latest (predicted_max_s)
+        self.token = token  # the request's route token while it is in flight
 
 
 class PrefixIndex:
@@ -135,6 +161,7 @@ class PrefixIndex:
         max_record_fraction: float = DEFAULT_MAX_RECORD_FRACTION,
         *,
         predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S,
+        predicted_max_s: float = DEFAULT_PREDICTED_MAX_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity_per_pod < 1:
@@ -143,9 +170,12 @@ class PrefixIndex:
             raise ValueError("max_record_fraction must be in (0, 1]")
         if not predicted_ttl_s > 0.0:
             raise ValueError("predicted_ttl_s must be > 0")
+        if not predicted_max_s >= predicted_ttl_s:
+            raise ValueError("predicted_max_s must be >= predicted_ttl_s")
         self.default_capacity = capacity_per_pod
         self.max_record_fraction = max_record_fraction
         self.predicted_ttl_s = predicted_ttl_s
+        self.predicted_max_s = predicted_max_s
         self._clock = clock
         # block -> bits: pod id i holds it (bit 2i) and, approximate, is marked (bit 2i+1);
         # never 0 (the key goes).
@@ -155,8 +185,19 @@ class PrefixIndex:
         self._names: list[str | None] = []  # pod id -> name
         self._free_ids: list[int] = []  # a heap: the lowest id is reused first
         self._capacity: dict[str, int] = {}  # set_capacity, kept while a pod has no blocks
-        # (expiry, pod, keys) of predicted entries, in expiry order (one TTL for all).
-        self._expiries: deque[tuple[float, _Pod, list[BlockHash]]] = deque()
+        # Predictions (records on precise pods). Each is released once, from whichever
+        # queue reaches it first; both are FIFO in time order (one TTL, one maximum):
+        # (release time, prediction) of those whose request ended (or that have none);
+        self._expiring: deque[tuple[float, _Prediction]] = deque()
+        # those with a request, in deadline order (released ones stay until popped or
+        # until `_in_flight` is rebuilt without them);
+        self._in_flight: deque[_Prediction] = deque()
+        # route token -> prediction, until its request ends or its deadline.
+        self._by_token: dict[str, _Prediction] = {}
+        self._seq = 0
+        # Predictions released at their deadline while their request was still open (its
+        # completion was lost, or the request outlived predicted_max_s).
+        self.predictions_capped = 0
         # Engine blocks dropped by the capacity bound of a precise pod (their removal
         # events were lost, or the bound is below the pod's real KV size).
         self.precise_capacity_evictions = 0
@@ -167,12 +208,14 @@ class PrefixIndex:
         config: PrefixConfig,
         *,
         predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S,
+        predicted_max_s: float = DEFAULT_PREDICTED_MAX_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> PrefixIndex:
         return cls(
             config.capacity_per_pod,
             config.max_record_fraction,
             predicted_ttl_s=predicted_ttl_s,
+            predicted_max_s=predicted_max_s,
             clock=clock,
         )
 
@@ -184,9 +227,8 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Per pod, how many blocks from the start of `hashes` it holds without a gap."""
-        expiries = self._expiries
-        if expiries and expiries[0][0] <= self._clock():
-            self.expire(self._clock())
+        if self._expiring or self._in_flight:
+            self._expire_due()
         if not hashes:
             return {}
         holders_of = self._holders.get
@@ -217,19 +259,27 @@ class PrefixIndex:
 
     # -- the router's view: record ------------------------------------------------------
 
-    def record(self, pod: str, hashes: Sequence[BlockHash], now: float | None = None) -> None:
+    def record(
+        self,
+        pod: str,
+        hashes: Sequence[BlockHash],
+        now: float | None = None,
+        token: str | None = None,
+    ) -> None:
         """The router sent the pod this prefix (or a peer replica did).
 
-        Approximate pod: it now holds these blocks. Precise pod: predicted entries that
-        live `predicted_ttl_s` from `now` (default: the index's clock) unless an event
-        confirms them. Only the first `record_limit(pod)` blocks are kept: one prompt
-        never pushes out more than that share of what the index remembers for the pod."""
+        Approximate pod: it now holds these blocks. Precise pod: predicted entries, unless
+        an event confirms them, live until `predicted_ttl_s` after the request named by
+        `token` ended (`completed(token)`), and at most `predicted_max_s` from `now`
+        (default: the index's clock); without a token, `predicted_ttl_s` from `now`. Only
+        the first `record_limit(pod)` blocks are kept: one prompt never pushes out more
+        than that share of what the index remembers for the pod."""
         slot = self._slot(pod)
         limit = self.record_limit(pod)
         if len(hashes) > limit:
             hashes = hashes[:limit]
         if slot.precise:
-            self._predict(slot, hashes, self._clock() if now is None else now)
+            self._predict(slot, hashes, self._clock() if now is None else now, token)
             return
         holders = self._holders
         holders_of = holders.get
@@ -275,24 +325,82 @@ class PrefixIndex:
         """`record` at time `now` (the same for an approximate pod)."""
         self.record(pod, hashes, now)
 
+    def completed(self, token: str, now: float) -> None:
+        """The request recorded with `token` ended (answered, failed or cancelled): its
+        predicted entries live `predicted_ttl_s` more, for the engine's events to arrive
+        (never past their deadline). O(1); unknown tokens are ignored."""
+        prediction = self._by_token.pop(token, None)
+        if prediction is None or prediction.keys is None:
+            return
+        expires = now + self.predicted_ttl_s
+        if expires < prediction.deadline:  # else the in-flight queue releases it
+            self._expiring.append((expires, prediction))
+        in_flight = self._in_flight
+        # Released predictions stay in the in-flight queue until their deadline: rebuild
+        # it once they are most of it (amortised O(1) a request, memory bounded by the
+        # requests in flight rather than by the request rate x predicted_max_s).
+        if len(in_flight) > 1024 and len(in_flight) > 4 * (
+            len(self._by_token) + len(self._expiring)
+        ):
+            self._in_flight = deque(p for p in in_flight if p.keys is not None)
+
     def expire(self, now: float) -> int:
-        """Drop predicted entries whose time is up and that no event confirmed; how many."""
-        expiries = self._expiries
+        """Release predictions whose time is up: the entries that no event confirmed and
+        that no other live prediction holds are dropped; how many."""
         dropped = 0
-        while expiries and expiries[0][0] <= now:
-            expires, slot, keys = expiries.popleft()
-            predicted = slot.predicted
-            for key in keys:
-                # Refreshed by a later prediction, confirmed, or the pod was cleared: skip.
-                if predicted.get(key) == expires:
-                    del predicted[key]
-                    self._clear_bit(key, slot)
-                    dropped += 1
-            slot.predicted_churn += len(keys)
-            if slot.predicted_churn > _COMPACT_AFTER and slot.predicted_churn > len(predicted):
-                slot.predicted = _compact(predicted)
-                slot.predicted_churn = 0
+        expiring = self._expiring
+        while expiring and expiring[0][0] <= now:
+            prediction = expiring.popleft()[1]
+            if prediction.keys is not None:
+                dropped += self._release(prediction)
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].deadline <= now:
+            prediction = in_flight.popleft()
+            if prediction.keys is not None:
+                token = prediction.token
+                if token is not None and self._by_token.get(token) is prediction:
+                    del self._by_token[token]
+                    self.predictions_capped += 1
+                dropped += self._release(prediction)
         return dropped
+
+    def _expire_due(self) -> None:
+        now = self._clock()
+        expiring, in_flight = self._expiring, self._in_flight
+        if (expiring and expiring[0][0] <= now) or (in_flight and in_flight[0].deadline <= now):
+            self.expire(now)
+
+    def _release(self, prediction: _Prediction) -> int:
+        keys = prediction.keys
+        prediction.keys = None
+        if not keys:
+            return 0
+        slot = prediction.slot
+        predicted = slot.predicted
+        seq = prediction.seq
+        dropped = 0
+        for key in keys:
+            value = predicted.get(key)
+            # Confirmed by an event, bounded, or the pod cleared; or a later prediction
+            # created the entry anew (it never held this one's share): not ours.
+            if value is None or value >> _COUNT_BITS > seq:
+                continue
+            if value & _COUNT > 1:
+                predicted[key] = value - 1
+            else:
+                del predicted[key]
+                self._clear_bit(key, slot)
+                dropped += 1
+        slot.predicted_churn += len(keys)
+        if slot.predicted_churn > _COMPACT_AFTER and slot.predicted_churn > len(predicted):
+            slot.predicted = _compact(predicted)
+            slot.predicted_churn = 0
+        return dropped
+
+    @property
+    def predictions(self) -> int:
+        """Predictions not yet released (requests in flight and their TTL after)."""
+        return len(self._by_token) + sum(1 for _, p in self._expiring if p.keys is not None)
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -523,15 +631,20 @@ class PrefixIndex:
             pos = 0
         slot.log_pos = pos
 
-    def _predict(self, slot: _Pod, hashes: Sequence[BlockHash], now: float) -> None:
-        expires = now + self.predicted_ttl_s
+    def _predict(
+        self, slot: _Pod, hashes: Sequence[BlockHash], now: float, token: str | None
+    ) -> None:
+        seq = self._seq = self._seq + 1
+        created = (seq << _COUNT_BITS) | 1
         predicted = slot.predicted
+        predicted_of = predicted.get
         holders = self._holders
         holders_of = holders.get
         bit = slot.hold
         fresh: list[BlockHash] = []
         for block in hashes:
-            if predicted.pop(block, None) is None:
+            value = predicted_of(block)
+            if value is None:
                 mask = holders_of(block)
                 if mask is None:
                     holders[block] = bit
@@ -539,12 +652,23 @@ class PrefixIndex:
                     continue  # the engine said it holds it: nothing to predict
                 else:
                     holders[block] = mask | bit
-            predicted[block] = expires
+                predicted[block] = created
+            else:
+                predicted[block] = value + 1  # one more prediction holds it
             fresh.append(block)
-        if fresh:
-            self._expiries.append((expires, slot, fresh))
-            if len(predicted) > slot.capacity:
-                self._bound_predicted(slot)
+        if not fresh:
+            return
+        if token is None:
+            prediction = _Prediction(slot, fresh, seq, now + self.predicted_ttl_s, None)
+            self._expiring.append((prediction.deadline, prediction))
+        else:
+            if token in self._by_token:  # one token recorded twice: the first one ends
+                self.completed(token, now)
+            prediction = _Prediction(slot, fresh, seq, now + self.predicted_max_s, token)
+            self._in_flight.append(prediction)
+            self._by_token[token] = prediction
+        if len(predicted) > slot.capacity:
+            self._bound_predicted(slot)
 
     def _bound_predicted(self, slot: _Pod) -> None:
         excess = len(slot.predicted) - slot.capacity

@@ -23,8 +23,10 @@ followed pod to the prefix index (`epp.prefix.index`), in order:
 - Blocks on other tiers (`medium` CPU, disk) and KV cache groups other than full
   attention are ignored, and counted.
 
-Predicted entries are the index's (`PrefixIndex.record` on a precise pod): a block the
-engine reports confirms its prediction; unconfirmed ones expire after the TTL.
+Predicted entries are the index's (`PrefixIndex.record` on a precise pod, under the
+request's route token): a block the engine reports confirms its prediction; unconfirmed
+ones go `predicted_ttl_s` after their request ended (`completed`, the Router's
+completion listener), or at `predicted_max_s` at the latest.
 
 Everything here is synchronous, bounded by the events given, and touches only the named
 pod's bit in the index: bad input for one pod never changes another pod's entries.
@@ -149,6 +151,9 @@ class PreciseIndex:
         )
 
     def completed(self, token: str, now: float) -> None:
+        """The request routed under `token` ended (the Router's completion listener): its
+        predicted entries live `predicted_ttl_s` more; its stale-routing claim is due."""
+        self.index.completed(token, now)
         self.stale.completed(token, now)
 
     def poll(self, now: float) -> None:

@@ -13,16 +13,18 @@
   No batch is lost and none is reordered: what a lossy transport does is the live
   subscriber's business (`epp.prefix.kv_subscriber`), not measured here.
 - A dispatched request's blocks become *predicted* entries on the chosen pod (what
-  `PrefixIndex.record` does for a precise pod), living `predicted_ttl_s` (default 2 s) of
-  virtual time unless an event confirms them.
+  `PrefixIndex.record` does for a precise pod under the request's token), living in
+  virtual time until `predicted_ttl_s` (default 2 s) after the request ended, at most
+  `predicted_max_s` (120 s), unless an event confirms them.
 - The router tokenizes with the engine's tokenizer (`EngineTokenizer`): precise mode
   keys the engine's blocks by the router's hash of their token ids, so it matches a
   request only when the router's token ids are the engine's. Live, that is the model's
   own tokenizer (`tokenizers:` in the config; tests/tokenization checks its parity with
   the simulator's `HfDirTokenizer`); here the simulated pods' `SimTokenizer` plays the
-  model's tokenizer. `epp_precise_ttl30` is the same with predicted entries living 30 s
-  (a what-if: the default 2 s is shorter than a request's wait in a deep engine queue,
-  docs/benchmarks/precise.md). The approximate `epp` keeps its default byte estimate;
+  model's tokenizer. `epp_precise_fixed2` and `epp_precise_fixed30` are the same with
+  predicted entries living a fixed 2 s (the design before: 2 s is shorter than a
+  request's wait in a deep engine queue, docs/benchmarks/precise.md) or 30 s from
+  dispatch, whatever their request does. The approximate `epp` keeps its default byte estimate;
   `epp_approx_engine_tok` is the approximate EPP with the engine's tokenizer, to tell
   the tokenizer's share of a difference from the events'.
 - Stale routing from the events (`PreciseIndex.dispatched` / `completed` as the Router's
@@ -126,14 +128,17 @@ class PreciseEppRouter(EppVirtualRouter):
         adapters: dict[str, str] | None = None,
         delivery_s: float = DEFAULT_DELIVERY_S,
         predicted_ttl_s: float | None = None,
+        predicted_max_s: float | None = None,
     ) -> None:
         if delivery_s < 0:
             raise ValueError("delivery_s must not be negative")
         super().__init__(pods, config, seed=seed, adapters=adapters, tokenizer=EngineTokenizer())
-        if predicted_ttl_s is not None:
-            if not predicted_ttl_s > 0:
-                raise ValueError("predicted_ttl_s must be > 0")
-            self.index.predicted_ttl_s = predicted_ttl_s  # before any entry is predicted
+        # Before any entry is predicted.
+        ttl = self.index.predicted_ttl_s if predicted_ttl_s is None else predicted_ttl_s
+        most = self.index.predicted_max_s if predicted_max_s is None else predicted_max_s
+        if not 0 < ttl <= most:
+            raise ValueError("need 0 < predicted_ttl_s <= predicted_max_s")
+        self.index.predicted_ttl_s, self.index.predicted_max_s = ttl, most
         self.delivery_s = delivery_s
         self.precise = PreciseIndex(self.index, self.config.prefix.block_size)
         self.decoder = KvEventDecoder(stats=self.precise.stats)
@@ -189,6 +194,8 @@ class PreciseEppRouter(EppVirtualRouter):
             **super().stats(),
             "delivery_s": self.delivery_s,
             "predicted_ttl_s": self.index.predicted_ttl_s,
+            "predicted_max_s": self.index.predicted_max_s,
+            "predictions_capped": self.index.predictions_capped,
             "kv_event_batches": self.batches,
             "kv_event_bytes": self.payload_bytes,
             "kv_event_ingest_cpu_s": self.ingest_cpu_s,

@@ -67,7 +67,10 @@ from epp_bench.workloads.types import RequestOutcome, RunResult, Workload
 from vllm_sim.engine import Admission, EngineConfig, SimEngine
 
 # Routers whose pods publish KV events (the engines queue them; the runner drains them).
-KV_EVENT_ROUTERS = frozenset({"epp_precise", "epp_precise_ttl30"})
+# epp_precise with predicted entries living a fixed time from dispatch (predicted_max_s =
+# predicted_ttl_s), whatever their request does: the design before, and a longer what-if.
+FIXED_TTL_ROUTERS = {"epp_precise_fixed2": 2.0, "epp_precise_fixed30": 30.0}
+KV_EVENT_ROUTERS = frozenset({"epp_precise", *FIXED_TTL_ROUTERS})
 ROUTERS = ("epp", "round_robin", "random", "least_outstanding", "consistent_hash", "oracle")
 
 _ARRIVAL = 0
@@ -92,12 +95,14 @@ def make_router(
         return PrefillAwareEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_precise":
         return PreciseEppRouter(pods, epp_config, seed=seed, adapters=adapters)
-    if name == "epp_precise_ttl30":
-        precise = PreciseEppRouter(
-            pods, epp_config, seed=seed, adapters=adapters, predicted_ttl_s=30.0
+    if name in FIXED_TTL_ROUTERS:
+        # Before predicted entries followed their request: a fixed life from dispatch.
+        ttl = FIXED_TTL_ROUTERS[name]
+        fixed = PreciseEppRouter(
+            pods, epp_config, seed=seed, adapters=adapters, predicted_ttl_s=ttl, predicted_max_s=ttl
         )
-        precise.name = name
-        return precise
+        fixed.name = name
+        return fixed
     if name == "epp_approx_engine_tok":
         return ApproxEngineTokEppRouter(pods, epp_config, seed=seed, adapters=adapters)
     if name == "epp_spec":

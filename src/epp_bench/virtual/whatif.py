@@ -28,7 +28,8 @@ WHATIF_ROUTERS = (
     "epp_prefill",
     "epp_spec",
     "epp_precise",
-    "epp_precise_ttl30",
+    "epp_precise_fixed2",
+    "epp_precise_fixed30",
     "epp_approx_engine_tok",
 )
 PREFILL_WEIGHT = 0.5
