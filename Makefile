@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo run test typecheck lint format clean deploy-configs bench bench-virtual bench-overhead bench-live
+.PHONY: setup demo run test typecheck lint format clean deploy-configs bench bench-virtual bench-overhead bench-live vllm-setup
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -52,6 +52,13 @@ bench-live: $(VENV)/.installed-bench
 	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live
 	$(BIN)/epp bench live --workload multi-turn --rates 2 --repeats 2 \
 	    --routers epp,envoy_round_robin,sglang_cache_aware,vllm_router_cache_aware --out docs/benchmarks/live
+
+# A real vLLM on the CPU (.bench/vllm-venv, ~200 s and 3.4 GB once; torch comes from the
+# machine's CPU wheel) and its tiny local model (.bench/tiny-llama, ~10 s). Both steps do
+# nothing when already done. tests/e2e/test_vllm_precise_e2e.py skips without them.
+vllm-setup:
+	bash tools/vllm_check/setup_venv.sh
+	.bench/vllm-venv/bin/python tools/vllm_check/build_model.py --out .bench/tiny-llama
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

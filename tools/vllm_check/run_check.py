@@ -29,16 +29,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from capture import capture, http
+from vllm_server import MODEL_DIR, MODEL_NAME, VLLM_PYTHON, VLLM_VENV, server_argv, server_env
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = ROOT / ".bench" / "vllm-venv"
-MODEL_DIR = ROOT / ".bench" / "tiny-llama"
 OUT_DIR = ROOT / "docs" / "benchmarks" / "sim-vs-vllm"
 LOG_DIR = ROOT / ".bench" / "vllm-check-logs"
 # The simulated pod (the vllm_sim package; `epp sim` runs the same), with this interpreter,
 # which is the project venv's.
 SIM_COMMAND = (sys.executable, "-m", "vllm_sim")
-MODEL_NAME = "tiny-llama"
 # vLLM's CPU attention backend only takes blocks that are a multiple of 32 tokens
 # ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), and the CPU platform
 # defaults to 128; 32 is the closest to the GPU default (16). The sim runs with the same.
@@ -136,7 +134,7 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, log: Path)
 
 def vllm_version() -> str:
     out = subprocess.run(
-        [str(VLLM_VENV / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
+        [str(VLLM_PYTHON), "-c", "import vllm; print(vllm.__version__)"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,8 +143,7 @@ def vllm_version() -> str:
 
 
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
-    python = VLLM_VENV / "bin" / "python"
-    if not python.exists():
+    if not VLLM_PYTHON.exists():
         raise SystemExit(f"{VLLM_VENV} missing: run tools/vllm_check/setup_venv.sh first")
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} missing: run tools/vllm_check/build_model.py first")
@@ -160,43 +157,15 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
         "topic": topic,
     }
-    cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(MODEL_DIR),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL_NAME,
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--dtype",
-        "bfloat16",
-        # The CPU platform defaults to 128-token blocks; 16 is the GPU default and the sim's.
-        "--block-size",
-        str(args.block_size),
-        "--num-gpu-blocks-override",
-        str(args.num_blocks),
-        "--enable-prompt-tokens-details",
-        "--kv-events-config",
-        json.dumps(kv_config),
-        *args.vllm_arg,
-    ]
-    env = {
-        **os.environ,
-        "VLLM_HOST_IP": "127.0.0.1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        # /reset_prefix_cache is a dev-mode route in vLLM's API server.
-        "VLLM_SERVER_DEV_MODE": "1",
-    }
+    cmd = server_argv(
+        port,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_model_len=MAX_MODEL_LEN,
+        kv_events=json.dumps(kv_config),
+        extra=args.vllm_arg,
+    )
+    env = server_env()
     base = f"http://127.0.0.1:{port}"
     log = LOG_DIR / "vllm.log"
     print(f"starting vLLM on {base} (log {log})", flush=True)
