@@ -242,7 +242,8 @@ def _run(router: str, repeat: int, hit: float, ttfts: list[float], stale: float)
         router=router, workload="shared-prefix-small", rate=8.0, pods=2, duration_s=10.0,
         outcomes=outcomes, pod_hit_rate=hit, epp_cpu_us_per_decision=None, mode="live",
         extra={"repeat": repeat, "epp": epp, "sim_args": ["--num-gpu-blocks", "480"],
-               "busy_cores_before": 0.25, "workload_description": "small"},
+               "busy_cores_before": 0.25, "workload_description": "small",
+               "occupancy": {"waiting_mean": 2.5}, "cpu_cores": {"foreign": 1.5}},
     )  # fmt: skip
 
 
@@ -272,7 +273,8 @@ def test_runs_table_has_one_row_per_run_with_both_stale_rates() -> None:
     rows = table.splitlines()[2:]
     assert len(rows) == 6
     assert rows[0].startswith("| 0 | epp_precise | 3 / 0 | 60.0% | 200 ms |")
-    assert "| 20.0% (2/10) | 10.0% (2/20) | 90.0% |" in rows[1]  # approx: both stale rates
+    # approx: both stale rates, the pods' queue and how busy the machine was
+    assert "| 20.0% (2/10) | 10.0% (2/20) | 90.0% | 2.5 | 0.25 / 1.50 |" in rows[1]
     assert "| - | - | - |" in rows[2]  # round robin: nothing predicted, nothing checked
 
 

@@ -296,6 +296,7 @@ def _run_campaign(
     total = per_round * args.repeats * clients.count("ours")
     bar = _progress_bar(total) if total else None
     logs_root = args.logs or bench.root / "logs"
+    prefix = f"{args.name}-" if args.name else ""
     try:
         for repeat in range(args.repeats):
             for rate, workload in workloads.items():
@@ -318,7 +319,10 @@ def _run_campaign(
                                 rate,
                                 settings,
                                 client,
-                                work_dir=logs_root / f"{spec.name}-{rate:g}-{client}-{repeat}",
+                                # Named after the scenario too: campaigns of one
+                                # workload at one rate must not overwrite each other's.
+                                work_dir=logs_root
+                                / f"{prefix}{spec.name}-{rate:g}-{client}-{repeat}",
                                 progress=(lambda _o: bar.update(1)) if bar is not None else None,
                             )
                         except (StackError, InferencePerfError, ValueError) as exc:

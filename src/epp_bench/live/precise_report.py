@@ -43,6 +43,9 @@ def row_figures(result: RunResult) -> dict[str, float | None]:
         "stale_epp": _stale(result, "stale_from_epp").get("rate"),
         "stale_engine": _stale(result, "stale_engine_side").get("rate"),
         "predicted_reused": _stale(result, "stale_engine_side").get("predicted_reused"),
+        # Requests waiting on the pods (mean of 1 s samples): how long a decision waits
+        # before its prefill, during which a small cache moves on.
+        "queued": (result.extra.get("occupancy") or {}).get("waiting_mean"),
     }
 
 
@@ -100,13 +103,16 @@ def runs_table(results: Sequence[RunResult]) -> str:
                 _counts(result, "stale_from_epp"),
                 _counts(result, "stale_engine_side"),
                 _pct(figures["predicted_reused"]),
-                f"{result.extra.get('busy_cores_before', 0.0):.2f}",
+                "-" if figures["queued"] is None else f"{figures['queued']:.1f}",
+                f"{result.extra.get('busy_cores_before', 0.0):.2f}"
+                f" / {(result.extra.get('cpu_cores') or {}).get('foreign', 0.0):.2f}",
             ]
         )
     header = [
         "repeat", "router", "ok / failed", "hit rate (pods)", "TTFT p50", "TTFT p90",
         "output tok/s", "stale (EPP's counter)", "stale (engine side)",
-        "predicted tokens reused", "busy cores before",
+        "predicted tokens reused", "queued on the pods (mean)",
+        "machine: busy before / others during (cores)",
     ]  # fmt: skip
     return _table(header, rows)
 
@@ -138,11 +144,13 @@ def means_table(results: Sequence[RunResult]) -> str:
                 _pct(mean("stale_epp")),
                 _pct(mean("stale_engine")),
                 _pct(mean("predicted_reused")),
+                "-" if mean("queued") is None else f"{mean('queued'):.1f}",
             ]
         )
     header = [
         "router", "runs", "hit rate", "TTFT p50", "TTFT p90", "output tok/s",
         "stale (EPP's counter)", "stale (engine side)", "predicted tokens reused",
+        "queued on the pods",
     ]  # fmt: skip
     return _table(header, rows)
 
