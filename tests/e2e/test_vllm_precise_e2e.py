@@ -35,6 +35,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -115,12 +116,17 @@ class Served:
     request_id: str | None
 
 
+class NotServed(AssertionError):
+    pass
+
+
 @dataclass
 class Stack:
     rig: Rig
     engines: list[VllmServer]
     hasher: BlockHasher
     numbers: dict[str, object] = field(default_factory=dict)
+    history: list[Served] = field(default_factory=list)  # every request that got an answer
 
     def pod_of(self, address: str) -> str:
         return next(f"pod-{i}" for i, e in enumerate(self.engines) if e.address == address)
@@ -135,7 +141,8 @@ class Stack:
         path, body = request
         base = self.rig.envoy_url if pod is None else self.engine(pod).base
         status, headers, raw = http(base + path, body, timeout=180)
-        assert status == 200, f"{path} via {pod or 'envoy'} -> {status}: {raw[:300]!r}"
+        if status != 200:
+            raise NotServed(f"{path} via {pod or 'envoy'} -> {status}: {raw[:300]!r}")
         lower = {k.lower(): v for k, v in headers.items()}
         if pod is None:
             pod = self.pod_of(lower[UPSTREAM_HEADER])
@@ -148,9 +155,32 @@ class Stack:
             pod, prompt, prompt + output[:-1], details.get("cached_tokens") or 0,
             lower.get("x-epp-request-id"),
         )  # fmt: skip
+        self.history.append(served)
         if sync:
             self.wait_holds(pod, self.hasher.hashes(served.computed))
         return served
+
+    def start_epp(self) -> None:
+        """`epp serve` in precise mode, the pods' KV events on their own sockets, the
+        model's real tokenizer (the same ports after a restart: Envoy reconnects)."""
+        self.rig.start_epp(
+            {
+                "kv_events": {
+                    "mode": "auto",
+                    "reconnect_max_s": 0.5,
+                    "resync_timeout_s": 2.0,
+                    # A killed engine's pod stays precise (and empty) until it is back.
+                    "fallback_after_s": 600.0,
+                },
+                "tokenizers": {MODEL: {"path": str(server.MODEL_DIR)}},
+            },
+            labels_for=lambda i: {
+                "kv_events_endpoint": self.engines[i].kv_endpoint,
+                "kv_events_replay": self.engines[i].replay_endpoint,
+                "kv_events_topic": "",
+            },
+        )
+        wait_for(lambda: set(modes(self).values()) == {"precise"}, timeout=30, what="precise")
 
     def index_view(self, pod: str) -> dict:
         """GET /debug/index?pod=: `engine_blocks` (what its events stored), `blocks` (every
@@ -194,6 +224,14 @@ class Stack:
         return None
 
 
+def answered(s: Stack, request: tuple[str, dict]) -> bool:
+    try:
+        s.send(request)
+    except NotServed:
+        return False
+    return True
+
+
 def held_depth(hashes: list[str], view: set[str]) -> int:
     depth = 0
     while depth < len(hashes) and hashes[depth] in view:
@@ -216,7 +254,9 @@ def check_chain(s: Stack, pod: str, tokens: list[int], *, beyond: bool) -> Chain
     are held (stores nothing when it is right); `beyond=True` one block further (the
     engine must not have it; the probe then stores it)."""
     hashes = s.hasher.hashes(tokens)
-    view = s.settled_index(pod)
+    # Every request before this one returned once the index had its blocks (`send`), and
+    # an eviction comes in the same batch as, and before, the store that caused it.
+    view = s.index(pod)
     depth = held_depth(hashes, view)
     orphans = [h for h in hashes[depth + 1 :] if h in view]
     assert not orphans, f"{pod}: the index holds blocks after a missing one: {orphans}"
@@ -279,31 +319,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for e in engines:
             e.wait_healthy(START_TIMEOUT_S)
         rig.pods = [e.address for e in engines]
-        rig.start_epp(
-            {
-                "kv_events": {
-                    "mode": "auto",
-                    "reconnect_max_s": 0.5,
-                    "resync_timeout_s": 2.0,
-                    # A killed engine's pod stays precise (and empty) until it is back.
-                    "fallback_after_s": 600.0,
-                },
-                "tokenizers": {MODEL: {"path": str(server.MODEL_DIR)}},
-            },
-            labels_for=lambda i: {
-                "kv_events_endpoint": engines[i].kv_endpoint,
-                "kv_events_replay": engines[i].replay_endpoint,
-                "kv_events_topic": "",
-            },
-        )
+        s = Stack(rig, engines, hasher)
+        s.start_epp()
         listen, admin = free_ports(2)
         config = render(
             mode="epp", listen_port=listen, admin_port=admin, epp_port=rig.epp_grpc_port,
             pods=rig.pods,
         )  # fmt: skip
         rig.start_envoy(with_upstream_header(config), listen)
-        s = Stack(rig, engines, hasher)
-        wait_for(lambda: set(modes(s).values()) == {"precise"}, timeout=30, what="precise pods")
         s.numbers["start_s"] = round(time.monotonic() - started, 1)
         yield s
     finally:
@@ -343,6 +366,44 @@ def workload() -> list[tuple[str, dict]]:
 PODS = ("pod-0", "pod-1")
 
 
+def compare_with_engines(s: Stack, served: list[Served]) -> dict[str, dict[str, int]]:
+    """Each pod's index against its engine, over every chain of blocks `served` made.
+
+    First the held prefixes (probes that store nothing when the index is right): every
+    block the index holds must be one a probe confirms, and none other. Then one block
+    past each held prefix: the engine must not have it either (such a probe stores it;
+    the next check reads the index again)."""
+    every = {tuple(x.computed): x for x in served}
+    every_hashes = {c: s.hasher.hashes(list(c)) for c in every}
+    # A chain whose blocks start another chain's is checked with that one.
+    starts = {tuple(hs[:n]) for hs in every_hashes.values() for n in range(len(hs))}
+    chains = {c: x for c, x in every.items() if tuple(every_hashes[c]) not in starts}
+    hashes = {c: every_hashes[c] for c in chains}
+    universe = {h for hs in hashes.values() for h in hs}
+    # Nothing runs now: once quiet for a while, the index has every event.
+    before = {pod: s.settled_index(pod, quiet_s=1.5) for pod in PODS}
+    stats: dict[str, dict[str, int]] = {}
+    for pod in PODS:
+        assert before[pod] <= universe, f"{pod}: the index holds blocks no request made"
+        held = {c: check_chain(s, pod, list(c), beyond=False) for c in chains}
+        confirmed = {h for c, k in held.items() for h in hashes[c][: k.depth]}
+        assert confirmed == before[pod], f"{pod}: index blocks that no probe confirmed"
+        stats[pod] = {
+            "index_blocks": len(before[pod]),
+            "held_confirmed": len(confirmed),
+            # Chains this engine computed of which it has lost blocks since.
+            "chains_evicted": sum(
+                1 for c, k in held.items() if chains[c].pod == pod and k.depth < k.blocks
+            ),
+        }
+    for pod in PODS:
+        past = {c: check_chain(s, pod, list(c), beyond=True) for c in chains}
+        missing = {hashes[c][k.depth] for c, k in past.items() if k.depth < k.blocks}
+        stats[pod]["missing_confirmed"] = len(missing)
+    stats["all"] = {"chains": len(chains), "distinct_blocks": len(universe)}
+    return stats
+
+
 def test_index_equals_each_engine_block_by_block_after_an_evicting_workload(stack: Stack):
     s = stack
     with logs_on_failure(s):
@@ -357,34 +418,9 @@ def test_index_equals_each_engine_block_by_block_after_an_evicting_workload(stac
         assert all(by_pod.values()), f"the workload used one engine only: {by_pod}"
         for x in served:  # Envoy sent each request where the EPP said
             assert s.routed_pod(x.request_id) == x.pod, x.request_id
-        # Each distinct sequence of blocks an engine computed, and which engine it was.
-        chains = {tuple(x.computed): x for x in served}
-        hashes = {c: s.hasher.hashes(list(c)) for c in chains}
-        universe = {h for hs in hashes.values() for h in hs}
-        # Nothing runs now: once quiet for a while, the index has every event.
-        before = {pod: s.settled_index(pod, quiet_s=1.5) for pod in PODS}
-        stats: dict[str, dict[str, int]] = {}
-        evicted = 0
-        for pod in PODS:
-            assert before[pod] <= universe, f"{pod}: the index holds blocks no request made"
-            # Held prefixes first: these probes store nothing when the index is right.
-            held = {c: check_chain(s, pod, list(c), beyond=False) for c in chains}
-            confirmed = {h for c, k in held.items() for h in hashes[c][: k.depth]}
-            assert confirmed == before[pod], f"{pod}: index blocks that no probe confirmed"
-            evicted += sum(
-                1 for c, k in held.items() if chains[c].pod == pod and k.depth < k.blocks
-            )
-            stats[pod] = {"index_blocks": len(before[pod]), "held_confirmed": len(confirmed)}
-        for pod in PODS:
-            # Then one block past each held prefix: the engine must not have it either.
-            past = {c: check_chain(s, pod, list(c), beyond=True) for c in chains}
-            missing = {hashes[c][k.depth] for c, k in past.items() if k.depth < k.blocks}
-            stats[pod]["missing_confirmed"] = len(missing)
-        assert evicted, "no engine evicted a block of what it served: the workload is too small"
-        s.numbers["workload"] = {
-            "requests": len(served), "by_pod": by_pod, "distinct_blocks": len(universe),
-            "chains_evicted": evicted, "per_pod": stats,
-        }  # fmt: skip
+        stats = compare_with_engines(s, served)
+        assert all(stats[pod]["chains_evicted"] for pod in PODS), f"no eviction: {stats}"
+        s.numbers["workload"] = {"requests": len(served), "by_pod": by_pod, "blocks": stats}
         print(f"index vs engines: {s.numbers['workload']}")
 
 
@@ -458,11 +494,7 @@ def test_a_killed_engine_leaves_no_entries_and_routing_recovers(stack: Stack):
         )
         # Routing goes on without it: its prefix is served by the other engine (after the
         # EPP has seen it gone: a few failed scrapes).
-        wait_for(
-            lambda: http(s.rig.envoy_url + "/v1/chat/completions", secret(7, "chat", 1)[1],
-                         timeout=60)[0] == 200,
-            timeout=30, what="routing without pod-1",
-        )  # fmt: skip
+        wait_for(lambda: answered(s, secret(7, "chat", 1)), timeout=30, what="pod-1 avoided")
         assert s.send(secret(7, "chat", 2)).pod == other
         started = time.monotonic()
         victim.start()
@@ -492,3 +524,30 @@ def test_a_killed_engine_leaves_no_entries_and_routing_recovers(stack: Stack):
 def check_hits(check: ChainCheck) -> int:
     """Tokens a check_chain probe hit (it hit exactly the held depth)."""
     return check.depth * BLOCK if check.probed else 0
+
+
+def test_a_restarted_epp_rebuilds_each_engines_view_from_its_replay(stack: Stack):
+    """The EPP crashes and comes back while the engines keep their caches: it learns them
+    again from each engine's replay socket (vLLM keeps the last 10,000 batches), with no
+    request routed meanwhile, and its index equals the engines again."""
+    s = stack
+    with logs_on_failure(s):
+        # A prefix routed after the restart (the comparison below evicts a lot).
+        s.send(secret(11, "chat", 0), pod="pod-0")
+        before = {pod: s.settled_index(pod, quiet_s=1.0) for pod in PODS}
+        assert all(before.values()), before
+        assert s.rig.epp is not None
+        s.rig.epp.signal(signal.SIGKILL)
+        s.rig.epp.wait(10)
+        s.start_epp()
+        wait_for(
+            lambda: all(s.index(pod) == before[pod] for pod in PODS),
+            timeout=30, what="the index rebuilt from the replays",
+        )  # fmt: skip
+        endpoints = {e["name"]: e["kv_events"] for e in s.rig.epp_endpoints()}
+        assert all(endpoints[pod]["replayed"] > 0 for pod in PODS), endpoints
+        # Routing follows what the replays told, and the index equals the engines.
+        route_and_check(s, secret(11, "chat", 1), "pod-0")
+        stats = compare_with_engines(s, s.history)
+        s.numbers["epp_restart"] = {"blocks": stats, "kv_events": endpoints}
+        print(f"after an EPP restart: {s.numbers['epp_restart']}")
