@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "vllm_check"))
 
 import summary
 from procs import (
@@ -57,6 +58,7 @@ from procs import (
     http,
     wait_http,
 )
+from vllm_server import server_env
 from workload import (
     DESTINATION_ECHO_HEADER,
     ENVOY_START_HEADER,
@@ -166,20 +168,9 @@ def start_engines(children: Children, args: argparse.Namespace, logs: Path) -> l
             *(["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []),
             *args.vllm_arg,
         ]  # fmt: skip
-        env = {
-            **os.environ,
-            "VLLM_HOST_IP": HOST,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            # /reset_prefix_cache is a dev-mode route.
-            "VLLM_SERVER_DEV_MODE": "1",
-            # Each engine's OpenMP threads on their own core (auto-binding would put both
-            # on core 0 and keep core 1 for "everything else").
-            "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
-        }
+        # Each engine's OpenMP threads on their own core (auto-binding would put both
+        # on core 0 and keep core 1 for "everything else").
+        env = server_env({"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)})
         child = children.spawn(f"vllm-{i}", argv, logs / f"vllm-{i}.log", env)
         engines.append(Engine(f"vllm-{i}", port, child))
         log(f"starting vllm-{i} on {HOST}:{port} (log {logs / f'vllm-{i}.log'})")
