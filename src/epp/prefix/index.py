@@ -185,6 +185,7 @@ class PrefixIndex:
         self._names: list[str | None] = []  # pod id -> name
         self._free_ids: list[int] = []  # a heap: the lowest id is reused first
         self._capacity: dict[str, int] = {}  # set_capacity, kept while a pod has no blocks
+        self._match_units: dict[str, int] = {}  # set_match_unit: precise pods, unit > 1
         # Predictions (records on precise pods). Each is released once, from whichever
         # queue reaches it first; both are FIFO in time order (one TTL, one maximum):
         # (release time, prediction) of those whose request ended (or that have none);
@@ -226,7 +227,26 @@ class PrefixIndex:
         return max(1, int(self.capacity(pod) * self.max_record_fraction))
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
-        """Per pod, how many blocks from the start of `hashes` it holds without a gap."""
+        """Per pod, how many blocks from the start of `hashes` it holds without a gap; a
+        precise pod's, in whole engine blocks (`set_match_unit`)."""
+        matched = self._match(hashes)
+        if self._match_units and matched:
+            for pod, unit in self._match_units.items():
+                blocks = matched.get(pod)
+                if blocks:
+                    matched[pod] = blocks - blocks % unit
+        return matched
+
+    def set_match_unit(self, pod: str, unit: int) -> None:
+        """A precise pod's engine reuses whole engine blocks only, `unit` of ours each
+        (vLLM's block size over ours): half an engine block held (the same first tokens
+        in another prompt's block) is no hit. Matches are rounded down to whole units."""
+        if unit > 1:
+            self._match_units[pod] = unit
+        else:
+            self._match_units.pop(pod, None)
+
+    def _match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         if self._expiring or self._in_flight:
             self._expire_due()
         if not hashes:

@@ -98,11 +98,13 @@ class PreciseIndex:
     def detach(self, pod: str) -> None:
         """Stop following the pod: it is approximate again, with no entries."""
         self._models.pop(pod, None)
+        self.index.set_match_unit(pod, 1)
         self.stale.forget_pod(pod)
         self.index.set_precise(pod, False)
 
     def remove_pod(self, pod: str) -> None:
         self._models.pop(pod, None)
+        self.index.set_match_unit(pod, 1)
         self._engine_block_size.pop(pod, None)
         self.stale.forget_pod(pod)
         self.index.remove_pod(pod)
@@ -248,6 +250,7 @@ class PreciseIndex:
             keys = _keys_with_extras(tokens, event.block_size, ours, seed, opaque)
         index.store_engine_blocks(pod, hashes, keys, per_block)
         self._engine_block_size[pod] = event.block_size
+        index.set_match_unit(pod, per_block)
         self.stale.stored(pod, keys)
 
     def _root_seed(self, pod: str, event: BlockStored) -> int | None:
