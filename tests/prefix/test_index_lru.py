@@ -169,16 +169,21 @@ def test_the_queue_stays_exact_over_many_turns():
     assert sorted(k for k in range(30) if index.match([BlockHash(k)])) == sorted(ref.held["a"])
 
 
-def test_a_precise_pods_churned_engine_map_is_compacted_and_still_right():
-    import sys
-
+def test_a_precise_pods_churned_engine_map_shrinks_and_stays_right():
     index = PrefixIndex(100_000)
     index.set_precise("a", True)
     engine = list(range(1, 20_001))
     index.store_engine_blocks("a", engine, [BlockHash(h * 7) for h in engine], 1)
-    slot_size = sys.getsizeof(index._pods["a"].engine)
+    engine_map = index._pods["a"].engine
+    assert engine_map is not None
     assert index.remove_engine_blocks("a", engine[:19_000]) == 19_000
-    assert sys.getsizeof(index._pods["a"].engine) < slot_size / 4  # copied, right-sized
+    # The removed records' memory is given back: as small as a map that only ever held
+    # what is left.
+    fresh = PrefixIndex(100_000)
+    fresh.set_precise("a", True)
+    fresh.store_engine_blocks("a", engine[19_000:], [BlockHash(h * 7) for h in engine[19_000:]], 1)
+    assert fresh._pods["a"].engine is not None
+    assert engine_map.nbytes() <= fresh._pods["a"].engine.nbytes() * 1.25
     assert sorted(index.engine_blocks("a")) == engine[19_000:]
     assert index.match([BlockHash(19_001 * 7)]) == {"a": 1}
     assert index.match([BlockHash(7)]) == {}

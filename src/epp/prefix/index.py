@@ -39,9 +39,12 @@ Memory (the field's routers have run out of it; docs/benchmarks/index.md measure
   block held by one pod costs one dict entry whose value is a shared int object;
 - the approximate queue is an array of 8-byte hashes per pod (no per-block object, no
   linked list); whether a block is held and marked is read from its bits;
-- dicts that churn (a precise pod's engine blocks, its predicted entries) are copied into
-  a right-sized table once as many entries were removed as they hold: CPython never
-  shrinks a dict, and one that has churned keeps a table up to 3x its size.
+- a precise pod's engine hash -> key map packs each pair into a 16-byte record
+  (`epp.prefix.engine_map`, about 19 bytes a block) rather than a dict entry and the
+  engine hash's own int object (about 78 bytes);
+- a pod's predicted entries, a dict that churns, are copied into a right-sized table once
+  as many entries were removed as they hold: CPython never shrinks a dict, and one that
+  has churned keeps a table up to 3x its size.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
+from epp.prefix.engine_map import EngineKeys, EngineMap
 from epp.prefix.hashing import BlockHash
 
 if TYPE_CHECKING:
@@ -65,11 +69,6 @@ DEFAULT_MAX_RECORD_FRACTION = 0.5
 DEFAULT_PREDICTED_TTL_S = 2.0
 DEFAULT_PREDICTED_MAX_S = 120.0
 
-EngineKeys = BlockHash | tuple[BlockHash, ...]
-"""The router's key(s) for one engine block: one key when both use the same block size, a
-tuple when an engine block spans several of ours; () when the block's keys are unknown (its
-parent was never seen): it is kept so that its eviction and its children are recognised,
-but it matches nothing."""
 
 _COMPACT_AFTER = 4096  # removals from a churning dict before its size is checked
 # A predicted entry's value: the sequence number of the prediction that created it (high
@@ -98,7 +97,6 @@ class _Pod:
         "capacity",
         "count",
         "engine",
-        "engine_churn",
         "extra_copies",
         "hold",
         "log",
@@ -123,10 +121,10 @@ class _Pod:
         self.log: array | list[BlockHash] = _new_log()
         self.log_pos = 0
         self.count = 0
-        # Precise: engine hash -> our key(s), in the order stored; engine hashes stored
-        # more than once (an engine may cache one hash twice) -> the number of extra copies.
-        self.engine: dict[int, EngineKeys] = {}
-        self.engine_churn = 0
+        # Precise: engine hash -> our key(s) (created when the pod turns precise); engine
+        # hashes stored more than once (an engine may cache one hash twice) -> the number
+        # of extra copies.
+        self.engine: EngineMap | None = None
         self.extra_copies: dict[int, int] | None = None
         # Precise: our key -> (creator's sequence number, live predictions holding it) of a
         # predicted entry not yet confirmed by an event (_COUNT_BITS).
@@ -135,7 +133,7 @@ class _Pod:
 
     def size(self) -> int:
         if self.precise:
-            return len(self.engine) + len(self.predicted)
+            return len(self.engine or ()) + len(self.predicted)
         return self.count
 
 
@@ -432,6 +430,8 @@ class PrefixIndex:
             if slot is not None:
                 slot.capacity = capacity
                 if slot.precise:
+                    if slot.engine is not None:
+                        slot.engine.resize(capacity)
                     self._bound_engine(slot)
                     self._bound_predicted(slot)
                 else:
@@ -449,6 +449,7 @@ class PrefixIndex:
         if slot.precise != precise:
             self._clear(slot)
             slot.precise = precise
+            slot.engine = EngineMap(slot.capacity) if precise else None
 
     def is_precise(self, pod: str) -> bool:
         slot = self._pods.get(pod)
@@ -496,7 +497,9 @@ class PrefixIndex:
     def engine_block(self, pod: str, engine_hash: int) -> EngineKeys | None:
         """Our key(s) for one of the pod's engine blocks; None if the pod does not hold it."""
         slot = self._pods.get(pod)
-        return None if slot is None else slot.engine.get(engine_hash)
+        if slot is None or slot.engine is None:
+            return None
+        return slot.engine.get(engine_hash)
 
     def reported(self, pod: str, block: BlockHash) -> bool:
         """The precise pod's engine reported holding the block (not just a prediction)."""
@@ -509,7 +512,9 @@ class PrefixIndex:
     def engine_blocks(self, pod: str) -> list[int]:
         """The engine hashes the precise pod's events say it holds (each copy once)."""
         slot = self._pods.get(pod)
-        return [] if slot is None else list(slot.engine)
+        if slot is None or slot.engine is None:
+            return []
+        return slot.engine.hashes()
 
     def store_engine_blocks(
         self, pod: str, engine_hashes: Sequence[int], keys: Sequence[BlockHash], per_block: int
@@ -519,58 +524,91 @@ class PrefixIndex:
         Their predicted entries are confirmed. False (nothing done) unless the pod is
         precise."""
         slot = self._pods.get(pod)
-        if slot is None or not slot.precise:
+        if slot is None or not slot.precise or slot.engine is None:
             return False
-        engine = slot.engine
+        add = slot.engine.add
         holders = self._holders
         holders_of = holders.get
         pop_predicted = slot.predicted.pop
         bit = slot.hold
-        known = bool(keys)
-        for i, engine_hash in enumerate(engine_hashes):
-            if engine_hash in engine:
-                copies = slot.extra_copies
-                if copies is None:
-                    copies = slot.extra_copies = {}
-                copies[engine_hash] = copies.get(engine_hash, 0) + 1
-                continue
-            if not known:
-                engine[engine_hash] = ()
-                continue
-            if per_block == 1:
-                key = keys[i]
-                engine[engine_hash] = key
+        if keys and per_block == 1:  # the common case: one key per engine block
+            # A block whose key the pod does not hold is new to it: no copy to look for.
+            new_hashes: list[int] = []
+            new_keys: list[BlockHash] = []
+            for engine_hash, key in zip(engine_hashes, keys, strict=False):
                 mask = holders_of(key)
-                if mask is None:
-                    holders[key] = bit
-                elif not mask & bit:
-                    holders[key] = mask | bit
-                pop_predicted(key, None)
-                continue
-            group = tuple(keys[i * per_block : (i + 1) * per_block])
-            engine[engine_hash] = group
-            for key in group:
-                mask = holders_of(key)
-                if mask is None:
-                    holders[key] = bit
-                elif not mask & bit:
-                    holders[key] = mask | bit
-                pop_predicted(key, None)
-        if len(engine) > slot.capacity:
+                if mask is None or not mask & bit:
+                    holders[key] = bit if mask is None else mask | bit
+                elif pop_predicted(key, None) is None:  # reported already
+                    if not add(engine_hash, key):
+                        self._extra_copy(slot, engine_hash)  # the same block again
+                    continue
+                # New to the pod, or a prediction it confirms: no record of it yet.
+                new_hashes.append(engine_hash)
+                new_keys.append(key)
+            slot.engine.add_new(new_hashes, new_keys)
+        else:
+            for i, engine_hash in enumerate(engine_hashes):
+                group = tuple(keys[i * per_block : (i + 1) * per_block])
+                if not add(engine_hash, group):
+                    self._extra_copy(slot, engine_hash)
+                    continue
+                for key in group:
+                    mask = holders_of(key)
+                    if mask is None:
+                        holders[key] = bit
+                    elif not mask & bit:
+                        holders[key] = mask | bit
+                    else:
+                        pop_predicted(key, None)
+        if len(slot.engine) > slot.capacity:
             self._bound_engine(slot)
         return True
 
     def remove_engine_blocks(self, pod: str, engine_hashes: Iterable[int]) -> int:
         """The precise pod evicted these engine blocks; how many it was known to hold."""
         slot = self._pods.get(pod)
-        if slot is None or not slot.precise:
+        if slot is None or not slot.precise or slot.engine is None:
             return 0
-        found = 0
-        for engine_hash in engine_hashes:
-            if self._drop_engine_block(slot, engine_hash):
-                found += 1
-        self._compact_engine(slot)
-        return found
+        holders = self._holders
+        holders_of = holders.get
+        hold, keep = slot.hold, ~slot.both
+        copies = slot.extra_copies
+        if not copies:  # the common case: one loop in the map, one here
+            popped = slot.engine.pop_many(engine_hashes)
+        else:
+            popped = []
+            for engine_hash in engine_hashes:
+                extra = copies.get(engine_hash)
+                if extra is None:
+                    keys = slot.engine.pop(engine_hash)
+                    if keys is not None:
+                        popped.append(keys)
+                    continue
+                if extra > 1:
+                    copies[engine_hash] = extra - 1
+                else:
+                    del copies[engine_hash]
+                popped.append(())  # a copy went: the block stays
+        for keys in popped:
+            if isinstance(keys, int):  # inline: the hot loop's common case
+                mask = holders_of(keys)
+                if mask is not None and mask & hold:
+                    mask &= keep
+                    if mask:
+                        holders[keys] = mask
+                    else:
+                        del holders[keys]
+            elif keys:
+                self._clear_keys(keys, slot)
+        return len(popped)
+
+    @staticmethod
+    def _extra_copy(slot: _Pod, engine_hash: int) -> None:
+        copies = slot.extra_copies
+        if copies is None:
+            copies = slot.extra_copies = {}
+        copies[engine_hash] = copies.get(engine_hash, 0) + 1
 
     # -- internals ----------------------------------------------------------------------
 
@@ -597,22 +635,26 @@ class PrefixIndex:
             else:
                 del self._holders[block]
 
+    def _clear_keys(self, keys: EngineKeys, slot: _Pod) -> None:
+        """The pod no longer holds an engine block with these keys."""
+        if isinstance(keys, int):
+            self._clear_bit(keys, slot)
+        else:
+            for key in keys:
+                self._clear_bit(key, slot)
+
     def _clear(self, slot: _Pod) -> None:
         clear_bit = self._clear_bit
         for block in islice(slot.log, slot.log_pos, None):
             clear_bit(block, slot)
-        for keys in slot.engine.values():
-            if isinstance(keys, int):
-                clear_bit(keys, slot)
-            else:
-                for block in keys:
-                    clear_bit(block, slot)
+        if slot.engine is not None:
+            for keys in slot.engine.values():
+                self._clear_keys(keys, slot)
+            slot.engine = EngineMap(slot.capacity)
         for block in slot.predicted:
             clear_bit(block, slot)
         slot.log = _new_log()
         slot.log_pos = slot.count = 0
-        slot.engine = {}
-        slot.engine_churn = 0
         slot.extra_copies = None
         slot.predicted = {}
         slot.predicted_churn = 0
@@ -700,39 +742,13 @@ class PrefixIndex:
 
     def _bound_engine(self, slot: _Pod) -> None:
         # Removals come from the engine, so this bound is a safety net. It drops a slack of
-        # 1/32 more than needed at once: a dict is slow to pop from the front one at a time.
+        # 1/32 more than needed at once, so that it does not run for every block stored.
         engine = slot.engine
+        if engine is None:
+            return
         excess = len(engine) - slot.capacity
         if excess > 0:
             excess += slot.capacity >> 5
-            for engine_hash in list(islice(engine, excess)):
-                self._drop_engine_block(slot, engine_hash)
+            for keys in engine.pop_oldest(excess):
+                self._clear_keys(keys, slot)
             self.precise_capacity_evictions += excess
-            self._compact_engine(slot)
-
-    @staticmethod
-    def _compact_engine(slot: _Pod) -> None:
-        if slot.engine_churn > _COMPACT_AFTER and slot.engine_churn * 2 > len(slot.engine):
-            slot.engine = _compact(slot.engine)
-            slot.engine_churn = 0
-
-    def _drop_engine_block(self, slot: _Pod, engine_hash: int) -> bool:
-        copies = slot.extra_copies
-        if copies:
-            extra = copies.get(engine_hash)
-            if extra is not None:
-                if extra > 1:
-                    copies[engine_hash] = extra - 1
-                else:
-                    del copies[engine_hash]
-                return True
-        keys = slot.engine.pop(engine_hash, None)
-        if keys is None:
-            return False
-        slot.engine_churn += 1
-        if isinstance(keys, int):
-            self._clear_bit(keys, slot)
-        else:
-            for key in keys:
-                self._clear_bit(key, slot)
-        return True

@@ -272,7 +272,7 @@ class PreciseIndex:
         """Per block, the extra keys beyond the LoRA name (and block 0's salt) as a hashable
         value, None where there are none; None overall when no block has any."""
         extra = event.extra_keys
-        if not extra:
+        if not extra or extra.count(None) == len(extra):  # vLLM sends None per plain block
             return None
         lora = _lora_name(event)
         out: list[Any] | None = None
