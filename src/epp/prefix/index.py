@@ -153,6 +153,9 @@ class _Prediction:
 
 
 class PrefixIndex:
+    # A precise pod's engine hash -> key map (the benchmark measures a dict beside it).
+    engine_map: Callable[[int], EngineMap] = EngineMap
+
     def __init__(
         self,
         capacity_per_pod: int,
@@ -449,7 +452,7 @@ class PrefixIndex:
         if slot.precise != precise:
             self._clear(slot)
             slot.precise = precise
-            slot.engine = EngineMap(slot.capacity) if precise else None
+            slot.engine = self.engine_map(slot.capacity) if precise else None
 
     def is_precise(self, pod: str) -> bool:
         slot = self._pods.get(pod)
@@ -650,7 +653,7 @@ class PrefixIndex:
         if slot.engine is not None:
             for keys in slot.engine.values():
                 self._clear_keys(keys, slot)
-            slot.engine = EngineMap(slot.capacity)
+            slot.engine = self.engine_map(slot.capacity)
         for block in slot.predicted:
             clear_bit(block, slot)
         slot.log = _new_log()

@@ -40,13 +40,15 @@ import time
 import tracemalloc
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import msgspec
 
 from epp.datalayer.kv_subscriber import KvEventSubscriber, SubscriberSettings
+from epp.prefix.engine_map import EngineKeys, EngineMap
 from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.prefix.kv_events import DecodeLimits, KvEventDecoder, KvEventStats
@@ -128,6 +130,60 @@ class Timing:
     p50_us: float
     p99_us: float
     mean_us: float
+
+
+class DictEngineMap(EngineMap):
+    """The precise engine map before `epp.prefix.engine_map`: a dict of engine hash ->
+    key(s), with the same interface, to measure the two side by side."""
+
+    def __init__(self, capacity: int) -> None:
+        self._table: dict[int, EngineKeys] = {}
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def resize(self, capacity: int) -> None:
+        pass
+
+    def get(self, engine_hash: int) -> EngineKeys | None:
+        return self._table.get(engine_hash)
+
+    def add(self, engine_hash: int, keys: EngineKeys) -> bool:
+        if engine_hash in self._table:
+            return False
+        self._table[engine_hash] = keys
+        return True
+
+    def add_new(self, engine_hashes: Sequence[int], keys: Sequence[BlockHash]) -> None:
+        table = self._table
+        for engine_hash, key in zip(engine_hashes, keys, strict=True):
+            table[engine_hash] = key
+
+    def pop(self, engine_hash: int) -> EngineKeys | None:
+        return self._table.pop(engine_hash, None)
+
+    def pop_many(self, engine_hashes: Iterable[int]) -> list[EngineKeys]:
+        pop = self._table.pop
+        found = [pop(engine_hash, None) for engine_hash in engine_hashes]
+        return [keys for keys in found if keys is not None]
+
+    def pop_oldest(self, n: int) -> list[EngineKeys]:
+        return [self._table.pop(h) for h in list(islice(self._table, n))]
+
+    def nbytes(self) -> int:
+        return sys.getsizeof(self._table)
+
+    def hashes(self) -> list[int]:
+        return list(self._table)
+
+    def values(self) -> Iterator[EngineKeys]:
+        return iter(self._table.values())
+
+
+class DictEnginePrefixIndex(PrefixIndex):
+    """PrefixIndex with the dict engine map (`before` in the precise rows)."""
+
+    engine_map = DictEngineMap
 
 
 def _time_side_by_side(
@@ -250,9 +306,11 @@ def memory(pods: int, blocks: int, legacy: bool = True) -> list[Memory]:
 
         return build
 
-    def precise(sharing: int = 1, churn: bool = False) -> Callable[[], object]:
+    def precise(
+        sharing: int = 1, churn: bool = False, cls: type[PrefixIndex] = PrefixIndex
+    ) -> Callable[[], object]:
         def build() -> object:
-            index = PrefixIndex(blocks, 1.0)
+            index = cls(blocks, 1.0)
             groups = (pods + sharing - 1) // sharing
             for group in range(groups):
                 keys = [bits(64) for _ in range(blocks * (2 if churn else 1))]
@@ -295,6 +353,18 @@ def memory(pods: int, blocks: int, legacy: bool = True) -> list[Memory]:
             approximate(PrefixIndex, churn=True),
         ),
         _measure("approximate, each block on 8 pods", pods, blocks, approximate(PrefixIndex, 8)),
+        _measure(
+            "precise before: dict engine map, distinct blocks",
+            pods,
+            blocks,
+            precise(cls=DictEnginePrefixIndex),
+        ),
+        _measure(
+            "precise before: dict engine map, distinct, after churn",
+            pods,
+            blocks,
+            precise(churn=True, cls=DictEnginePrefixIndex),
+        ),
         _measure("precise (engine hash kept), distinct blocks", pods, blocks, precise()),
         _measure(
             "precise, distinct, after churn (2x capacity stored, oldest removed)",
@@ -396,16 +466,18 @@ def _positional(event: dict) -> list[object]:
 
 def ingest(batches: int) -> list[Ingest]:
     rows = []
-    for label, engine_block, hashes_as, layout in (
-        ("map events, int hashes (vLLM default), 16-token blocks", 16, "int", "map"),
-        ("map events, bytes hashes", 16, "bytes", "map"),
-        ("positional events (vLLM <= 0.25)", 16, "int", "positional"),
-        ("map events, 32-token engine blocks (2 keys each)", 32, "int", "map"),
+    default = "map events, int hashes (vLLM default), 16-token blocks"
+    for label, engine_block, hashes_as, layout, cls in (
+        (default, 16, "int", "map", PrefixIndex),
+        (f"{default}, before: dict engine map", 16, "int", "map", DictEnginePrefixIndex),
+        ("map events, bytes hashes", 16, "bytes", "map", PrefixIndex),
+        ("positional events (vLLM <= 0.25)", 16, "int", "positional", PrefixIndex),
+        ("map events, 32-token engine blocks (2 keys each)", 32, "int", "map", PrefixIndex),
     ):
         payloads, blocks = _stream(batches, 16, engine_block, hashes_as, layout)
         stats = KvEventStats()
         decoder = KvEventDecoder(stats=stats)
-        precise = PreciseIndex(PrefixIndex(CAPACITY * 2), BLOCK, stats)
+        precise = PreciseIndex(cls(CAPACITY * 2), BLOCK, stats)
         precise.attach("pod", "m")
         gc.collect()
         start = time.process_time()
@@ -705,18 +777,28 @@ def _summary(results: dict) -> list[str]:
             "one 8-byte slot in the pod's CLOCK queue, and per block one dict entry (block -> "
             "int of pod bits) and the 64-bit hash int (36 B); a dict that has churned keeps "
             "a table up to 3x its size (CPython never shrinks one), which is the difference "
-            "after churn. Precise mode also keeps the engine's hash for each engine block "
-            "(its int and a dict entry: about 80 B more), needed to apply removals; sharing "
-            "a block between pods divides the per-block part."
+            "after churn. Precise mode also keeps, per engine block, the engine's hash and "
+            "our key, needed to apply removals: packed in a 16-byte record (bytearrays "
+            "bucketed by the hash, about 19 B with their slack), where a dict entry and the "
+            "hash's own int cost about 78 B (`precise before`, measured in the same run); "
+            "sharing a block between pods divides the per-block part."
         )
     ingest = results.get("ingest", [])
     if ingest:
         first = ingest[0]
-        out.append(
+        text = (
             f"- **Event ingest** (decode + apply, one core): {first['blocks'] / first['seconds']:,.0f} "
             f"engine blocks/s for vLLM's default layout ({first['seconds'] / first['blocks'] * 1e6:.1f} us "
-            "a block, about half of it msgpack decoding); other layouts in the table."
+            "a block, about half of it msgpack decoding)"
         )
+        before = [r for r in ingest if "before" in r["layout"]]
+        if before:
+            old = before[0]
+            text += (
+                f"; {old['blocks'] / old['seconds']:,.0f} with the dict engine map "
+                f"({old['seconds'] / old['blocks'] * 1e6:.2f} us)"
+            )
+        out.append(text + "; other layouts in the table.")
     pause = results.get("pause", [])
     if pause:
         sliced = [r for r in pause if "not sliced" not in r["scene"]]
