@@ -365,7 +365,7 @@ def memory(pods: int, blocks: int, legacy: bool = True) -> list[Memory]:
             blocks,
             precise(churn=True, cls=DictEnginePrefixIndex),
         ),
-        _measure("precise (engine hash kept), distinct blocks", pods, blocks, precise()),
+        _measure("precise, distinct blocks", pods, blocks, precise()),
         _measure(
             "precise, distinct, after churn (2x capacity stored, oldest removed)",
             pods,
