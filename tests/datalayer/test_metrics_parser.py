@@ -23,6 +23,27 @@ def test_reads_vllm_033_page():
     assert m.running_adapters == frozenset() and m.max_loras is None
 
 
+def test_reads_the_finished_prompt_histogram_and_the_process_start_time():
+    m = parse_vllm_metrics(fixture("vllm-0.33-metrics.txt"))
+    assert (m.finished_requests, m.finished_prompt_tokens) == (100.0, 215477.0)
+    assert m.start_time is None  # the fixture has vLLM's own families only
+    # Real vLLM 0.32 (docs/benchmarks/sim-vs-vllm/vllm.json): the process collector first.
+    page = "\n".join(
+        [
+            "# TYPE process_start_time_seconds gauge",
+            "process_start_time_seconds 1.79594500086e+09",
+            'vllm:request_prompt_tokens_count{engine="0",model_name="m"} 3.0',
+            'vllm:request_prompt_tokens_count{engine="1",model_name="m"} 2.0',
+            'vllm:request_prompt_tokens_sum{engine="0",model_name="m"} 300.0',
+            'vllm:request_prompt_tokens_sum{engine="1",model_name="m"} 20.0',
+            'vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 3.0',
+        ]
+    )
+    m = parse_vllm_metrics(page)
+    assert m.start_time == 1795945000.86
+    assert (m.finished_requests, m.finished_prompt_tokens) == (5.0, 320.0)  # engines summed
+
+
 def test_reads_lora_info():
     m = parse_vllm_metrics(fixture("vllm-0.33-metrics-lora.txt"))
     assert m.running_adapters == {"sql-lora", "chat-lora"}
@@ -61,6 +82,8 @@ def test_old_metric_names_are_accepted_and_new_ones_preferred():
         "garbage\x00\x01 not metrics",
         "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n",
         "<html>502 Bad Gateway</html>",
+        # Any Python exporter has it: alone, it is not a vLLM page.
+        "process_start_time_seconds 1.79594500086e+09\n",
     ],
 )
 def test_pages_without_vllm_series_are_an_error(page):

@@ -55,6 +55,7 @@ MODEL = "sim-llama-8b"
 FAST_PODS = ["--prefill-per-token-ms", "0.01", "--decode-per-token-ms", "0.2"]
 MARKER = "zebra-secret-prompt"
 TOPICS = ["tides", "glaciers", "comets"]
+CHECKED = 3 * len(TOPICS)  # turns 1, 2 (before the reset) and 3 (after) of each topic
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -127,31 +128,24 @@ def served(tmp_path_factory) -> Iterator[tuple[LocalStack, dict[str, str]]]:
             assert http(f"{pod.base_url}/reset_prefix_cache", b"{}")[0] == 200
         for topic in TOPICS:
             assert turn(stack, topic, 3) == 200
-        try:
-            wait_for(
-                lambda: sample(page_of(stack), "epp_stale_cache_routing_total") >= len(TOPICS),
-                what="the stale decisions to be checked",
-            )
-        except AssertionError:
-            # Seen in full-suite runs only (alone it passes): the stale test below says so
-            # and skips visibly, the other checks of this module still run.
-            ids["stale-timeout"] = page_of(stack)
+        # Every decision with a predicted hit is checked once its request is over (on the
+        # second page after): wait for all of them, then the test below asserts which.
+        wait_for(
+            lambda: sample(page_of(stack), "epp_stale_cache_checked_total") >= CHECKED,
+            what="the decisions with a predicted hit to be checked",
+        )
         yield stack, ids
 
 
 def test_stale_cache_routing_counts_the_decisions_the_reset_made_stale(served):
-    stack, ids = served
-    if "stale-timeout" in ids:
-        page = ids["stale-timeout"]
-        pytest.skip(
-            "KNOWN FLAKE (open): the stale decisions were not counted within 30 s in this run "
-            f"(checked {sample(page, 'epp_stale_cache_checked_total'):.0f}, stale "
-            f"{sample(page, 'epp_stale_cache_routing_total'):.0f}); seen only in full-suite runs"
-        )
+    """The pods count their prompts in more tokens than the EPP's byte estimate (~1.3x
+    here), so a hit brings more hits than the EPP predicted: those must not cover the
+    decisions the reset made stale (observability/stale.py converts them)."""
+    stack, _ = served
     page = page_of(stack)
     # 3 conversations x 3 turns with a predicted hit (all but the first turn), none stale;
     # then one turn each after the reset, all stale.
-    assert sample(page, "epp_stale_cache_checked_total") == 3 * len(TOPICS)
+    assert sample(page, "epp_stale_cache_checked_total") == CHECKED
     assert sample(page, "epp_stale_cache_routing_total") == len(TOPICS)
 
 

@@ -26,9 +26,18 @@ VLLM_METRICS: dict[str, str] = {
     "vllm:gpu_prefix_cache_hits_total": "prefix_hits_old",
     "vllm:num_preemptions_total": "preemptions",
     "vllm:generation_tokens_total": "generation_tokens",
+    # The requests the pod finished and their prompt tokens (the histogram's count and
+    # sum, observed at a request's end): the pod's own token count, which the stale check
+    # compares with the EPP's (observability/stale.py).
+    "vllm:request_prompt_tokens_count": "finished_requests",
+    "vllm:request_prompt_tokens_sum": "finished_prompt_tokens",
 }
 LORA_INFO = "vllm:lora_requests_info"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# prometheus_client's process collector (vLLM's API server has it): the unix time the
+# process started. A new value is a restarted server even if its counters have grown past
+# the old ones. Not a vLLM series: alone it does not make a page a vLLM page.
+START_TIME = "process_start_time_seconds"
 
 
 @dataclass(slots=True)
@@ -46,6 +55,9 @@ class PodMetrics:
     max_loras: int | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    finished_requests: float | None = None  # None: the page has no such histogram
+    finished_prompt_tokens: float | None = None
+    start_time: float | None = None  # process_start_time_seconds, None: not on the page
 
 
 class MetricsFormatError(ValueError):
@@ -76,7 +88,7 @@ def _names(value: str) -> frozenset[str]:
     return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
-_WANTED = (*VLLM_METRICS, LORA_INFO, CACHE_CONFIG_INFO)
+_WANTED = (*VLLM_METRICS, LORA_INFO, CACHE_CONFIG_INFO, START_TIME)
 
 
 def _series(page: str) -> Iterator[tuple[str, str, str]]:
@@ -121,6 +133,8 @@ def parse_vllm_metrics(page: str) -> PodMetrics:
             sums[target] = sums.get(target, 0.0) + value
             if result.model is None and labels.get("model_name"):
                 result.model = labels["model_name"]
+        elif name == START_TIME:
+            result.start_time = value
         elif name == LORA_INFO:
             # Old label sets are never removed; the newest (largest timestamp) is current.
             if value > lora_stamp:
@@ -155,6 +169,8 @@ def parse_vllm_metrics(page: str) -> PodMetrics:
     result.prefix_hits = sums.get("prefix_hits", 0.0)
     result.preemptions = sums.get("preemptions", 0.0)
     result.generation_tokens = sums.get("generation_tokens", 0.0)
+    result.finished_requests = sums.get("finished_requests")
+    result.finished_prompt_tokens = sums.get("finished_prompt_tokens")
     return result
 
 

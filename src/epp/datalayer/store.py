@@ -153,8 +153,10 @@ class EndpointStore:
         released = self._reconcile(endpoint, metrics, now)
         endpoint.refresh()
         self._set_health(endpoint, now)
-        # Counters going backwards mean the engine restarted: its cache is gone.
-        if previous is not None and metrics.prefix_queries < previous.prefix_queries:
+        # The engine restarted, so its cache is gone: its counters went backwards, or the
+        # server's start time changed (even if the new process's counters have already
+        # passed the old ones between two pages).
+        if previous is not None and restarted(previous, metrics):
             self._emit("reset", endpoint)
         self._emit("updated", endpoint)
         if released:
@@ -314,3 +316,12 @@ class EndpointStore:
         endpoint.error_rate = current + self._config.error_rate_alpha * (failed - current)
         endpoint.error_at = now
         self._set_health(endpoint, now)
+
+
+def restarted(previous: PodMetrics, metrics: PodMetrics) -> bool:
+    """Whether two consecutive pages of a pod come from different server processes."""
+    if metrics.prefix_queries < previous.prefix_queries:
+        return True
+    before, now = previous.start_time, metrics.start_time
+    # A page without the series (a proxy, an old exporter) says nothing either way.
+    return before is not None and now is not None and now != before

@@ -255,7 +255,8 @@ class EppMetrics:
 
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         """An endpoint store event (the router forwards them): count failed scrapes, check
-        predicted cache hits against a new page, forget a removed pod."""
+        predicted cache hits against a new page, start a restarted pod's check afresh,
+        forget a removed pod."""
         if event == "updated":
             if endpoint.consecutive_failures:
                 # The store emits one `updated` per failed scrape, with the count raised.
@@ -265,6 +266,8 @@ class EppMetrics:
                 self.stale.scraped(endpoint)
             if trace_enabled():  # every page of every pod: TRACE only
                 _trace_report(endpoint)
+        elif event == "reset":
+            self.stale.restarted(endpoint)  # the pod's server restarted (the store saw it)
         elif event == "removed":
             self.stale.removed(endpoint)
 
