@@ -232,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="topic frame; None: kv@<host>:<port>@<model>",
     )
     kv.add_argument(
+        "--kv-events-first-seq",
+        type=int,
+        default=0,
+        help="the first batch's sequence number (vLLM: 0); later: a publisher whose "
+        "numbering survives a restart (tests)",
+    )
+    kv.add_argument(
         "--kv-replay-buffer",
         type=int,
         default=DEFAULT_REPLAY_BUFFER,
@@ -314,6 +321,7 @@ def config_from_args(args: argparse.Namespace) -> SimPodConfig:
             host=args.host,
             topic=args.kv_events_topic,
             replay_buffer=args.kv_replay_buffer,
+            first_seq=args.kv_events_first_seq,
         )
     elif args.kv_replay_port is not None:
         raise ValueError("--kv-replay-port needs --kv-events-port")

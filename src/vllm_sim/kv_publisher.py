@@ -51,6 +51,10 @@ class KvEventsConfig:
     topic: str | None = None  # None: kv@<host>:<http port>@<model>, set when serving
     replay_buffer: int = DEFAULT_REPLAY_BUFFER
     data_parallel_rank: int | None = 0
+    # The first batch's sequence number. vLLM starts at 0; a later one stands for a
+    # publisher whose numbering survives its restart (tests: a restart that the
+    # sequence numbers do not reveal, only the pod's start time).
+    first_seq: int = 0
 
     def __post_init__(self) -> None:
         for name in ("port", "replay_port"):
@@ -59,6 +63,8 @@ class KvEventsConfig:
                 raise ValueError(f"{name} must be a TCP port (0 for any free one)")
         if self.replay_buffer < 1:
             raise ValueError("replay_buffer must be at least 1")
+        if not 0 <= self.first_seq < 2**63:
+            raise ValueError("first_seq must be a sequence number (0 <= seq < 2**63)")
 
 
 def default_topic(host: str, http_port: int, model: str) -> str:
@@ -78,7 +84,7 @@ class KvEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.replay_buffer)
         self._outbox: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._next_seq = 0
+        self._next_seq = config.first_seq
         self.pub_port: int | None = None
         self.replay_port: int | None = None
 

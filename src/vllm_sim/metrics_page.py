@@ -11,12 +11,19 @@ tuned on real pages parses this one unchanged.
 
 Rendering is a pure function of engine state, latency histograms and the LoRA info
 series, which keeps it usable from the HTTP server and from a virtual-time benchmark.
+
+The HTTP server also passes its process's start time, which a real vLLM's page carries
+first (prometheus_client's process collector: `process_start_time_seconds`, the unix time
+the process started); a router tells a restarted server by it. The fixtures are vLLM's
+`vllm:` families only, so a page rendered without it compares with them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+
+from prometheus_client.process_collector import ProcessCollector
 
 from vllm_sim.engine import EngineConfig, FinishReason, SimEngine
 from vllm_sim.latency import Histogram, LatencyStats
@@ -58,6 +65,15 @@ class LoraInfoSeries:
             )
             for (running, waiting), seen in self._last_seen.items()
         ]
+
+
+def process_start_time() -> float | None:
+    """This process's start time (unix seconds) as vLLM's page reports its own: from
+    prometheus_client's process collector (/proc; None where there is no /proc)."""
+    for family in ProcessCollector(registry=None).collect():
+        if family.name == "process_start_time_seconds" and family.samples:
+            return float(family.samples[0].value)
+    return None
 
 
 def format_value(value: float) -> str:
@@ -201,6 +217,7 @@ def render_metrics_page(
     latency: LatencyStats,
     lora_info: LoraInfoSeries | None = None,
     now: float | None = None,
+    process_start_unix: float | None = None,
 ) -> str:
     """The whole /metrics page for one engine (`engine="0"`) serving `model_name`.
 
@@ -221,6 +238,13 @@ def render_metrics_page(
     tokens = engine.request_stats
     config = engine.config
     page = _Page(created_unix)
+    if process_start_unix is not None:
+        page.header(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+        )
+        page.lines.append(f"process_start_time_seconds {format_value(process_start_unix)}")
     page.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",

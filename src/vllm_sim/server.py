@@ -83,7 +83,12 @@ from vllm_sim.failures import (
 from vllm_sim.kv_publisher import KvEventPublisher, KvEventsConfig, default_topic
 from vllm_sim.latency import LatencyStats, RequestTimeline
 from vllm_sim.lora_admin import LoraAdmin
-from vllm_sim.metrics_page import CONTENT_TYPE, LoraInfoSeries, render_metrics_page
+from vllm_sim.metrics_page import (
+    CONTENT_TYPE,
+    LoraInfoSeries,
+    process_start_time,
+    render_metrics_page,
+)
 from vllm_sim.openai_errors import ApiError, error_type
 from vllm_sim.openai_request import (
     Endpoint,
@@ -206,6 +211,8 @@ class SimPod:
                 self.tokenizer.encode(filler_token(i))[0] for i in range(len(FILLER_WORDS))
             )
         self.created_unix = time.time()
+        # On the page as vLLM's: a restarted process has a new one (a router's signal).
+        self.process_start_unix = process_start_time()
         self._clock_origin = time.monotonic()
         # Handlers of queued requests, woken when the engine starts their request.
         self._start_waiters: dict[str, asyncio.Future[StartedRequest]] = {}
@@ -532,6 +539,7 @@ class SimPod:
             latency=self.latency,
             lora_info=self.lora_info,
             now=self.engine_now(),
+            process_start_unix=self.process_start_unix,
         )
         return web.Response(body=page.encode(), headers={"Content-Type": CONTENT_TYPE})
 

@@ -217,6 +217,36 @@ async def test_a_reset_drops_entries_and_resyncs_and_removal_leaves_nothing(
         await rig.mode.close()
 
 
+async def test_a_new_start_time_on_a_page_is_one_restart_even_with_counters_higher(
+    pods: list[RunningPod],
+):
+    """The store's pages feed the pod's `process_start_time_seconds` to its subscriber:
+    a new one drops the entries and resyncs, once (the store's `reset` and the `updated`
+    after it carry the same page), and pages with the same one change nothing."""
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
+        pod0 = rig.store.get("pod-0")
+        assert pod0 is not None
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=500, start_time=1.0))
+        await until(lambda: rig.attached("pod-0"))
+        await serve(pods[0], ids_of(1))
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)
+        sub = rig.mode.subscriber("pod-0")
+        assert sub is not None
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=600, start_time=1.0))
+        assert sub.state.restarts == 0 and rig.holds("pod-0", ids_of(1)) == 10
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=900, start_time=2.0))
+        assert sub.state.restarts == 1
+        assert rig.holds("pod-0", ids_of(1)) == 0  # dropped at once...
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)  # ...and replayed
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=950, start_time=2.0))
+        assert sub.state.restarts == 1
+    finally:
+        await rig.mode.close()
+
+
 async def test_approximate_pods_get_no_subscriber_and_a_silent_publisher_stays_approximate(
     pods: list[RunningPod],
 ):

@@ -262,3 +262,32 @@ def test_completions_never_heard_of_do_not_keep_a_pod_busy_while_its_page_is_fre
     store.scraped(a, PodMetrics(running=1))  # the page shows one request on the pod
     assert a.in_flight == 6  # too recent to reconcile
     assert a.concurrency == 1 and a.queue_depth == 0
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "reset"),
+    [
+        (
+            {"prefix_queries": 500.0, "start_time": 1.0},
+            {"prefix_queries": 900.0, "start_time": 1.0},
+            False,
+        ),
+        ({"prefix_queries": 500.0, "start_time": 1.0}, {"prefix_queries": 100.0}, True),
+        # A new server whose counters already passed the old ones: its start time tells.
+        (
+            {"prefix_queries": 500.0, "start_time": 1.0},
+            {"prefix_queries": 900.0, "start_time": 2.0},
+            True,
+        ),
+        ({"prefix_queries": 500.0, "start_time": 1.0}, {"prefix_queries": 900.0}, False),
+        ({"prefix_queries": 500.0}, {"prefix_queries": 900.0, "start_time": 2.0}, False),
+    ],
+)
+def test_a_restart_is_counters_going_back_or_a_new_start_time(before, after, reset):
+    store, _, events = make_store()
+    endpoint = store.get("a")
+    assert endpoint is not None
+    store.scraped(endpoint, PodMetrics(model="m", **before))
+    events.clear()
+    store.scraped(endpoint, PodMetrics(model="m", **after))
+    assert (("reset", "a") in events) is reset

@@ -197,6 +197,23 @@ async def test_replay_buffer_keeps_only_the_newest_batches(
         await publisher.close()
 
 
+async def test_the_first_sequence_number_can_continue_an_earlier_publishers(
+    zmq_context: zmq.asyncio.Context,
+) -> None:
+    publisher = KvEventPublisher(KvEventsConfig(port=0, replay_port=0, first_seq=7), "t")
+    await publisher.start()
+    try:
+        assert publisher.replay_port is not None
+        for _ in range(2):
+            publisher.publish([AllBlocksCleared()], ts=1.0)
+        frames = await replay(zmq_context, publisher.replay_port, 0)
+        assert [decode_seq(seq) for seq, _ in frames[:-1]] == [7, 8]
+    finally:
+        await publisher.close()
+    with pytest.raises(ValueError, match="first_seq"):
+        KvEventsConfig(port=0, first_seq=-1)
+
+
 async def test_a_malformed_replay_request_is_ignored(zmq_context: zmq.asyncio.Context) -> None:
     publisher = KvEventPublisher(KvEventsConfig(port=0, replay_port=0), "t")
     await publisher.start()

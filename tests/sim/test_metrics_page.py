@@ -389,3 +389,20 @@ def test_finish_reasons_are_all_listed() -> None:
     page = render(SimEngine())
     for reason in FinishReason:
         assert f'finished_reason="{reason.value}"' in page
+
+
+def test_the_process_start_time_comes_first_as_on_vllms_page() -> None:
+    latency = LatencyStats()
+    page = render_metrics_page(
+        busy_engine(), model_name="m", created_unix=CREATED, latency=latency,
+        process_start_unix=1795945000.86,
+    )  # fmt: skip
+    assert page.splitlines()[:3] == [
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+        "# TYPE process_start_time_seconds gauge",
+        "process_start_time_seconds 1.79594500086e+09",  # vLLM 0.32's page prints this
+    ]
+    family = next(
+        f for f in text_string_to_metric_families(page) if f.name == "process_start_time_seconds"
+    )
+    assert family.samples[0].value == 1795945000.86

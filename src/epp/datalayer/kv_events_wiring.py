@@ -12,8 +12,12 @@ reader of the store's events:
   the first metrics page: it starts on the first update that has it). A change of model,
   endpoints, topic or mode closes the old subscriber and starts a new one; a pod that
   became `approximate` loses its subscriber (and its precise entries).
-- `reset` (the pod's counters went back: its engine restarted): `restarted`, so its
-  entries go now and are rebuilt from a full resync.
+- `reset` (the store saw the pod's server restart: its counters went back, or its
+  `process_start_time_seconds` changed): `restarted`, so its entries go now and are
+  rebuilt from a full resync, even when the publisher's sequence numbers never went
+  back and its connection never dropped (a forwarder in between).
+- every page's start time also goes to the subscriber (`observe_start_time`), which
+  remembers it: a subscriber made after a page compares the next one with it.
 - `removed`: the subscriber is closed and the pod forgotten (`PreciseIndex.remove_pod`):
   no entry stays.
 
@@ -165,10 +169,22 @@ class PreciseMode:
                 names.discard(name)
         elif event == "reset":
             follow = self._follows.get(name)
-            if follow is not None:
+            if follow is not None and not self._observe_start(follow, endpoint):
                 follow.sub.restarted("counters_reset")
         elif event in ("added", "updated"):
             self._follow(endpoint)
+            follow = self._follows.get(name)
+            if follow is not None:
+                self._observe_start(follow, endpoint)
+
+    @staticmethod
+    def _observe_start(follow: _Follow, endpoint: Endpoint) -> bool:
+        """Give the subscriber the page's start time; whether it saw a restart in it (the
+        store's `reset` and the `updated` after it carry the same page: one restart)."""
+        metrics = endpoint.metrics
+        if metrics is None or metrics.start_time is None:
+            return False
+        return follow.sub.observe_start_time(metrics.start_time)
 
     def _follow(self, endpoint: Endpoint) -> None:
         name, model = endpoint.name, endpoint.model

@@ -19,8 +19,9 @@ A `KvEventSubscriber` per followed pod:
   seq 0: whatever the pod's buffer holds). A disconnect drops the entries at once: the
   publisher's process may be gone with its cache.
 - **Publisher restart**: the sequence going back, a restart seen elsewhere (`restarted()`:
-  the store saw the pod's counters go back) or a new start time (`observe_start_time`)
-  drops the pod's entries and resyncs, even without a replay socket.
+  the store saw the pod's counters go back) or a new start time (`observe_start_time`:
+  the pod's `process_start_time_seconds`, fed from every page by the wiring) drops the
+  pod's entries and resyncs, even without a replay socket.
 - **Idle probe**: with a replay socket, after `probe_interval_s` without messages the
   subscriber asks for the batches after the last one it applied; a lost last batch is
   found this way instead of at the next message.
@@ -210,12 +211,15 @@ class KvEventSubscriber:
         self.state.next_seq = None
         self._resync_reason = reason
 
-    def observe_start_time(self, start_time: float) -> None:
-        """The pod's process or engine start time, from its metrics: a change is a
-        restart, even if the sequence numbers never went back."""
-        if self._start_time is not None and start_time != self._start_time:
-            self.restarted("start_time_changed")
+    def observe_start_time(self, start_time: float) -> bool:
+        """The pod's server start time, from its metrics page
+        (`process_start_time_seconds`): a change is a restart, even if the sequence
+        numbers never went back. Returns whether it was one."""
+        changed = self._start_time is not None and start_time != self._start_time
         self._start_time = start_time
+        if changed:
+            self.restarted("start_time_changed")
+        return changed
 
     # -- the loop ---------------------------------------------------------------------------
 
