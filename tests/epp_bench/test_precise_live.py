@@ -285,8 +285,11 @@ def test_page_is_regenerated_between_its_markers_only(tmp_path: Path) -> None:
         json.dumps({"command": "epp bench live --name churn", "code": {"commit": "ab" * 20},
                     "wall_s": 100.0})
     )  # fmt: skip
+    save_results(_campaign()[:3], data / "multi-turn-runs.json", outcomes=False)
     generated = render(data)
-    assert generated.startswith("### churn") and "epp bench live --name churn" in generated
+    # The campaign's own scenarios first, titled; others after, under their names.
+    assert generated.startswith("### Multi-turn chat, KV for every prefix (`multi-turn`)")
+    assert "\n### churn\n" in generated and "epp bench live --name churn" in generated
     assert "abababababab" in generated and "epp_approx / envoy_round_robin" in generated
     page = tmp_path / "page.md"
     page.write_text(f"# Title\n\nwhat we saw\n\n{BEGIN}\nold\n{END}\n\nmore text\n")

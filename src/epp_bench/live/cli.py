@@ -235,14 +235,21 @@ def _reproduce_command(args: argparse.Namespace, settings: LiveSettings, commit:
 def _write_outputs(pooled: list[RunResult], out: Path, stem: str) -> list[Path]:
     """Summaries JSON (small: committed) and the plots, from the pooled results."""
     written = [report.save_results(pooled, out / f"{stem}.json", outcomes=False)]
-    for label in sorted({r.workload for r in pooled}):
+    labels = sorted({r.workload for r in pooled})
+    for label in labels:
         runs = [r for r in pooled if r.workload == label]
-        stem = label.replace(" (inference-perf)", "-inference-perf").replace(" ", "-")
+        # One workload: the plots take the files' stem (--name: two scenarios of one
+        # workload must not overwrite each other's plots).
+        plot = (
+            stem
+            if len(labels) == 1
+            else label.replace(" (inference-perf)", "-inference-perf").replace(" ", "-")
+        )
         if len({r.rate for r in runs}) > 1:
-            written.append(report.plot_vs_rate(runs, out / f"{stem}-vs-rate.png"))
+            written.append(report.plot_vs_rate(runs, out / f"{plot}-vs-rate.png"))
         for rate in sorted({r.rate for r in runs if r.rate is not None}):
             at_rate = [r for r in runs if r.rate == rate]
-            written.append(report.plot_ttft_cdf(at_rate, out / f"{stem}-ttft-cdf-{rate:g}.png"))
+            written.append(report.plot_ttft_cdf(at_rate, out / f"{plot}-ttft-cdf-{rate:g}.png"))
     return written
 
 
