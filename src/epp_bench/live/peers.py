@@ -67,6 +67,7 @@ class PeerStack(LocalStack):
         sim_args: Sequence[str] = (),
         work_dir: str | Path | None = None,
         startup_timeout_s: float = 30.0,
+        kv_events: bool = False,
     ) -> None:
         # The mode is irrelevant: `start` below never starts the EPP nor Envoy.
         super().__init__(
@@ -75,6 +76,7 @@ class PeerStack(LocalStack):
             sim_args=sim_args,
             work_dir=work_dir,
             startup_timeout_s=startup_timeout_s,
+            kv_events=kv_events,
         )
         self.spec = spec
         self.bench = bench

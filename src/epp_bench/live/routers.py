@@ -170,7 +170,7 @@ def running_router(
     every router of a comparison runs the same pods."""
     if spec.peer is not None:
         with PeerStack(
-            spec.peer, bench, pods=pods, sim_args=sim_args, work_dir=work_dir
+            spec.peer, bench, pods=pods, sim_args=sim_args, work_dir=work_dir, kv_events=kv_events
         ) as peer_stack:
             yield RunningRouter(
                 name=spec.name,
