@@ -3,8 +3,8 @@
 # docs/benchmarks/precise-live/: precise mode (epp_precise) against approximate mode
 # (epp_approx) and Envoy's round robin, LIVE: real Envoy, real `epp serve`, 4 simulated
 # pods publishing KV events over real ZMQ on ports of their own, our open-loop client.
-# Interleaved: A B C, C B A, A B C per scenario (REPEATS, default 3). About 25 minutes
-# on 2 cores.
+# Interleaved: A B C, C B A, A B C per scenario (REPEATS, default 3). About 27 minutes
+# on 2 cores (20 without churn-light).
 #
 #   tools/bench/precise_live.sh                          # every scenario, at HEAD
 #   CODE=<commit> SCENARIOS="standard churn" tools/bench/precise_live.sh
