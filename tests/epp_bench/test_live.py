@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from live_bench_fixtures import BENCH, FAST_SIM
 
 from epp.tokenize import ChatMessage
 from epp_bench.live import cpu as live_cpu
-from epp_bench.live.bench_dir import BenchDir, default_bench_dir
+from epp_bench.live.bench_dir import BenchDir
 from epp_bench.live.client import DEADLINE_ERROR, ClientLimits, run_open_loop
 from epp_bench.live.frozen_code import children_import, choose_code
 from epp_bench.live.inference_perf import (
@@ -44,14 +45,6 @@ from epp_bench.reports.live import (
 from epp_bench.workloads.catalog import multi_turn
 from epp_bench.workloads.types import BenchRequest, RequestOutcome, RunResult, Workload
 from epp_harness.stack import LocalStack
-
-BENCH = BenchDir(default_bench_dir())
-FAST_SIM = (
-    "--prefill-overhead-ms", "1",
-    "--prefill-per-token-ms", "0.01",
-    "--decode-per-token-ms", "1",
-)  # fmt: skip
-
 
 # -- CPU accounting -------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from live_bench_fixtures import BENCH, FAST_SIM
 
 from epp.request import parse_request
 from epp.tokenization import load_tokenizer_dir
-from epp_bench.live.bench_dir import BenchDir, default_bench_dir
 from epp_bench.live.cli import _reproduce_command, build_parser, router_order
 from epp_bench.live.decisions import (
     LoggedDecision,
@@ -42,14 +42,6 @@ from epp_bench.workloads.catalog import SharedPrefixShape, multi_turn, shared_pr
 from epp_bench.workloads.types import RequestOutcome, RunResult
 from vllm_sim.engine import EngineConfig
 from vllm_sim.server import SimPodConfig, start_pod
-
-BENCH = BenchDir(default_bench_dir())
-FAST_SIM = (
-    "--prefill-overhead-ms", "1",
-    "--prefill-per-token-ms", "0.01",
-    "--decode-per-token-ms", "1",
-)  # fmt: skip
-
 
 # -- router variants --------------------------------------------------------------------
 
