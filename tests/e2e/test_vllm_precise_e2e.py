@@ -49,6 +49,7 @@ from epp.envoy_config import render
 from epp_harness.stack import HOST, free_ports
 
 BLOCK = 32  # the CPU attention backend takes multiples of 32 only
+OUR_BLOCK = 16  # the EPP's prefix.block_size (its default)
 # 31 usable blocks (vLLM keeps one as its null block): ~990 tokens per engine, so that
 # the workload below (~90 distinct blocks over two engines) evicts.
 NUM_BLOCKS = 32
@@ -114,6 +115,7 @@ class Served:
     computed: list[int]  # what the engine computed, so could cache: prompt + output[:-1]
     cached: int  # usage.prompt_tokens_details.cached_tokens
     request_id: str | None
+    text: str  # the answer (chat: the message's content)
 
 
 class NotServed(AssertionError):
@@ -151,9 +153,10 @@ class Stack:
         prompt = data.get("prompt_token_ids") or choice["prompt_token_ids"]
         output = choice["token_ids"]
         details = data["usage"].get("prompt_tokens_details") or {}
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
         served = Served(
             pod, prompt, prompt + output[:-1], details.get("cached_tokens") or 0,
-            lower.get("x-epp-request-id"),
+            lower.get("x-epp-request-id"), text or "",
         )  # fmt: skip
         self.history.append(served)
         if sync:
@@ -212,16 +215,19 @@ class Stack:
     def hits(self, pod: str) -> float:
         return self.engine(pod).metric("vllm:prefix_cache_hits_total")
 
-    def routed_pod(self, request_id: str | None) -> str | None:
-        """The pod the EPP's `request_routed` log line names for this request."""
+    def routed(self, request_id: str | None) -> dict:
+        """The EPP's `request_routed` log line for this request ({} if none)."""
         for line in (self.rig.work / "epp.log").read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
                 if record.get("event") == "request_routed" and record.get("request_id") == (
                     request_id
                 ):
-                    return record.get("pod")
-        return None
+                    return record
+        return {}
+
+    def routed_pod(self, request_id: str | None) -> str | None:
+        return self.routed(request_id).get("pod")
 
 
 def answered(s: Stack, request: tuple[str, dict]) -> bool:
@@ -439,9 +445,16 @@ def route_and_check(s: Stack, request: tuple[str, dict], expect: str) -> Served:
     prompt_hashes = s.hasher.hashes(x.prompt)[: (len(x.prompt) - 1) // BLOCK]
     predicted = {pod: held_depth(prompt_hashes, views[pod]) * BLOCK for pod in PODS}
     assert x.pod == expect, f"routed to {x.pod}, expected {expect}; predicted hits {predicted}"
-    assert s.routed_pod(x.request_id) == x.pod
     assert predicted[expect] > max(v for p, v in predicted.items() if p != expect), predicted
     assert x.cached == predicted[expect], f"{expect} hit {x.cached}, the index said {predicted}"
+    # The EPP's own decision: the real tokenizer counted the engine's tokens, and its match
+    # (cache factor x its blocks) was that hit, within what an engine can reuse.
+    decision = s.routed(x.request_id)
+    assert decision.get("pod") == x.pod, decision
+    assert decision["input_tokens"] == len(x.prompt), (decision, len(x.prompt))
+    ours = len(x.prompt) // OUR_BLOCK
+    epp_hit = round(decision["cache_match"] * ours) * OUR_BLOCK
+    assert min(epp_hit, len(prompt_hashes) * BLOCK) == x.cached, (decision, x.cached)
     return x
 
 
@@ -449,6 +462,8 @@ def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(st
     s = stack
     with logs_on_failure(s):
         hits_before = {pod: s.hits(pod) for pod in PODS}
+        stale_before = s.rig.epp_metric("epp_stale_cache_routing_total")
+        checked_before = s.rig.epp_metric("epp_stale_cache_checked_total")
         served: list[Served] = []
         # Each engine is given prefixes directly: the EPP never routed them, only the
         # engine's events can tell it.
@@ -460,6 +475,15 @@ def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(st
             for i, pod in enumerate(PODS):
                 for kind in ("chat", "completion"):
                     routed.append(route_and_check(s, secret(i, kind, turn), pod))
+        # A second turn of the conversations each engine was given: the history as the
+        # client sends it back (the answer as text, which the engine tokenizes anew).
+        for first in served[0::2]:
+            path, body = secret(PODS.index(first.pod), "chat", 0)
+            body["messages"] += [
+                {"role": "assistant", "content": first.text},
+                {"role": "user", "content": words(9400 + PODS.index(first.pod), 25)},
+            ]
+            routed.append(route_and_check(s, (path, body), first.pod))
         served += routed
         # The engines' own counters rose by exactly the hits they reported, and those
         # were the hits the index predicted (checked per request above).
@@ -471,6 +495,18 @@ def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(st
             timeout=10,
             what="vllm:prefix_cache_hits_total to rise by the predicted hits",
         )
+
+        # The EPP's own stale-routing check (precise pods: from the events) saw every
+        # routed decision, and none stale: each got exactly the predicted hits.
+        def stale_counts() -> tuple[float, float]:
+            return (
+                s.rig.epp_metric("epp_stale_cache_checked_total") - checked_before,
+                s.rig.epp_metric("epp_stale_cache_routing_total") - stale_before,
+            )
+
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: stale_counts()[0] >= len(routed), timeout=15, what="checks")
+        assert stale_counts() == (len(routed), 0), f"(checked, stale) of {len(routed)} routed"
         s.numbers["routing"] = {
             "routed": len(routed),
             "predicted_hit_tokens": sum(x.cached for x in routed),
