@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 
 from epp.config import EppConfig
@@ -64,3 +66,13 @@ def router_with(
     router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
     connect(store, index, router, cfg)
     return router, store, index, metrics
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Wait, yielding to the event loop, until `condition()` holds (AssertionError after
+    `timeout` seconds): for what real sockets deliver in their own time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or 'a condition'}")
+        await asyncio.sleep(0.02)
