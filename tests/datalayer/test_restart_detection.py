@@ -28,12 +28,13 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import zmq
+from helpers import until
 
 from epp.app import index_listener
 from epp.config import EndpointConfig, EppConfig, KvEventsConfig
@@ -47,14 +48,6 @@ from epp_harness.stack import HOST, free_ports
 pytestmark = pytest.mark.e2e
 MODEL = "m"
 FAST = ["--prefill-per-token-ms", "0.01", "--decode-per-token-ms", "0.2"]
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or 'a condition'}")
-        await asyncio.sleep(0.02)
 
 
 class Sim:
@@ -275,10 +268,10 @@ async def test_a_precise_pod_restarted_behind_a_forwarder_with_its_sequence_cont
         await epp.page()  # the model from the page: the pod is followed
         sub = epp.mode.subscriber("pod-0")
         assert sub is not None
-        await until(lambda: sub.state.connected and sub.state.attached, what="the subscriber")
+        await until(lambda: sub.state.connected and sub.state.attached, 20, "the subscriber")
         await sim.serve(ids_of(1))
         engine = await sim.engine_blocks()
-        await until(lambda: set(epp.index.engine_blocks("pod-0")) == engine, what="the events")
+        await until(lambda: set(epp.index.engine_blocks("pod-0")) == engine, 20, "the events")
         assert epp.holds(ids_of(1)) == 10
         next_seq = sub.state.next_seq
         assert next_seq is not None and next_seq > 0
@@ -300,7 +293,7 @@ async def test_a_precise_pod_restarted_behind_a_forwarder_with_its_sequence_cont
                 break
         assert sub.state.messages > seen, "no event came through the forwarder"
         await sim.serve(ids_of(2))
-        await until(lambda: epp.holds(ids_of(2)) == 10, what="the new server's events")
+        await until(lambda: epp.holds(ids_of(2)) == 10, 20, "the new server's events")
         assert epp.holds(ids_of(1)) == 0
         assert set(epp.index.engine_blocks("pod-0")) <= await sim.engine_blocks()
         # Neither the connection nor the sequence told: the forwarder kept the subscriber
