@@ -146,7 +146,7 @@ class EngineMap:
         buckets = self._buckets
         mask = self._mask
         added = 0
-        for engine_hash, key in zip(engine_hashes, keys, strict=True):
+        for engine_hash, key in zip(engine_hashes, keys, strict=False):
             try:
                 record = _pack_pair(engine_hash, key)
             except (struct.error, TypeError):
@@ -164,7 +164,8 @@ class EngineMap:
     def pop_many(self, engine_hashes: Iterable[int]) -> list[EngineKeys]:
         """`pop` of each: the keys of those that were held."""
         found: list[EngineKeys] = []
-        records = 0
+        append = found.append
+        aside = 0  # of those found, kept aside (not records)
         buckets = self._buckets
         mask = self._mask
         other = self._other
@@ -172,27 +173,26 @@ class EngineMap:
             try:
                 packed = _pack_hash(engine_hash)
             except (struct.error, TypeError):
-                keys = other.pop(engine_hash, None) if other else None
+                packed = b""
+            if packed:
+                slot = engine_hash & mask
+                buf = buckets[slot]
+                if buf:
+                    pos = buf.find(packed)
+                    if pos & 15:  # not a record's start (-1 included): look further
+                        pos = _find(buf, packed)
+                    if pos >= 0:
+                        append(_unpack_key(buf, pos + 8)[0])
+                        del buf[pos : pos + _RECORD]
+                        if not buf:
+                            buckets[slot] = None  # an empty bytearray still costs 57 B
+                        continue
+            if other:
+                keys = other.pop(engine_hash, None)
                 if keys is not None:
-                    found.append(keys)
-                continue
-            slot = engine_hash & mask
-            buf = buckets[slot]
-            if buf:
-                pos = buf.find(packed)
-                if pos > 0 and pos % _RECORD:
-                    pos = _find(buf, packed)
-                if pos >= 0:
-                    found.append(_unpack_key(buf, pos + 8)[0])
-                    del buf[pos : pos + _RECORD]
-                    if not buf:
-                        buckets[slot] = None
-                    records += 1
-                    continue
-            keys = other.pop(engine_hash, None) if other else None
-            if keys is not None:
-                found.append(keys)
-        self._records -= records
+                    append(keys)
+                    aside += 1
+        self._records -= len(found) - aside
         return found
 
     def pop_oldest(self, n: int) -> list[EngineKeys]:

@@ -536,20 +536,25 @@ class PrefixIndex:
         bit = slot.hold
         if keys and per_block == 1:  # the common case: one key per engine block
             # A block whose key the pod does not hold is new to it: no copy to look for.
-            new_hashes: list[int] = []
-            new_keys: list[BlockHash] = []
-            for engine_hash, key in zip(engine_hashes, keys, strict=False):
+            reported: list[int] = []  # positions of blocks whose key was reported already
+            for i, key in enumerate(keys):
                 mask = holders_of(key)
-                if mask is None or not mask & bit:
-                    holders[key] = bit if mask is None else mask | bit
-                elif pop_predicted(key, None) is None:  # reported already
-                    if not add(engine_hash, key):
-                        self._extra_copy(slot, engine_hash)  # the same block again
-                    continue
-                # New to the pod, or a prediction it confirms: no record of it yet.
-                new_hashes.append(engine_hash)
-                new_keys.append(key)
-            slot.engine.add_new(new_hashes, new_keys)
+                if mask is None:
+                    holders[key] = bit
+                elif not mask & bit:
+                    holders[key] = mask | bit
+                elif pop_predicted(key, None) is None:
+                    reported.append(i)
+                # else: a prediction this confirms, no record of it yet
+            if not reported:
+                slot.engine.add_new(engine_hashes, keys)
+            else:
+                skip = set(reported)
+                new = [i for i in range(len(keys)) if i not in skip]
+                slot.engine.add_new([engine_hashes[i] for i in new], [keys[i] for i in new])
+                for i in reported:
+                    if not add(engine_hashes[i], keys[i]):
+                        self._extra_copy(slot, engine_hashes[i])  # the same block again
         else:
             for i, engine_hash in enumerate(engine_hashes):
                 group = tuple(keys[i * per_block : (i + 1) * per_block])

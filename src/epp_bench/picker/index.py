@@ -138,6 +138,7 @@ class DictEngineMap(EngineMap):
 
     def __init__(self, capacity: int) -> None:
         self._table: dict[int, EngineKeys] = {}
+        self._churn = 0
 
     def __len__(self) -> int:
         return len(self._table)
@@ -164,8 +165,15 @@ class DictEngineMap(EngineMap):
 
     def pop_many(self, engine_hashes: Iterable[int]) -> list[EngineKeys]:
         pop = self._table.pop
-        found = [pop(engine_hash, None) for engine_hash in engine_hashes]
-        return [keys for keys in found if keys is not None]
+        found = [keys for h in engine_hashes if (keys := pop(h, None)) is not None]
+        # As the index did: a churned dict is copied into a right-sized table once as
+        # many entries went as it holds (CPython never shrinks one).
+        self._churn += len(found)
+        if self._churn > 4096 and self._churn * 2 > len(self._table):
+            if sys.getsizeof(self._table) > 64 * len(self._table) + 4096:
+                self._table = dict(self._table)
+            self._churn = 0
+        return found
 
     def pop_oldest(self, n: int) -> list[EngineKeys]:
         return [self._table.pop(h) for h in list(islice(self._table, n))]
@@ -464,9 +472,11 @@ def _positional(event: dict) -> list[object]:
     return [event["type"], *(event.get(name) for name in names)]
 
 
-def ingest(batches: int) -> list[Ingest]:
-    rows = []
+def ingest(batches: int, repeats: int = 3) -> list[Ingest]:
+    """Each stream `repeats` times, the streams taking turns (so that the machine's noise
+    falls on all of them alike); the fastest run of each."""
     default = "map events, int hashes (vLLM default), 16-token blocks"
+    streams = []
     for label, engine_block, hashes_as, layout, cls in (
         (default, 16, "int", "map", PrefixIndex),
         (f"{default}, before: dict engine map", 16, "int", "map", DictEnginePrefixIndex),
@@ -475,21 +485,31 @@ def ingest(batches: int) -> list[Ingest]:
         ("map events, 32-token engine blocks (2 keys each)", 32, "int", "map", PrefixIndex),
     ):
         payloads, blocks = _stream(batches, 16, engine_block, hashes_as, layout)
-        stats = KvEventStats()
-        decoder = KvEventDecoder(stats=stats)
-        precise = PreciseIndex(cls(CAPACITY * 2), BLOCK, stats)
-        precise.attach("pod", "m")
-        gc.collect()
-        start = time.process_time()
-        decoded = [decoder.decode(p) for p in payloads]
-        decode_s = time.process_time() - start
-        for batch in decoded:
-            assert batch is not None
-            precise.apply("pod", batch)
-        total = time.process_time() - start
-        assert stats.counts["invalid_event"] == 0, stats.counts
-        rows.append(Ingest(label, blocks, batches, total, decode_s))
-    return rows
+        streams.append((label, cls, payloads, blocks))
+    best: dict[str, Ingest] = {}
+    for _ in range(max(1, repeats)):
+        for label, cls, payloads, blocks in streams:
+            row = _ingest_once(label, cls, payloads, blocks)
+            if label not in best or row.seconds < best[label].seconds:
+                best[label] = row
+    return [best[label] for label, *_ in streams]
+
+
+def _ingest_once(label: str, cls: type[PrefixIndex], payloads: list[bytes], blocks: int) -> Ingest:
+    stats = KvEventStats()
+    decoder = KvEventDecoder(stats=stats)
+    precise = PreciseIndex(cls(CAPACITY * 2), BLOCK, stats)
+    precise.attach("pod", "m")
+    gc.collect()
+    start = time.process_time()
+    decoded = [decoder.decode(p) for p in payloads]
+    decode_s = time.process_time() - start
+    for batch in decoded:
+        assert batch is not None
+        precise.apply("pod", batch)
+    total = time.process_time() - start
+    assert stats.counts["invalid_event"] == 0, stats.counts
+    return Ingest(label, blocks, len(payloads), total, decode_s)
 
 
 # -- 4. event-loop pause -----------------------------------------------------------------------
@@ -695,7 +715,8 @@ def render(results: dict) -> str:
             "## Event ingest: decode + apply, one core (CPU time)",
             "",
             "A steady stream: each batch stores 16 engine blocks (half of them continuing an "
-            "earlier prompt) and, once 31,250 blocks are held, removes the 16 oldest.",
+            "earlier prompt) and, once 31,250 blocks are held, removes the 16 oldest. The "
+            "fastest of a few runs per stream, the streams taking turns.",
             "",
             _fmt(
                 [
@@ -831,6 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--blocks", type=int, default=CAPACITY, help="memory: blocks per pod")
     parser.add_argument("--no-legacy-memory", action="store_true", help="skip 'before' memory")
     parser.add_argument("--batches", type=int, default=20_000, help="ingest: batches")
+    parser.add_argument("--ingest-repeats", type=int, default=3, help="ingest: runs per stream")
     parser.add_argument("--pause-repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="write the markdown page here")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -856,7 +878,7 @@ def main(argv: list[str]) -> int:
             vars(r) for r in memory(args.pods, args.blocks, legacy=not args.no_legacy_memory)
         ]
     if "ingest" in parts:
-        results["ingest"] = [vars(r) for r in ingest(args.batches)]
+        results["ingest"] = [vars(r) for r in ingest(args.batches, args.ingest_repeats)]
     if "pause" in parts:
         results["pause"] = [vars(r) for r in pause(args.pause_repeats)]
     page = render(results)
