@@ -281,6 +281,12 @@ def test_completions_never_heard_of_do_not_keep_a_pod_busy_while_its_page_is_fre
         ),
         ({"prefix_queries": 500.0, "start_time": 1.0}, {"prefix_queries": 900.0}, False),
         ({"prefix_queries": 500.0}, {"prefix_queries": 900.0, "start_time": 2.0}, False),
+        # An older process on the same address (API servers sharing a port): not a restart.
+        (
+            {"prefix_queries": 500.0, "start_time": 2.0},
+            {"prefix_queries": 900.0, "start_time": 1.0},
+            False,
+        ),
     ],
 )
 def test_a_restart_is_counters_going_back_or_a_new_start_time(before, after, reset):
@@ -291,3 +297,13 @@ def test_a_restart_is_counters_going_back_or_a_new_start_time(before, after, res
     events.clear()
     store.scraped(endpoint, PodMetrics(model="m", **after))
     assert (("reset", "a") in events) is reset
+
+
+def test_the_latest_start_time_stays_so_pages_of_two_processes_are_one_restart():
+    store, _, events = make_store()
+    endpoint = store.get("a")
+    assert endpoint is not None
+    for start_time in (1.0, 2.0, 1.0, None, 2.0, 1.0, 3.0):
+        store.scraped(endpoint, PodMetrics(model="m", start_time=start_time))
+    assert events.count(("reset", "a")) == 2  # 1 -> 2, then 3
+    assert endpoint.metrics is not None and endpoint.metrics.start_time == 3.0

@@ -57,7 +57,8 @@ class PodMetrics:
     num_gpu_blocks: int | None = None
     finished_requests: float | None = None  # None: the page has no such histogram
     finished_prompt_tokens: float | None = None
-    start_time: float | None = None  # process_start_time_seconds, None: not on the page
+    # process_start_time_seconds (None: not on the page); the store keeps the latest seen.
+    start_time: float | None = None
 
 
 class MetricsFormatError(ValueError):

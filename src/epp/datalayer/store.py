@@ -319,9 +319,14 @@ class EndpointStore:
 
 
 def restarted(previous: PodMetrics, metrics: PodMetrics) -> bool:
-    """Whether two consecutive pages of a pod come from different server processes."""
+    """Whether two consecutive pages of a pod come from different server processes: its
+    counters went back, or it started later than any start time seen before. The page
+    keeps that latest start time (`metrics.start_time` is updated), so that a page without
+    the series, or one from an older process answering on the same address (several API
+    server processes behind one port), is not a restart, nor is the page after it."""
+    before, now = previous.start_time, metrics.start_time
+    if before is not None and (now is None or now < before):
+        metrics.start_time = before
     if metrics.prefix_queries < previous.prefix_queries:
         return True
-    before, now = previous.start_time, metrics.start_time
-    # A page without the series (a proxy, an old exporter) says nothing either way.
-    return before is not None and now is not None and now != before
+    return before is not None and now is not None and now > before
