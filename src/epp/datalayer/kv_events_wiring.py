@@ -13,9 +13,9 @@ reader of the store's events:
   endpoints, topic or mode closes the old subscriber and starts a new one; a pod that
   became `approximate` loses its subscriber (and its precise entries).
 - `reset` (the store saw the pod's server restart: its counters went back, or its
-  `process_start_time_seconds` changed): `restarted`, so its entries go now and are
-  rebuilt from a full resync, even when the publisher's sequence numbers never went
-  back and its connection never dropped (a forwarder in between).
+  `process_start_time_seconds` is later than any seen): `restarted`, so its entries go
+  now and are rebuilt from a full resync, even when the publisher's sequence numbers
+  never went back and its connection never dropped (a forwarder in between).
 - every page's start time also goes to the subscriber (`observe_start_time`), which
   remembers it: a subscriber made after a page compares the next one with it.
 - `removed`: the subscriber is closed and the pod forgotten (`PreciseIndex.remove_pod`):
