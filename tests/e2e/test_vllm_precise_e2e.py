@@ -141,6 +141,7 @@ class Stack:
         EPP's index holds every block the engine computed for it (the events trail the
         response; nothing else runs that could evict them)."""
         path, body = request
+        direct = pod
         base = self.rig.envoy_url if pod is None else self.engine(pod).base
         status, headers, raw = http(base + path, body, timeout=180)
         if status != 200:
@@ -159,6 +160,11 @@ class Stack:
             lower.get("x-epp-request-id"), text or "",
         )  # fmt: skip
         self.history.append(served)
+        with open(self.rig.work / "requests.jsonl", "a") as log:  # for a failure's reader
+            record = {"pod": pod, "via": "envoy" if direct is None else "engine",
+                      "request_id": served.request_id, "prompt_tokens": len(prompt),
+                      "cached": served.cached, "t": time.time()}  # fmt: skip
+            log.write(json.dumps(record) + "\n")
         if sync:
             self.wait_holds(pod, self.hasher.hashes(served.computed))
         return served
@@ -255,8 +261,8 @@ class ChainCheck:
 def check_chain(s: Stack, pod: str, tokens: list[int], *, beyond: bool) -> ChainCheck:
     """The index's view of one chain of blocks on `pod` against the engine's.
 
-    Reads the settled index, predicts the probe's cached tokens from it, probes the
-    engine directly and compares. `beyond=False` probes only the blocks the index says
+    Reads the index, predicts the probe's cached tokens from it, probes the engine
+    directly and compares. `beyond=False` probes only the blocks the index says
     are held (stores nothing when it is right); `beyond=True` one block further (the
     engine must not have it; the probe then stores it)."""
     hashes = s.hasher.hashes(tokens)
@@ -294,6 +300,11 @@ def with_upstream_header(config_yaml: str) -> str:
 
 def modes(s: Stack) -> dict[str, str]:
     return {e["name"]: e["index_mode"] for e in s.rig.epp_endpoints()}
+
+
+def kv_state(s: Stack, pod: str) -> dict:
+    """The pod's KV-event subscriber as /debug/endpoints shows it."""
+    return next(e["kv_events"] for e in s.rig.epp_endpoints() if e["name"] == pod)
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +383,23 @@ def workload() -> list[tuple[str, dict]]:
 PODS = ("pod-0", "pod-1")
 
 
+def stale_delta(s: Stack, since: tuple[float, float]) -> tuple[float, float]:
+    """(checked, stale) decisions since `since`: epp_stale_cache_{checked,routing}_total."""
+    return (
+        s.rig.epp_metric("epp_stale_cache_checked_total") - since[0],
+        s.rig.epp_metric("epp_stale_cache_routing_total") - since[1],
+    )
+
+
+def wait_idle(s: Stack) -> None:
+    """Every request the EPP routed has ended, as far as the EPP knows (its in-flight
+    counts; a response end it missed would hold a pod's count up)."""
+    wait_for(
+        lambda: all(e["in_flight"] == 0 for e in s.rig.epp_endpoints()),
+        timeout=15, what="the EPP to see every request end",
+    )  # fmt: skip
+
+
 def compare_with_engines(s: Stack, served: list[Served]) -> dict[str, dict[str, int]]:
     """Each pod's index against its engine, over every chain of blocks `served` made.
 
@@ -414,6 +442,7 @@ def test_index_equals_each_engine_block_by_block_after_an_evicting_workload(stac
     s = stack
     with logs_on_failure(s):
         requests = workload()
+        before = stale_delta(s, (0.0, 0.0))
         served: list[Served] = []
         for start in range(0, len(requests), 3):  # 3 at once: the KV holds ~3 requests
             batch = requests[start : start + 3]
@@ -424,9 +453,33 @@ def test_index_equals_each_engine_block_by_block_after_an_evicting_workload(stac
         assert all(by_pod.values()), f"the workload used one engine only: {by_pod}"
         for x in served:  # Envoy sent each request where the EPP said
             assert s.routed_pod(x.request_id) == x.pod, x.request_id
+        # What the engines say of the EPP's predictions: a decision is stale when its
+        # engine reused less than the EPP predicted (its match, capped at what an engine
+        # can reuse). With 3 requests at once in so small a cache that happens for real
+        # (a prefix evicted before its request ran).
+        truth = {"checked": 0, "routing": 0}
+        for x in served:
+            predicted = epp_predicted_hit(s, x)
+            truth["checked"] += predicted > 0
+            truth["routing"] += x.cached < predicted
+        # The EPP heard every request end, and checked every decision that predicted a
+        # hit (before the probes below store blocks that an open claim would count).
+        wait_idle(s)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: stale_delta(s, before)[0] >= truth["checked"], timeout=15)
+        stale = stale_delta(s, before)
+        assert stale[0] == truth["checked"], f"(checked, stale) {stale}; engines: {truth}"
+        # Its stale count is not asserted, only reported: a claim stays open for a grace
+        # after its request ended (its events may trail), and a store of its block that
+        # another request makes then (the block was evicted meanwhile and computed again)
+        # counts against it (epp/prefix/precise_stale.py). Seen here: 5 counted, 3 real.
         stats = compare_with_engines(s, served)
         assert all(stats[pod]["chains_evicted"] for pod in PODS), f"no eviction: {stats}"
-        s.numbers["workload"] = {"requests": len(served), "by_pod": by_pod, "blocks": stats}
+        s.numbers["workload"] = {
+            "requests": len(served), "by_pod": by_pod, "blocks": stats,
+            "epp_stale": dict(zip(("checked", "routing"), stale, strict=True)),
+            "stale_from_cached_tokens": truth,
+        }  # fmt: skip
         print(f"index vs engines: {s.numbers['workload']}")
 
 
@@ -449,21 +502,27 @@ def route_and_check(s: Stack, request: tuple[str, dict], expect: str) -> Served:
     assert x.cached == predicted[expect], f"{expect} hit {x.cached}, the index said {predicted}"
     # The EPP's own decision: the real tokenizer counted the engine's tokens, and its match
     # (cache factor x its blocks) was that hit, within what an engine can reuse.
+    assert epp_predicted_hit(s, x) == x.cached, (s.routed(x.request_id), x.cached)
+    return x
+
+
+def epp_predicted_hit(s: Stack, x: Served) -> int:
+    """The hit the EPP predicted for a request it routed (its `request_routed` line: the
+    cache factor x its blocks), capped at what an engine can reuse. Its real tokenizer
+    must have counted the engine's prompt tokens."""
     decision = s.routed(x.request_id)
     assert decision.get("pod") == x.pod, decision
     assert decision["input_tokens"] == len(x.prompt), (decision, len(x.prompt))
     ours = len(x.prompt) // OUR_BLOCK
-    epp_hit = round(decision["cache_match"] * ours) * OUR_BLOCK
-    assert min(epp_hit, len(prompt_hashes) * BLOCK) == x.cached, (decision, x.cached)
-    return x
+    hit = round((decision["cache_match"] or 0.0) * ours) * OUR_BLOCK
+    return min(hit, (len(x.prompt) - 1) // BLOCK * BLOCK)
 
 
 def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(stack: Stack):
     s = stack
     with logs_on_failure(s):
         hits_before = {pod: s.hits(pod) for pod in PODS}
-        stale_before = s.rig.epp_metric("epp_stale_cache_routing_total")
-        checked_before = s.rig.epp_metric("epp_stale_cache_checked_total")
+        before = stale_delta(s, (0.0, 0.0))
         served: list[Served] = []
         # Each engine is given prefixes directly: the EPP never routed them, only the
         # engine's events can tell it.
@@ -498,15 +557,10 @@ def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(st
 
         # The EPP's own stale-routing check (precise pods: from the events) saw every
         # routed decision, and none stale: each got exactly the predicted hits.
-        def stale_counts() -> tuple[float, float]:
-            return (
-                s.rig.epp_metric("epp_stale_cache_checked_total") - checked_before,
-                s.rig.epp_metric("epp_stale_cache_routing_total") - stale_before,
-            )
-
+        wait_idle(s)
         with contextlib.suppress(AssertionError):
-            wait_for(lambda: stale_counts()[0] >= len(routed), timeout=15, what="checks")
-        assert stale_counts() == (len(routed), 0), f"(checked, stale) of {len(routed)} routed"
+            wait_for(lambda: stale_delta(s, before)[0] >= len(routed), timeout=15)
+        assert stale_delta(s, before) == (len(routed), 0), f"(checked, stale) of {len(routed)}"
         s.numbers["routing"] = {
             "routed": len(routed),
             "predicted_hit_tokens": sum(x.cached for x in routed),
@@ -535,7 +589,9 @@ def test_a_killed_engine_leaves_no_entries_and_routing_recovers(stack: Stack):
         started = time.monotonic()
         victim.start()
         victim.wait_healthy(START_TIMEOUT_S)
-        wait_for(lambda: modes(s).get("pod-1") == "precise", timeout=60, what="pod-1 precise")
+        # The pod stayed precise (fallback_after_s); its subscriber is connected again.
+        wait_for(lambda: kv_state(s, "pod-1")["connected"], timeout=60, what="pod-1 followed")
+        assert modes(s)["pod-1"] == "precise"
         restart_s = round(time.monotonic() - started, 1)
         # The fresh engine holds nothing, and neither does the index for it: the old
         # prefix's first block is missing on both (the probe then stores it).
