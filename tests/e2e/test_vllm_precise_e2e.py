@@ -72,7 +72,7 @@ def _skip_reason() -> str | None:
     if os.environ.get("EPP_VLLM_E2E", "1") == "0":
         return "EPP_VLLM_E2E=0"
     why = server.missing()
-    return f"{why}: set it up with `{server.SETUP_COMMANDS}`" if why else None
+    return f"{why}: set it up with {server.SETUP_COMMANDS}" if why else None
 
 
 pytestmark = [

@@ -17,8 +17,7 @@ VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 MODEL_DIR = ROOT / ".bench" / "tiny-llama"
 MODEL_NAME = "tiny-llama"
 SETUP_COMMANDS = (
-    "bash tools/vllm_check/setup_venv.sh && "
-    ".bench/vllm-venv/bin/python tools/vllm_check/build_model.py   # or: make vllm-setup"
+    "make vllm-setup (tools/vllm_check/setup_venv.sh, then build_model.py: ~200 s and 3.4 GB, once)"
 )
 
 
