@@ -363,6 +363,9 @@ class EppService:
                         "index_mode": self.precise.mode_of(e.name),
                         "kv_events": self._kv_events_state(e.name),
                         "scrape_failures": e.consecutive_failures,
+                        # The server process's start time (process_start_time_seconds):
+                        # a later one is a restart (entries dropped, then resynced).
+                        "start_time": e.metrics.start_time if e.metrics else None,
                         "last_error": e.last_error,
                     }
                     for e in self.store.all()

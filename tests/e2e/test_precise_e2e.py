@@ -49,6 +49,19 @@ def index_view(r: Rig, pod: str) -> dict:
     return json.loads(body) if status == 200 else {"mode": None, "engine_blocks": []}
 
 
+def page_start_time(address: str) -> float:
+    status, _, body = http(f"http://{address}/metrics", timeout=5)
+    assert status == 200
+    for line in body.decode().splitlines():
+        if line.startswith("process_start_time_seconds "):
+            return float(line.split()[1])
+    raise AssertionError("the pod's page has no process_start_time_seconds")
+
+
+def epp_endpoint(r: Rig, name: str) -> dict:
+    return {e["name"]: e for e in r.epp_endpoints()}[name]
+
+
 def in_step(r: Rig, i: int) -> bool:
     view = index_view(r, f"pod-{i}")
     return view["mode"] == "precise" and set(view["engine_blocks"]) == engine_blocks(r.pods[i])
@@ -125,6 +138,16 @@ def test_precise_index_equals_the_engines_routing_follows_and_a_restart_leaves_n
         )
         proc.start()
         wait_for(lambda: http(f"http://{r.pods[1]}/health", timeout=1)[0] == 200)
+        # The EPP learns of the new process from its subscriber (the sequence went back)
+        # and from the pod's page (a later start time), whichever comes first; each drops
+        # the pod's entries and resyncs. Wait for the page too, so that the second drop
+        # cannot come after the new engine's first blocks were indexed below.
+        started = page_start_time(r.pods[1])
+        wait_for(
+            lambda: epp_endpoint(r, "pod-1")["start_time"] == started,
+            timeout=30,
+            what="the EPP to read the restarted pod's page",
+        )
         wait_for(lambda: in_step(r, 1), timeout=30, what="pod-1 followed again")
         assert engine_blocks(r.pods[1]) == set()
         assert index_view(r, "pod-1")["engine_blocks"] == []
