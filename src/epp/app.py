@@ -168,7 +168,11 @@ class EppService:
             else None
         )
         self.metrics.watch(self.store.all, self.index.blocks)
-        self.metrics.watch_kv_events(self.precise.stats, lambda: self.precise.subscribers)
+        self.metrics.watch_kv_events(
+            self.precise.stats,
+            lambda: self.precise.subscribers,
+            lambda: self.index.predictions_capped,
+        )
         self._stale_seen = (0, 0)  # precise stale-routing counts already exported
         # Names the operator configured keep their own label series (observability/labels.py).
         self.metrics.allow_labels(

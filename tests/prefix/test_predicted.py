@@ -13,6 +13,7 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.hashing import BlockHash
 from epp.prefix.index import PrefixIndex
+from epp.prefix.kv_events import KvEventStats
 from epp.prefix.precise import PreciseIndex
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
@@ -79,6 +80,10 @@ def test_a_completion_that_never_comes_is_capped_by_predicted_max_s():
     assert index.predictions == 0
     index.completed("lost", 61.0)  # late: nothing left to do
     assert index.blocks("a") == 0
+    # Operators see it on the EPP's page.
+    metrics = EppMetrics()
+    metrics.watch_kv_events(KvEventStats(), dict, lambda: index.predictions_capped)
+    assert "epp_predicted_entries_capped_total 1.0" in metrics.exposition().decode()
 
 
 def test_the_cap_also_bounds_the_ttl_after_a_late_completion():

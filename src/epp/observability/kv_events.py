@@ -21,9 +21,11 @@ class KvEventsCollector(Collector):
         self,
         stats: KvEventStats,
         subscribers: Callable[[], Mapping[str, KvEventSubscriber]],
+        predictions_capped: Callable[[], int] = lambda: 0,
     ) -> None:
         self._stats = stats
         self._subscribers = subscribers
+        self._capped = predictions_capped
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # read at scrape time only
@@ -39,6 +41,13 @@ class KvEventsCollector(Collector):
         for reason, count in sorted(self._stats.counts.items()):
             events.add_metric([reason], float(count))
         yield events
+        capped = CounterMetricFamily(
+            "epp_predicted_entries_capped",
+            "Predicted index entries dropped at kv_events.predicted_max_s while their request"
+            " was still open (a completion the EPP never heard of, or a very long request).",
+        )
+        capped.add_metric([], float(self._capped()))
+        yield capped
         subs = sorted(self._subscribers().items())
         gauges = {
             "epp_pod_kv_events_connected": (

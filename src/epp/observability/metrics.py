@@ -249,9 +249,10 @@ class EppMetrics:
         self,
         stats: KvEventStats,
         subscribers: Callable[[], Mapping[str, KvEventSubscriber]],
+        predictions_capped: Callable[[], int] = lambda: 0,
     ) -> None:
         """Export precise mode's counts and subscriber states, read at each scrape."""
-        self.registry.register(KvEventsCollector(stats, subscribers))
+        self.registry.register(KvEventsCollector(stats, subscribers, predictions_capped))
 
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         """An endpoint store event (the router forwards them): count failed scrapes, check
