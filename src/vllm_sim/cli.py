@@ -77,9 +77,10 @@ failure injection (for testing routers):
   --failure-rate F --failure-kinds 429,500,503 [--seed S]: the same, at random, on a
     fraction F of the generation requests (kinds: 429, 500, 503, hang, drop).
   --metrics-delay-ms N: every /metrics answers N wall-clock ms late.
-  POST /sim/fail {{"health": 503 | null, "metrics": "garbage" | "hang" | null}}: /health
-    answers that status, /metrics answers garbage or never; null switches back, a key
-    left out stays as it is. GET /sim/fail shows the switches.
+  POST /sim/fail {{"health": 503 | null, "metrics": "garbage" | "hang" | null,
+    "tokenize": "garbage" | "hang" | "error" | null}}: /health answers that status,
+    /metrics answers garbage or never, POST /tokenize garbage, never or 500; null switches
+    back, a key left out stays as it is. GET /sim/fail shows the switches.
   Responses produced by an injected failure carry x-sim-injected-failure: <kind>.
 """
 

@@ -150,6 +150,14 @@ class MetricsFault(StrEnum):
     HANG = "hang"  # never answers
 
 
+class TokenizeFault(StrEnum):
+    """How POST /tokenize fails (a router asking the engine for ids must fall back)."""
+
+    GARBAGE = "garbage"  # 200 with a body that is not vLLM's answer
+    HANG = "hang"  # never answers
+    ERROR = "error"  # 500
+
+
 GARBAGE_METRICS_PAGE = b"<html>\x00\xff this is not a metrics page {{{ vllm:num_requests_running"
 
 
@@ -159,13 +167,14 @@ class PodFaults:
 
     health_status: int | None = None  # /health answers this instead of 200
     metrics: MetricsFault | None = None
+    tokenize: TokenizeFault | None = None
 
     def update(self, body: Mapping[str, Any]) -> None:
         """Apply a `/sim/fail` body: a key present sets its switch (null clears it).
 
         Raises ApiError(400) on an unknown key or value, changing nothing.
         """
-        unknown = sorted(set(body) - {"health", "metrics"})
+        unknown = sorted(set(body) - {"health", "metrics", "tokenize"})
         if unknown:
             raise ApiError(400, f"Unknown keys: {', '.join(unknown)}.")
         health = self.health_status
@@ -183,10 +192,19 @@ class PodFaults:
                 metrics = None if value is None else MetricsFault(value)
             except ValueError:
                 raise ApiError(400, "'metrics' must be null, 'garbage' or 'hang'.") from None
-        self.health_status, self.metrics = health, metrics
+        tokenize = self.tokenize
+        if "tokenize" in body:
+            value = body["tokenize"]
+            try:
+                tokenize = None if value is None else TokenizeFault(value)
+            except ValueError:
+                raise ApiError(
+                    400, "'tokenize' must be null, 'garbage', 'hang' or 'error'."
+                ) from None
+        self.health_status, self.metrics, self.tokenize = health, metrics, tokenize
 
     def state(self) -> dict[str, Any]:
-        return {"health": self.health_status, "metrics": self.metrics}
+        return {"health": self.health_status, "metrics": self.metrics, "tokenize": self.tokenize}
 
 
 @dataclass(slots=True)

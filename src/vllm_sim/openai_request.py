@@ -123,6 +123,33 @@ def parse_generation_request(
     )
 
 
+def tokenize_request(
+    body: dict[str, Any], served: ServedModels, tokenizer: Tokenizer
+) -> array[int]:
+    """The ids of vLLM's POST /tokenize body: `messages` (a chat, rendered as
+    /v1/chat/completions renders it) or `prompt` (a completion; `add_special_tokens`
+    defaults to true, as there)."""
+    served.resolve(_optional(body, "model", str))  # an unknown model is refused as vLLM does
+    if "messages" in body:
+        if _optional(body, "add_generation_prompt", bool) and _optional(
+            body, "continue_final_message", bool
+        ):
+            raise ApiError(
+                400,
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            )
+        generation_prompt = _optional(body, "add_generation_prompt", bool)
+        return tokenizer.encode_chat(
+            _chat_messages(body.get("messages")),
+            add_generation_prompt=generation_prompt is not False,
+        )
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "Parameter 'prompt' must be a string.", param="prompt")
+    special = _optional(body, "add_special_tokens", bool)
+    return tokenizer.encode(prompt, add_special_tokens=special is not False)
+
+
 @dataclass(frozen=True, slots=True)
 class EnginePrompt:
     """A request as the engine takes it: validated and tokenized (`request`), and the

@@ -77,6 +77,7 @@ from vllm_sim.failures import (
     FailureKind,
     MetricsFault,
     PodFaults,
+    TokenizeFault,
     injected_error,
     parse_header,
 )
@@ -95,6 +96,7 @@ from vllm_sim.openai_request import (
     GenerationRequest,
     engine_prompt,
     parse_json_object,
+    tokenize_request,
 )
 from vllm_sim.openai_response import (
     FILLER_WORDS,
@@ -468,6 +470,26 @@ class SimPod:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, Endpoint.CHAT)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's POST /tokenize: the prompt's ids as this pod would compute them (its
+        tokenizer, its chat template), `{"count", "max_model_len", "tokens"}`."""
+        fault = self.faults.tokenize
+        if fault is TokenizeFault.HANG:
+            await self._hang(request)
+            return _client_closed()
+        if fault is TokenizeFault.ERROR:
+            raise ApiError(500, "Injected /tokenize failure.", "InternalServerError")
+        if fault is TokenizeFault.GARBAGE:
+            return web.Response(body=b'{"tokens": "not ids", "count": -1', status=200)
+        body = parse_json_object(await request.read())
+        ids = tokenize_request(body, self.served, self.tokenizer)
+        answer = {
+            "count": len(ids),
+            "max_model_len": self.config.engine.max_context_tokens,
+            "tokens": ids.tolist(),
+        }
+        return web.json_response(answer, dumps=_dumps)
+
     async def models(self, request: web.Request) -> web.Response:
         created = int(self.created_unix)
         base = self.config.model
@@ -661,6 +683,7 @@ def create_app(config: SimPodConfig) -> web.Application:
     app.router.add_post("/v1/completions", pod.completions)
     app.router.add_post("/v1/chat/completions", pod.chat_completions)
     app.router.add_get("/v1/models", pod.models)
+    app.router.add_post("/tokenize", pod.tokenize)
     app.router.add_get("/health", pod.health)
     app.router.add_post("/reset_prefix_cache", pod.reset_prefix_cache)
     app.router.add_get("/metrics", pod.metrics)

@@ -271,12 +271,15 @@ async def test_sim_fail_switches_health_and_metrics_at_runtime(
     start: StartPod, http: aiohttp.ClientSession
 ) -> None:
     pod = await start()
-    assert await fail_switch(http, pod, {"health": 503}) == (200, {"health": 503, "metrics": None})
+    assert await fail_switch(http, pod, {"health": 503}) == (
+        200,
+        {"health": 503, "metrics": None, "tokenize": None},
+    )
     async with http.get(pod.url + "/health") as resp:
         assert resp.status == 503
     assert await fail_switch(http, pod, {"metrics": "garbage"}) == (
         200,
-        {"health": 503, "metrics": "garbage"},
+        {"health": 503, "metrics": "garbage", "tokenize": None},
     )
     async with http.get(pod.url + "/metrics") as resp:
         assert resp.status == 200
@@ -289,14 +292,14 @@ async def test_sim_fail_switches_health_and_metrics_at_runtime(
             pass
     assert await fail_switch(http, pod, {"health": None, "metrics": None}) == (
         200,
-        {"health": None, "metrics": None},
+        {"health": None, "metrics": None, "tokenize": None},
     )
     async with http.get(pod.url + "/health") as resp:
         assert resp.status == 200
     async with http.get(pod.url + "/metrics") as resp:
         assert "vllm:num_requests_running" in await resp.text()
     async with http.get(pod.url + "/sim/fail") as resp:
-        assert await resp.json() == {"health": None, "metrics": None}
+        assert await resp.json() == {"health": None, "metrics": None, "tokenize": None}
 
 
 @pytest.mark.parametrize(
@@ -320,7 +323,7 @@ async def test_sim_fail_refuses_bad_bodies_and_changes_nothing(
     assert status == 400
     assert payload["error"]["code"] == 400
     async with http.get(pod.url + "/sim/fail") as resp:
-        assert await resp.json() == {"health": 500, "metrics": None}
+        assert await resp.json() == {"health": 500, "metrics": None, "tokenize": None}
 
 
 # -- configuration -----------------------------------------------------------------------
