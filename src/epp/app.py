@@ -57,6 +57,7 @@ from epp.routing import Router
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry
+from epp.tokenization.engine import EngineTokenizer
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
 
 log = structlog.get_logger("epp.app")
@@ -157,6 +158,10 @@ class EppService:
             ),
             self.metrics,
             debug=config.log_level in ("debug", "trace"),
+        )
+        # Models whose tokenizer is the engine (`source: engine`); None: nothing awaits.
+        self.router.engine_tokenizer = EngineTokenizer.from_config(
+            config.tokenizers, self.store.all, self.metrics.registry
         )
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.store.on_change(self.scraper.on_endpoint_change)
@@ -299,6 +304,8 @@ class EppService:
         await self.scraper.stop()
         await self.precise.close()
         await self._grpc.stop(grace_s)
+        if self.router.engine_tokenizer is not None:
+            await self.router.engine_tokenizer.close()  # after the last routed stream
         if self.replicas is not None:
             await self.replicas.stop()
         if self._web_runner is not None:

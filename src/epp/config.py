@@ -296,9 +296,19 @@ class ReplicasConfig(Strict):
 
 class TokenizerConfig(Strict):
     """A model's own tokenizer (epp/tokenization/registry.py): the directory holding its
-    tokenizer.json and tokenizer_config.json (special tokens, chat template)."""
+    tokenizer.json and tokenizer_config.json (special tokens, chat template).
 
-    path: Path
+    `source: engine` asks a pod serving the model for the prompt's ids instead (vLLM's
+    POST /tokenize, epp/tokenization/engine.py), within `timeout_ms`; on a timeout, an
+    error or a bad answer the request falls back to `path`'s tokenizer when one is set,
+    else to the byte estimate. `path` is then optional."""
+
+    path: Path | None = None
+    source: Literal["local", "engine"] = "local"
+    # The engine's answer must arrive within this (it is added to the decision's latency).
+    timeout_ms: float = Field(75.0, gt=0.0, le=10_000.0)
+    # A longer answer is a bad answer (a 128k-token prompt's ids are about 1 MB of JSON).
+    max_response_mb: float = Field(8.0, gt=0.0, le=1024.0)
     # vLLM's --chat-template: a template file used instead of the directory's.
     chat_template_file: Path | None = None
     # vLLM's --chat-template-content-format: "auto" detects it from the template.
@@ -307,6 +317,12 @@ class TokenizerConfig(Strict):
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # Token ids of rendered conversation prefixes kept for the next turn (0: off).
     cache_mb: float = Field(64.0, ge=0.0, le=65536.0)
+
+    @model_validator(mode="after")
+    def _source_needs(self) -> TokenizerConfig:
+        if self.source == "local" and self.path is None:
+            raise ValueError("path is required (or source: engine, which asks the pods)")
+        return self
 
 
 KvEventsMode = Literal["auto", "approximate", "precise"]

@@ -32,6 +32,7 @@ import math
 import random
 import secrets
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,8 +45,8 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.flow_metrics import FlowMetrics
 from epp.observability.logs import TRACE, effective_level, trace
 from epp.observability.metrics import EppMetrics
-from epp.prefix.blocks import prompt_blocks
-from epp.prefix.hashing import BlockHash, chain_seed
+from epp.prefix.blocks import PromptBlocks, prompt_blocks
+from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request import InferenceRequest, RequestRejected, parse_request, with_model
 from epp.scheduling.admission import FlowQueue, Waiting, request_priority
@@ -60,6 +61,7 @@ from epp.scheduling.types import (
     SchedulingRequest,
 )
 from epp.tokenization import TokenizerRegistry
+from epp.tokenization.engine import EngineTokenizer
 from epp.tokenize import Tokenizer
 
 log = structlog.get_logger("epp.routing")
@@ -99,6 +101,18 @@ class RoutedRequest:
     @property
     def endpoint(self) -> Endpoint:
         return self.decision.primary
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A parsed request and the models it resolved to, before tokenizing."""
+
+    path: str
+    request: InferenceRequest
+    served: str | None  # the model the pod serves it as
+    body: bytes | None  # the body naming `served`, when the model table rewrote it
+    base: str | None
+    adapter: str | None
 
 
 @dataclass(slots=True)
@@ -169,6 +183,10 @@ class Router:
         self.completion_listeners: list[CompletionListener] = []
         self.token_prefix = ""
         self.foreign_completion: ForeignCompletion | None = None
+        # Set by the app when a model's tokenizer is the engine (`tokenizers:` with
+        # `source: engine`): `route` then asks a pod for those models' ids. route_now
+        # (benchmarks, tests) keeps the local path.
+        self.engine_tokenizer: EngineTokenizer | None = None
 
     @property
     def scheduler(self) -> Scheduler:
@@ -206,6 +224,10 @@ class Router:
     ) -> PreparedRequest:
         """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
         started = time.perf_counter()
+        parsed = self._parse(path, body)
+        return self._prepared(parsed, body, request_id, subset, headers, started)
+
+    def _parse(self, path: str, body: bytes) -> _Parsed:
         request = parse_request(
             path, body, self._config.adapters, max_prompt_tokens=self._max_blocks * self._block_size
         )
@@ -215,11 +237,37 @@ class Router:
             if served != request.model:
                 rewritten = with_model(body, served)
         base, adapter = resolve_model(served, self._config.adapters, self._store.all())
+        return _Parsed(path, request, served, rewritten, base, adapter)
+
+    def _prepared(
+        self,
+        parsed: _Parsed,
+        body: bytes,
+        request_id: str,
+        subset: frozenset[str] | None,
+        headers: Mapping[str, str] | None,
+        started: float,
+        engine_ids: array | None = None,
+    ) -> PreparedRequest:
+        path, request, served, rewritten = parsed.path, parsed.request, parsed.served, parsed.body
+        base, adapter = parsed.base, parsed.adapter
         seed = chain_seed(served or "", adapter, request.cache_salt)
         # Bounded work: at most prefix.max_blocks_per_request blocks are tokenized, hashed,
         # looked up and recorded, whatever the prompt's size (prefix/blocks.py).
-        tokenizer = self._tokenizers.for_model(base or served)
-        blocks = prompt_blocks(request.prompt, tokenizer, self._block_size, seed, self._max_blocks)
+        if engine_ids is not None:
+            # The engine tokenized the prompt (tokenization/engine.py): its ids, its count,
+            # plus what the parser left out of a very long conversation (estimated).
+            blocks = PromptBlocks(
+                len(engine_ids) + request.prompt.omitted_tokens,
+                block_hashes(engine_ids, self._block_size, seed, self._max_blocks),
+                self._block_size,
+                request.prompt.omitted_tokens == 0,
+            )
+        else:
+            tokenizer = self._tokenizers.for_model(base or served)
+            blocks = prompt_blocks(
+                request.prompt, tokenizer, self._block_size, seed, self._max_blocks
+            )
         priority = self._models.priority(request.model, headers or {})
         if priority is None:
             priority = request_priority(request.model, headers or {}, self._flow)
@@ -345,9 +393,15 @@ class Router:
         headers: Mapping[str, str] | None = None,
     ) -> RoutedRequest:
         """Route one request, waiting in admission while the pool is saturated."""
-        prepared = self.prepare(
-            path=path, body=body, request_id=request_id, subset=subset, headers=headers
-        )
+        engine = self.engine_tokenizer
+        if engine is None:
+            prepared = self.prepare(
+                path=path, body=body, request_id=request_id, subset=subset, headers=headers
+            )
+        else:
+            prepared = await self._prepare_with_engine(
+                engine, path, body, request_id, subset, headers
+            )
         try:
             if len(self._waiting) and self._others_wait(prepared):
                 # Requests of this model wait already: no overtaking them unless this one
@@ -359,6 +413,25 @@ class Router:
         except RequestRejected as exc:
             self._count_rejection(prepared, exc)
             raise
+
+    async def _prepare_with_engine(
+        self,
+        engine: EngineTokenizer,
+        path: str,
+        body: bytes,
+        request_id: str,
+        subset: frozenset[str] | None,
+        headers: Mapping[str, str] | None,
+    ) -> PreparedRequest:
+        """`prepare`, with the prompt's ids asked of a pod first when the model's
+        tokenizer is the engine (`source: engine`); the local path if that fails."""
+        started = time.perf_counter()
+        parsed = self._parse(path, body)
+        model = parsed.base or parsed.served
+        ids = None
+        if model is not None and engine.wants(model):
+            ids = await engine.tokenize(model, parsed.served or model, parsed.request.prompt)
+        return self._prepared(parsed, body, request_id, subset, headers, started, ids)
 
     # -- admission ------------------------------------------------------------------
     def _others_wait(self, prepared: PreparedRequest) -> bool:

@@ -7,6 +7,8 @@
         # content_format: auto                 # auto | string | openai (vLLM's option)
         # default_chat_template_kwargs: {}     # vLLM --default-chat-template-kwargs
         # cache_mb: 64                         # multi-turn prefix cache of this tokenizer
+        # source: engine                       # ask a pod (POST /tokenize), path the fallback
+        # timeout_ms: 75                       # then the fallback (engine.py)
 
 Every configured tokenizer is loaded when the registry is built, so a wrong path fails at
 start-up. Models that share a directory (and options) share one tokenizer and one cache.
@@ -44,6 +46,8 @@ class TokenizerRegistry:
         loaded: dict[tuple[object, ...], HfTokenizer] = {}
         by_model: dict[str, Tokenizer] = {}
         for model, config in configs.items():
+            if config.path is None:
+                continue  # source: engine without local files: the fallback stands in
             key = (
                 str(Path(config.path).resolve()),
                 str(config.chat_template_file) if config.chat_template_file else None,
