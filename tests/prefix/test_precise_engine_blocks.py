@@ -32,8 +32,8 @@ def prompt(seed: int, n: int) -> list[int]:
 class Pod:
     """The router's side (index, precise, stale check) and one engine of 32-token blocks."""
 
-    def __init__(self) -> None:
-        config = EngineConfig(block_size=ENGINE, max_num_seqs=8, num_gpu_blocks=1000)
+    def __init__(self, num_gpu_blocks: int = 1000) -> None:
+        config = EngineConfig(block_size=ENGINE, max_num_seqs=8, num_gpu_blocks=num_gpu_blocks)
         self.engine = SimEngine(config, kv_events=True)
         self.index = PrefixIndex(100_000, predicted_ttl_s=100.0, clock=lambda: 0.0)
         self.precise = PreciseIndex(self.index, OURS, stale=PreciseStaleCheck(grace_s=1.0))
@@ -42,9 +42,9 @@ class Pod:
         self.now = 0.0
         self.n = 0
 
-    def route(self, ids: list[int]) -> int:
+    def route(self, ids: list[int], advance: float = 1.0) -> int:
         """What the Router does: match, open the claim, record; then the engine runs it
-        and its events are applied. The match the router used."""
+        and its events are applied, and it completes. The match the router used."""
         hashes = block_hashes(array("I", ids), OURS, chain_seed(MODEL))
         matched = self.index.match(hashes).get("pod", 0)
         self.n += 1
@@ -54,7 +54,7 @@ class Pod:
         engine_hashes = sim_hashing.block_hashes(ids, ENGINE)
         self.engine.submit(token, engine_hashes, len(ids), 1, prompt_token_ids=array("I", ids))
         self.engine.start_ready(self.now)
-        self.now += 1.0
+        self.now += advance
         self.engine.finish(token, 1)
         batch = self.decoder.decode(encode_event_batch(self.engine.drain_kv_events(), ts=0.0))
         assert batch is not None
@@ -97,3 +97,55 @@ def test_an_approximate_pod_matches_in_our_blocks_again():
     hashes = block_hashes(array("I", first), OURS, chain_seed(MODEL))
     pod.index.record("pod", hashes[:5])
     assert pod.index.match(hashes) == {"pod": 5}
+
+
+def test_a_claimed_block_computed_again_by_another_prompt_after_the_hit_is_not_stale():
+    """Seen against real vLLM under eviction: a decision hit its claimed block; within the
+    claim's grace the block was evicted and computed again by another prompt sharing it.
+    That store is the other request's (its event goes on with its own blocks)."""
+    pod = Pod(num_gpu_blocks=14)
+    shared = prompt(6, 128)  # 4 engine blocks
+    pod.route([*shared, *prompt(7, 40)])
+    hit = pod.route([*shared, *prompt(8, 40)], advance=0.0)  # claims the 4th block
+    assert hit == 8
+    for seed in (9, 10, 11, 19, 20):  # push the shared prefix out of the engine
+        pod.route(prompt(seed, 128), advance=0.0)
+    assert pod.index.match(block_hashes(array("I", shared), OURS, chain_seed(MODEL))) == {}
+    pod.route([*shared, *prompt(12, 40)], advance=0.0)  # computes it again, then its own
+    assert pod.settle() == (0, 1)
+
+
+def test_a_claimant_that_computed_its_block_again_is_stale():
+    pod = Pod(num_gpu_blocks=14)
+    shared = prompt(13, 128)
+    pod.route([*shared, *prompt(14, 40)])
+    hashes = block_hashes(array("I", [*shared, *prompt(15, 40)]), OURS, chain_seed(MODEL))
+    # Dispatched on the index's word, then the block is lost before the request runs:
+    # the engine computes it (and the rest of its prompt) in the request's own event.
+    pod.precise.dispatched("late", "pod", hashes, 8, 168, pod.now)
+    for seed in (16, 17, 18, 21, 22):
+        pod.route(prompt(seed, 128), advance=0.0)
+    ids = [*shared, *prompt(15, 40)]
+    pod.engine.submit(
+        "late", sim_hashing.block_hashes(ids, ENGINE), len(ids), 1, prompt_token_ids=array("I", ids)
+    )
+    pod.engine.start_ready(pod.now)
+    pod.engine.finish("late", 1)
+    batch = pod.decoder.decode(encode_event_batch(pod.engine.drain_kv_events(), ts=0.0))
+    assert batch is not None
+    pod.precise.apply("pod", batch)
+    pod.precise.completed("late", pod.now)
+    assert pod.settle() == (1, 1)  # the prompts that pushed it out claimed nothing
+
+
+def test_another_prompt_sharing_more_than_the_claim_is_told_by_where_it_goes_on():
+    """The other prompt shares blocks beyond the claimed one, then its own follow."""
+    pod = Pod(num_gpu_blocks=14)
+    head = prompt(23, 128)  # what the pod holds when the claimant is routed: 4 blocks
+    pod.route([*head, *prompt(24, 40)])
+    shared = [*head, *prompt(25, 64)]  # 6 blocks shared by the claimant and the other
+    assert pod.route([*shared, *prompt(26, 40)], advance=0.0) == 8  # claims the 4th
+    for seed in (27, 28, 29, 30, 31):
+        pod.route(prompt(seed, 128), advance=0.0)
+    pod.route([*shared, *prompt(32, 40)], advance=0.0)  # 4th, 5th, 6th, then its own
+    assert pod.settle() == (0, 1)

@@ -18,7 +18,10 @@ a block it reused is not. So:
    already reported expects none. Decisions claiming the same block share that one
    expected store.
 3. Each `BlockStored` of a claimed block on that pod first consumes an expected store;
-   any store beyond makes the oldest open claimant of that block stale.
+   any store beyond makes the oldest open claimant of that block stale, unless the event
+   goes on with a block that is not the claimant's next one: then another prompt sharing
+   the block computed it again (it was evicted after the claimant's hit), not the
+   claimant (seen against real vLLM under eviction: tests/e2e/test_vllm_precise_e2e.py).
 4. A claim is checked `grace_s` after its request completed (the engine publishes a
    step's events within milliseconds), or after `max_open_s` if no completion ever came
    (then it is dropped, not counted). Every checked claim counts in `checked`; stale ones
@@ -51,6 +54,10 @@ class _Claim:
     pod: str
     key: BlockHash
     opened: float
+    # The prompt's blocks after the claimed one, up to its last full engine block; `whole`:
+    # that is where its prompt ends (False: only the head of a long prompt was hashed).
+    after: tuple[BlockHash, ...]
+    whole: bool
     due: float | None = None  # completion + grace
     stale: bool = False
     closed: bool = False
@@ -99,7 +106,8 @@ class PreciseStaleCheck:
         if claimed < 1 or token in self._claims:
             return False
         key = hashes[claimed - 1]
-        claim = _Claim(token, pod, key, now)
+        full = prompt_tokens // engine_block_size * max(1, engine_block_size // block_size)
+        claim = _Claim(token, pod, key, now, tuple(hashes[claimed:full]), len(hashes) >= full)
         ledgers = self._ledgers.setdefault(pod, {})
         ledger = ledgers.get(key)
         if ledger is None:
@@ -118,19 +126,25 @@ class PreciseStaleCheck:
             self._due.append(claim)
 
     def stored(self, pod: str, keys: Sequence[BlockHash]) -> None:
-        """The pod's engine stored blocks with these keys (it computed them)."""
+        """The pod's engine stored blocks with these keys, in prompt order (one event:
+        one request's new blocks). A claimant that had to compute its claimed block
+        stores its own prompt's next blocks in the same event (all or, with chunked
+        prefill, the first ones), never others: an event going on with other blocks, or
+        beyond the claimant's prompt, is another request's (the block was evicted and
+        computed again by a prompt that shares it), not the claimant's."""
         ledgers = self._ledgers.get(pod)
         if not ledgers:
             return
-        for key in keys:
+        for i, key in enumerate(keys):
             ledger = ledgers.get(key)
             if ledger is None:
                 continue
             if ledger.expected > 0:
                 ledger.expected -= 1
                 continue
+            following = tuple(keys[i + 1 :])
             for claim in ledger.claims:
-                if not claim.stale:
+                if not claim.stale and _could_be_its_own(claim, following):
                     claim.stale = True
                     break
 
@@ -178,6 +192,15 @@ class PreciseStaleCheck:
             del ledgers[claim.key]
             if not ledgers:
                 del self._ledgers[claim.pod]
+
+
+def _could_be_its_own(claim: _Claim, following: tuple[BlockHash, ...]) -> bool:
+    """Whether an event that stored the claimed block and then `following` can be the
+    claimant's own computation."""
+    after = claim.after
+    if following[: len(after)] != after[: len(following)]:
+        return False
+    return len(following) <= len(after) or not claim.whole
 
 
 def claim_cap(prompt_tokens: int, block_size: int, engine_block_size: int) -> int:
