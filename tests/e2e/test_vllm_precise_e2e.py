@@ -467,12 +467,14 @@ def test_index_equals_each_engine_block_by_block_after_an_evicting_workload(stac
         wait_idle(s)
         with contextlib.suppress(AssertionError):
             wait_for(lambda: stale_delta(s, before)[0] >= truth["checked"], timeout=15)
+        # And it counted stale exactly the decisions the engines say were. (From events
+        # it cannot always tell whose computation a store was: a request computing a
+        # claimed block and going on exactly as the claimant's prompt would counts against
+        # it; epp/prefix/precise_stale.py. This workload's prompts differ after their
+        # shared prefix. Before that module told another prompt's store by the blocks
+        # that follow it, runs counted 5 vs 3, 7 vs 4, 6 vs 5.)
         stale = stale_delta(s, before)
-        assert stale[0] == truth["checked"], f"(checked, stale) {stale}; engines: {truth}"
-        # Its stale count is not asserted, only reported: a claim stays open for a grace
-        # after its request ended (its events may trail), and a store of its block that
-        # another request makes then (the block was evicted meanwhile and computed again)
-        # counts against it (epp/prefix/precise_stale.py). Seen here: 5 counted, 3 real.
+        assert stale == (truth["checked"], truth["routing"]), f"(checked, stale): {truth}"
         stats = compare_with_engines(s, served)
         assert all(stats[pod]["chains_evicted"] for pod in PODS), f"no eviction: {stats}"
         s.numbers["workload"] = {
