@@ -21,6 +21,12 @@ For each tokenizer (the test tokenizer `tests/fixtures/tokenizer/llama3`, and
    - a 4 MiB chat body (the server's body limit): only the head is encoded (8,192 blocks,
      131,072 tokens); the event loop is paused this long.
 
+With `--engine`, the whole decision (`Router.route`: tokenize, hash, look up, score,
+reserve) for new 4,096-token chats, the model's tokenizer given as its local files and
+then as `source: engine`: the router asks a simulated pod, a process of its own serving
+the same tokenizer files on loopback, for the ids (POST /tokenize). The difference is
+what the engine source adds: one HTTP round trip and the pod's own tokenization.
+
 p50 / p90 / p99 over the iterations, in microseconds. The machine is shared and noisy:
 compare rows of one run.
 """
@@ -28,22 +34,39 @@ compare rows of one run.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import platform
 import random
 import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from epp.app import connect
+from epp.config import EppConfig
+from epp.datalayer.metrics_parser import PodMetrics
+from epp.datalayer.store import EndpointStore
+from epp.observability.logs import configure_logging
+from epp.observability.metrics import EppMetrics
 from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import chain_seed
+from epp.prefix.index import PrefixIndex
 from epp.request import parse_request
-from epp.tokenization import HfTokenizer, load_tokenizer_dir
+from epp.routing import Router
+from epp.scheduling.scheduler import Scheduler
+from epp.tokenization import HfTokenizer, TokenizerRegistry, load_tokenizer_dir
+from epp.tokenization.engine import EngineTokenizer, request_body
 from epp.tokenize import ByteEstimateTokenizer, ChatMessage, Tokenizer
+from epp_harness.stack import _die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TOKENIZERS = [
@@ -208,11 +231,114 @@ def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> lis
     return rows
 
 
+async def _until_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30.0
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the simulated pod exited with code {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"the simulated pod did not answer {url} within 30 s")
+
+
+def _router(port: int, entry: dict[str, Any]) -> tuple[Router, EndpointStore]:
+    """A router in front of the one simulated pod, tokenizing model `m` as `entry` says."""
+    config = EppConfig.model_validate(
+        {
+            "tokenizers": {"m": entry},
+            "endpoints": [{"name": "pod-0", "address": f"127.0.0.1:{port}"}],
+        }
+    )
+    store = EndpointStore.for_config(config)
+    store.sync(config.endpoints)
+    for endpoint in store.all():
+        store.scraped(endpoint, PodMetrics(model="m"))
+    index = PrefixIndex.from_config(config.prefix)
+    metrics = EppMetrics()
+    registry = TokenizerRegistry.from_config(config.tokenizers)
+    router = Router(config, store, index, Scheduler(config.scheduling), registry, metrics)
+    connect(store, index, router, config)
+    router.engine_tokenizer = EngineTokenizer.from_config(
+        config.tokenizers, store.all, metrics.registry
+    )
+    return router, store
+
+
+async def _engine_rows(directory: Path, iterations: int, prompt_tokens: int) -> list[Row]:
+    name = directory.name
+    # As `epp serve` logs by default (one INFO line per decision), to nowhere.
+    configure_logging("info", stream=open(os.devnull, "w"))  # noqa: SIM115 - for the process
+    tok = load_tokenizer_dir(directory, cache_bytes=0)
+    conversations = [_conversation(random.Random(50_000 + i), tok, prompt_tokens, 8) for i in range(iterations + 20)]  # fmt: skip
+    count = len(tok.encode_chat(conversations[0]))
+    bodies = [_chat_body(c) for c in conversations]
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm_sim", "--port", str(port), "--model", "m",
+            "--tokenizer", str(directory)]  # fmt: skip
+    pod = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent()
+    )
+    rows: list[Row] = []
+    routers: list[Router] = []
+    try:
+        await _until_healthy(f"http://127.0.0.1:{port}/health", pod)
+        for label, entry in (
+            ("local tokenizer", {"path": str(directory)}),
+            ("source: engine (a pod's /tokenize)", {"source": "engine", "timeout_ms": 5000}),
+        ):
+            router, store = _router(port, entry)
+            routers.append(router)
+            samples: list[float] = []
+            for i, body in enumerate(bodies):
+                _fresh_page(store)  # as the scraper keeps it: a stale page costs health
+                start = time.perf_counter_ns()
+                routed = await router.route(path=CHAT, body=body, request_id=f"r{i}")
+                if i >= 20:  # the first ones warm the connection and the interpreter
+                    samples.append((time.perf_counter_ns() - start) / 1000)
+                router.complete(routed.token, 200)
+            engine = router.engine_tokenizer
+            if engine is not None:
+                ok = engine.calls.labels("ok")._value.get()
+                if ok != len(bodies):  # a fallback would time the local path instead
+                    raise RuntimeError(f"the engine answered {ok:g} of {len(bodies)} requests")
+            rows.append(Row(name, f"Router.route, new chat, {label}", count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
+        # The pod's part: the same /tokenize bodies posted directly (no router around).
+        samples = []
+        url = f"http://127.0.0.1:{port}/tokenize"
+        async with aiohttp.ClientSession() as http:
+            for i, c in enumerate(conversations):
+                prompt = parse_request(CHAT, _chat_body(c), {}).prompt
+                payload = request_body("m", prompt)
+                assert payload is not None
+                start = time.perf_counter_ns()
+                async with http.post(url, data=payload) as response:
+                    await response.read()
+                if i >= 20:
+                    samples.append((time.perf_counter_ns() - start) / 1000)
+        rows.append(Row(name, "POST /tokenize alone (the pod's answer, seen by the client)", count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
+    finally:
+        for router in routers:
+            if router.engine_tokenizer is not None:
+                await router.engine_tokenizer.close()
+        pod.terminate()
+        pod.wait(10)
+    return rows
+
+
+def _fresh_page(store: EndpointStore) -> None:
+    for endpoint in store.all():
+        store.scraped(endpoint, PodMetrics(model="m"))
+
+
 def markdown(rows: list[Row], command: str, load: str) -> str:
     lines = [
         "# Tokenizing with the model's own tokenizer",
         "",
-        f"Regenerate: `.venv/bin/{command}` (about 1 minute).",
+        f"Regenerate: `.venv/bin/{command}` (about 1 minute; 3 with `--engine`).",
         "",
         f"In process, on {platform.machine()} (CPython {platform.python_version()}), {load}.",
         "The machine is shared: compare rows of one run. Each decision row is what",
@@ -251,6 +377,16 @@ def markdown(rows: list[Row], command: str, load: str) -> str:
         "  tokenizer without the fast path pauses the loop far longer than the 50 ms the",
         "  server's body limit is set for: lower `max_blocks_per_request` for those.",
     ]
+    if any(r.case.startswith("Router.route") for r in rows):
+        lines += [
+            "- **Router.route, new chat** (`--engine`): the whole decision for a new",
+            "  4,096-token chat (parse, tokenize, hash, look up, score, reserve), the model's",
+            "  tokenizer given as its files, then as `source: engine`: a simulated pod in a",
+            "  process of its own, on loopback, serving the same tokenizer files, answers",
+            "  POST /tokenize (HF `tokenizers`' encode, as vLLM's). The difference is what",
+            "  the engine source adds to each decision; the pod's tokenization is part of it",
+            "  (**POST /tokenize alone**: the same requests sent without a router).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -264,6 +400,11 @@ def main(argv: list[str]) -> int:
         "--tokenizer", type=Path, action="append", help="a tokenizer directory (repeatable)"
     )
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="also time Router.route with the tokenizer as source: engine (a simulated pod)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument(
         "--out", type=Path, help="write NAME.md and NAME.json (e.g. docs/benchmarks/tokenize)"
@@ -277,6 +418,8 @@ def main(argv: list[str]) -> int:
     rows: list[Row] = []
     for directory in directories:
         rows += bench_tokenizer(directory, args.iterations, args.prompt_tokens)
+        if args.engine:
+            rows += asyncio.run(_engine_rows(directory, args.iterations, args.prompt_tokens))
     load = (
         f"load average {before:.1f} before and {os.getloadavg()[0]:.1f} after,"
         f" {os.cpu_count()} cores"
