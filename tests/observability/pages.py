@@ -180,4 +180,8 @@ def service_page() -> str:
     from epp.observability.replica_metrics import ReplicaMetrics
 
     ReplicaMetrics(metrics.registry)
+    # Likewise only with a `tokenizers:` entry of `source: engine`.
+    from epp.tokenization.engine import EngineTokenizer
+
+    EngineTokenizer({}, list, metrics.registry)
     return metrics.exposition().decode()
