@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 from e2e.harness import Rig, http, in_threads, wait_for
-from e2e.vllm_servers import MODEL, BlockHasher, VllmServer, server
+from e2e.vllm_servers import MODEL, BlockHasher, VllmServer, server, skip_reason
 
 from epp.envoy_config import render
 from epp_harness.stack import HOST, free_ports
@@ -68,16 +68,9 @@ WORDS = [
 # fmt: on
 
 
-def _skip_reason() -> str | None:
-    if os.environ.get("EPP_VLLM_E2E", "1") == "0":
-        return "EPP_VLLM_E2E=0"
-    why = server.missing()
-    return f"{why}: set it up with {server.SETUP_COMMANDS}" if why else None
-
-
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(_skip_reason() is not None, reason=f"real vLLM: {_skip_reason()}"),
+    pytest.mark.skipif(skip_reason() is not None, reason=f"real vLLM: {skip_reason()}"),
 ]
 
 

@@ -43,6 +43,14 @@ server = _load_tool("vllm_server")
 MODEL = server.MODEL_NAME
 
 
+def skip_reason() -> str | None:
+    """Why the real-vLLM tests cannot run here (None: they can)."""
+    if os.environ.get("EPP_VLLM_E2E", "1") == "0":
+        return "EPP_VLLM_E2E=0"
+    why = server.missing()
+    return f"{why}: set it up with {server.SETUP_COMMANDS}" if why else None
+
+
 @dataclass
 class VllmServer:
     name: str
