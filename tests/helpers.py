@@ -76,3 +76,37 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or 'a condition'}")
         await asyncio.sleep(0.02)
+
+
+def engine_router(address: str, model: str, **entry: object):
+    """A real Router in front of one real pod at `address` serving `model`, whose
+    tokenizer is the engine (`tokenizers: {model: {source: engine, **entry}}`), as the app
+    wires it: (router, the EngineTokenizer, the metrics registry). Close the tokenizer."""
+    from epp.app import connect
+    from epp.datalayer.store import EndpointStore
+    from epp.observability.metrics import EppMetrics
+    from epp.prefix.index import PrefixIndex
+    from epp.routing import Router
+    from epp.scheduling.scheduler import Scheduler
+    from epp.tokenization import TokenizerRegistry
+    from epp.tokenization.engine import EngineTokenizer
+
+    cfg = EppConfig.model_validate(
+        {
+            "tokenizers": {model: {"source": "engine", **entry}},
+            "endpoints": [{"name": "pod-0", "address": address}],
+        }
+    )
+    store = EndpointStore.for_config(cfg)
+    store.sync(cfg.endpoints)
+    for e in store.all():
+        store.scraped(e, PodMetrics(model=model))
+    index = PrefixIndex.from_config(cfg.prefix)
+    metrics = EppMetrics()
+    tokenizers = TokenizerRegistry.from_config(cfg.tokenizers)
+    router = Router(cfg, store, index, Scheduler(cfg.scheduling), tokenizers, metrics)
+    connect(store, index, router, cfg)
+    engine = EngineTokenizer.from_config(cfg.tokenizers, store.all, metrics.registry)
+    assert engine is not None
+    router.engine_tokenizer = engine
+    return router, engine, metrics.registry

@@ -17,20 +17,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import engine_router
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from tokenizer_fixtures import tokenizer_dir
 
-from epp.app import EppService, connect
+from epp.app import EppService
 from epp.config import EppConfig
-from epp.datalayer.metrics_parser import PodMetrics
-from epp.datalayer.store import EndpointStore
-from epp.observability.metrics import EppMetrics
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected, parse_request
 from epp.routing import Router
-from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry, load_tokenizer_dir
 from epp.tokenization.engine import EngineTokenizer
 from epp.tokenize import ByteEstimateTokenizer
@@ -59,26 +55,9 @@ async def pod() -> AsyncIterator[RunningPod]:
 
 
 def build(pod: RunningPod, **entry: Any) -> tuple[Router, EngineTokenizer, CollectorRegistry]:
-    config = EppConfig.model_validate(
-        {
-            "tokenizers": {MODEL: {"source": "engine", **entry}},
-            "endpoints": [{"name": "pod-0", "address": f"127.0.0.1:{pod.port}"}],
-        }
-    )
-    store = EndpointStore.for_config(config)
-    store.sync(config.endpoints)
-    for endpoint in store.all():
-        store.scraped(endpoint, PodMetrics(model=MODEL))
-    index = PrefixIndex.from_config(config.prefix)
-    metrics = EppMetrics()
-    registry = TokenizerRegistry.from_config(config.tokenizers)
-    router = Router(config, store, index, Scheduler(config.scheduling), registry, metrics)
-    connect(store, index, router, config)
-    engine = EngineTokenizer.from_config(config.tokenizers, store.all, metrics.registry)
-    assert engine is not None
+    router, engine, registry = engine_router(f"127.0.0.1:{pod.port}", MODEL, **entry)
     OPEN.append(engine)
-    router.engine_tokenizer = engine
-    return router, engine, metrics.registry
+    return router, engine, registry
 
 
 def counted(registry: CollectorRegistry, result: str) -> float:
