@@ -234,3 +234,20 @@ def test_default_configs_never_await_the_engine() -> None:
         assert service.router.engine_tokenizer is None
     engine = EppService(EppConfig.model_validate({"tokenizers": {"m": {"source": "engine"}}}))
     assert engine.router.engine_tokenizer is not None
+
+
+async def test_a_long_answer_arriving_in_many_chunks_is_read_whole(pod: RunningPod) -> None:
+    # a generous timeout: the pod takes a while to tokenize 30k tokens on a busy machine
+    router, _, registry = build(pod, path=str(tokenizer_dir("chatml")), timeout_ms=10_000)
+    text = " ".join(WORDS[i % len(WORDS)] + str(i) for i in range(12_000))
+    body = {"model": MODEL, "prompt": text, "max_tokens": 1}
+    routed = await router.route(
+        path="/v1/completions", body=json.dumps(body).encode(), request_id="r"
+    )
+    # the pod's ids (its llama3 files, BOS first as for /v1/completions), ~200 KB of JSON
+    expected = load_tokenizer_dir(tokenizer_dir("llama3")).encode(text)
+    assert len(expected) > 30_000
+    assert counted(registry, "ok") == 1
+    assert routed.prompt_tokens == len(expected)
+    want = hashes(expected)
+    assert router._index.match(want) == {"pod-0": len(want)}

@@ -161,10 +161,16 @@ class EngineTokenizer:
                         return "error", None
                     if (response.content_length or 0) > limit:
                         return "bad_answer", None
-                    # One byte beyond the limit tells an over-long answer from a full one.
-                    raw = await response.content.read(limit + 1)
-                    if len(raw) > limit:
-                        return "bad_answer", None
+                    # Chunk by chunk (a read returns what has arrived, not the whole
+                    # answer), refusing as soon as the answer outgrows the limit.
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in response.content.iter_chunked(64 * 1024):
+                        size += len(chunk)
+                        if size > limit:
+                            return "bad_answer", None
+                        chunks.append(chunk)
+                    raw = b"".join(chunks)
         except TimeoutError:
             return "timeout", None
         except (aiohttp.ClientError, OSError):
