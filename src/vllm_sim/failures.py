@@ -28,7 +28,7 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_sim.openai_errors import ApiError, error_type
 
@@ -185,26 +185,29 @@ class PodFaults:
             ):
                 raise ApiError(400, "'health' must be null or an HTTP error status (400-599).")
             health = value
-        metrics = self.metrics
-        if "metrics" in body:
-            value = body["metrics"]
-            try:
-                metrics = None if value is None else MetricsFault(value)
-            except ValueError:
-                raise ApiError(400, "'metrics' must be null, 'garbage' or 'hang'.") from None
-        tokenize = self.tokenize
-        if "tokenize" in body:
-            value = body["tokenize"]
-            try:
-                tokenize = None if value is None else TokenizeFault(value)
-            except ValueError:
-                raise ApiError(
-                    400, "'tokenize' must be null, 'garbage', 'hang' or 'error'."
-                ) from None
+        metrics = _switch(body, "metrics", MetricsFault, self.metrics)
+        tokenize = _switch(body, "tokenize", TokenizeFault, self.tokenize)
         self.health_status, self.metrics, self.tokenize = health, metrics, tokenize
 
     def state(self) -> dict[str, Any]:
         return {"health": self.health_status, "metrics": self.metrics, "tokenize": self.tokenize}
+
+
+_Fault = TypeVar("_Fault", bound=StrEnum)
+
+
+def _switch(
+    body: Mapping[str, Any], key: str, kind: type[_Fault], now: _Fault | None
+) -> _Fault | None:
+    """The switch `key` after a `/sim/fail` body: its value, null (off), or as it was."""
+    if key not in body:
+        return now
+    value = body[key]
+    try:
+        return None if value is None else kind(value)
+    except ValueError:
+        names = ", ".join(f"'{k.value}'" for k in kind)
+        raise ApiError(400, f"'{key}' must be null or one of {names}.") from None
 
 
 @dataclass(slots=True)
