@@ -16,7 +16,7 @@ array whose first element is the type name. `encode_event_batch` writes the map 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -160,6 +160,13 @@ _POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
     "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
+
+
+def positional_event(event: Mapping[str, Any]) -> list[Any]:
+    """A map-style event (`{"type": ..., fields}`) in the positional layout older vLLM
+    publishes (<= 0.25): the type, then its fields in order (absent ones as None)."""
+    kind = event["type"]
+    return [kind, *(event.get(name) for name in _POSITIONAL_FIELDS[kind])]
 
 
 def _hash(value: object) -> int:

@@ -105,22 +105,8 @@ def _reencode(event: dict, hashes_as: str, layout: str) -> object:
         fields["parent_block_hash"] = value(fields["parent_block_hash"])
     if layout == "map":
         return fields
-    order = {
-        "BlockStored": (
-            "block_hashes",
-            "parent_block_hash",
-            "token_ids",
-            "block_size",
-            "lora_id",
-            "medium",
-            "lora_name",
-            "extra_keys",
-            "group_idx",
-        ),
-        "BlockRemoved": ("block_hashes", "medium", "group_idx"),
-        "AllBlocksCleared": (),
-    }[fields["type"]]
-    return [fields["type"], *(fields.get(name) for name in order), None, None]
+    # The engine model's encoder (vllm_sim), plus trailing fields the decoder must ignore.
+    return [*sim_events.positional_event(fields), None, None]
 
 
 @pytest.mark.parametrize("layout", ["map", "positional"])

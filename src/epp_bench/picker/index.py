@@ -53,6 +53,7 @@ from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.prefix.kv_events import DecodeLimits, KvEventDecoder, KvEventStats
 from epp.prefix.precise import PreciseIndex
+from vllm_sim.kv_events import positional_event
 
 BLOCK = 16
 TOKENS = 4096
@@ -449,27 +450,9 @@ def _stream(
             if len(tails) > 1000:
                 tails = tails[-1000:]
         if layout == "positional":
-            events = [_positional(e) for e in events]  # type: ignore[arg-type]
+            events = [positional_event(e) for e in events]  # type: ignore[arg-type]
         payloads.append(msgspec.msgpack.encode([time.time(), events, 0]))
     return payloads, blocks
-
-
-def _positional(event: dict) -> list[object]:
-    if event["type"] == "BlockStored":
-        names = (
-            "block_hashes",
-            "parent_block_hash",
-            "token_ids",
-            "block_size",
-            "lora_id",
-            "medium",
-            "lora_name",
-            "extra_keys",
-            "group_idx",
-        )
-    else:
-        names = ("block_hashes", "medium")
-    return [event["type"], *(event.get(name) for name in names)]
 
 
 def ingest(batches: int, repeats: int = 3) -> list[Ingest]:
