@@ -84,6 +84,22 @@ class Fleet:
         fleet.wait_envoy_healthy(count)
         return fleet
 
+    def diagnosis(self) -> str:
+        """What each replica logged about its peers and counts about them (for a failure
+        message: a run that fails once in many must say why)."""
+        out = []
+        for replica in self.replicas:
+            log = self.r.work / f"epp-{replica.index}.log"
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+            out.append(f"--- epp-{replica.index}.log (replica and start-up events)")
+            out += [x[:400] for x in lines if '"replica_' in x or '"epp_started"' in x][-30:]
+            try:
+                page = http(f"{replica.base}/metrics", timeout=5)[2].decode()
+                out += [x for x in page.splitlines() if x.startswith("epp_replica_")]
+            except OSError as exc:
+                out.append(f"metrics: {exc!r}")
+        return "\n".join(out)
+
     def wait_envoy_healthy(self, count: int) -> None:
         """Until Envoy's health checks (every 0.5 s) pass for every replica: gRPC readiness
         follows the EPP's /ready within 0.25 s, so a first check can fail."""
@@ -218,7 +234,10 @@ def test_sigkill_of_one_replica_fails_no_request_and_the_restarted_one_gets_the_
         # Restarted on the same address: before routing anything it holds the survivor's
         # recent decisions (the history sent to a replica seen for the first time).
         fleet.start_replica(victim)
-        wait_for(lambda: victim.prefix_blocks() > 0, timeout=10, what="history")
+        try:
+            wait_for(lambda: victim.prefix_blocks() > 0, timeout=10, what="history")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{fleet.diagnosis()}") from None
         assert victim.routed() == 0
         # Envoy takes it back at its next health check (0.5 s): it routes again.
         deadline = time.monotonic() + 10.0

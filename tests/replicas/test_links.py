@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -17,7 +18,15 @@ from helpers import config, router_with
 from epp.config import DEFAULT_WEIGHTS
 from epp.replicas import ReplicaSync
 from epp.replicas.peers import PeerSet
-from epp.replicas.protocol import HEADER, PROTOCOL_VERSION, Decision, Hello, decode, encode
+from epp.replicas.protocol import (
+    HEADER,
+    PROTOCOL_VERSION,
+    Decision,
+    Hello,
+    decode,
+    encode,
+    read_frame,
+)
 
 PODS = [
     {"name": "a", "address": "127.0.0.1:8001", "model": "m"},
@@ -474,3 +483,65 @@ async def test_history_keeps_the_last_frames_by_count():
     for i in range(5):
         a.sync.peers.broadcast(bytes([i]))
     assert a.sync.peers.history_for("x") == [bytes([2]), bytes([3]), bytes([4])]
+
+
+async def test_a_link_connected_to_itself_is_a_failed_attempt_not_this_replica(monkeypatch):
+    """Dialling a free port of this host can connect a socket to itself (TCP's simultaneous
+    open, when the kernel picks that port as the source): the link reads its own hello
+    back. That is no peer: the link must keep trying, not park for good as `self`."""
+    real_open = asyncio.open_connection
+    attempts = 0
+
+    async def self_connected(host: str, port: int, **kwargs):
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            return await real_open(host, port, **kwargs)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.connect(sock.getsockname())  # connected to itself
+        return await real_open(sock=sock)
+
+    monkeypatch.setattr("epp.replicas.peers.asyncio.open_connection", self_connected)
+    names = Names()
+    a, b = Replica("ra", ["b:1"], names), Replica("rb", [], names)
+    async with running(a, b):
+        names.table = {"b": [("127.0.0.1", b.port)]}
+        start_links(a)
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="b reached")
+        assert attempts >= 2
+        a.route("alpha")
+        await until(lambda: b.received("applied") == 1, what="b received")
+
+
+async def test_the_history_goes_again_when_its_connection_failed_at_once():
+    """A replica seen for the first time gets the history once; when the connection that
+    carried it fails right away (the peer closed or replaced it before reading), the
+    next connection carries it again."""
+    names = Names()
+    a = Replica("ra", ["b:1"], names, backoff_max_s=0.2)
+    a.route("t0")  # in the history before any peer is known
+    handshakes = 0
+
+    async def hello_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        nonlocal handshakes
+        await read_frame(reader, 4096)
+        writer.write(encode(Hello("rb", PROTOCOL_VERSION, 16)))
+        await writer.drain()
+        handshakes += 1
+        writer.close()
+
+    async with running(a):
+        fake = await asyncio.start_server(hello_then_close, "127.0.0.1", 0)
+        port = fake.sockets[0].getsockname()[1]
+        names.table = {"b": [("127.0.0.1", port)]}
+        start_links(a)
+        await until(lambda: handshakes >= 1, what="the first connection")
+        fake.close()
+        await fake.wait_closed()
+        b = Replica("rb", [], names)  # the same replica id: only the connection failed
+        b.sync.server.port = port
+        async with running(b):
+            await until(lambda: b.received("late") + b.received("applied") == 1, what="the history")
+            assert max(b.index.match(a.hashes("t0")).values()) == len(a.hashes("t0"))

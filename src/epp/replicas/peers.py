@@ -14,7 +14,12 @@ address. Routing hands it encoded frames (`broadcast`, `send_to`) and never wait
   (one replica listed twice) waits instead of sending every decision twice;
 - the last `history` decision frames are kept, and a replica seen for the first time
   (a new or restarted one: replica ids are random per process) gets them before the
-  live queue, so it does not start with an empty prefix index.
+  live queue, so it does not start with an empty prefix index. A connection that fails
+  within `HISTORY_SETTLE_S` of sending them may not have delivered them: the next
+  connection to that replica sends them again;
+- a connection to a free port on this host can be connected to itself (TCP's
+  simultaneous open, when the kernel picks that port as the source port): it is a
+  failed attempt, not a peer answering with this replica's id.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ HELLO_MAX_BYTES = 4096
 # FIN or RST); idle connections are probed.
 TCP_USER_TIMEOUT_MS = 10_000
 MAX_GREETED = 10_000
+# A connection that sent the history and failed sooner than this after may have lost it
+# (the peer replaced or closed it before reading): the history goes again next time.
+HISTORY_SETTLE_S = 5.0
 # Memory bounds beside the frame counts (replicas.queue_size, replicas.history): a frame
 # is about 1 KB for a 2,000-token prompt but up to 74 KB at 8,192 blocks.
 MAX_QUEUE_BYTES = 16 * 1024 * 1024  # per peer
@@ -150,6 +158,8 @@ class PeerLink:
                 if self.connected:
                     log.info("replica_peer_disconnected", peer=self._name, error=repr(exc))
                     backoff = BACKOFF_MIN_S  # it was up: try again soon
+            except Exception:  # a bug must cost this connection, never the link for good
+                log.exception("replica_peer_link_failed", peer=self._name)
             finally:
                 if self.connected:
                     self.state = "connecting"
@@ -176,7 +186,12 @@ class PeerLink:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(*self.address), CONNECT_TIMEOUT_S
         )
+        loop = asyncio.get_running_loop()
+        history_sent_at = -1.0  # when this connection sent the history (never: -1)
         try:
+            sock = writer.get_extra_info("socket")
+            if sock is not None and sock.getsockname() == sock.getpeername():
+                raise ConnectionRefusedError("connected to itself: nothing listens there")
             _tune(writer)
             writer.write(owner.hello_frame)
             hello = decode(
@@ -199,9 +214,13 @@ class PeerLink:
                 for frame in history:
                     writer.write(frame)
                 owner.metrics.sent.inc(len(history))
+                history_sent_at = loop.time()
             await self._pump(reader, writer)
         finally:
             writer.close()
+            sent = history_sent_at >= 0.0
+            if sent and self.peer_id and loop.time() - history_sent_at < HISTORY_SETTLE_S:
+                owner.history_unsettled(self.peer_id)
 
     @property
     def _name(self) -> str:
@@ -319,6 +338,11 @@ class PeerSet:
             self._greeted.clear()
         self._greeted.add(replica_id)
         return list(self._history)
+
+    def history_unsettled(self, replica_id: str) -> None:
+        """The connection that sent the replica its history failed soon after: it may
+        not have got it, so the next connection sends it again."""
+        self._greeted.discard(replica_id)
 
     def peer_appeared(self, replica_id: str) -> None:
         """A replica connected to this one's listener (PeerServer): if it is new (just
