@@ -10,7 +10,8 @@ events (EndpointStore.on_change) to their readers, in this order:
 
     store --added/removed--------------------> scraper (one scrape loop per pod)
     store --removed/reset/updated------------> prefix index (`connect`: forget a pod,
-                                               clear its cache, size it from its page)
+                                               clear its cache unless precise mode owns
+                                               it, size it from its page)
     store --added/updated/reset/removed------> precise mode (one KV-event subscriber per
                                                pod that publishes: datalayer/kv_events_wiring)
     store --removed/released/updated/added---> router (forget a pod's requests and scorer
@@ -77,16 +78,22 @@ HEALTH_REFRESH_S = 0.25
 DRAIN_POLL_S = 0.05
 
 
-def index_listener(index: PrefixIndex, config: PrefixConfig) -> EndpointListener:
+def index_listener(
+    index: PrefixIndex, config: PrefixConfig, precise: PreciseMode | None = None
+) -> EndpointListener:
     """What the endpoint store's events change in the prefix index: a removed pod is
     forgotten, a restarted engine (reset) has an empty cache, and with
     `use_reported_capacity` a pod's capacity is the KV size its page reports (in our
-    blocks), bounded by `capacity_per_pod`."""
+    blocks), bounded by `capacity_per_pod`. A reset of a pod that `precise` follows
+    precisely is left to it (connected after this listener): its subscriber may already
+    have rebuilt the entries from the new process, which a clear here would throw away."""
 
     def on_change(event: str, endpoint: Endpoint) -> None:
         if event == "removed":
             index.remove_pod(endpoint.name)
         elif event == "reset":
+            if precise is not None and precise.owns_entries(endpoint.name):
+                return  # PreciseMode.on_change decides (and logs) for this pod
             index.clear_pod(endpoint.name)
             log.info("pod_cache_reset", pod=endpoint.name)
         elif event == "updated" and config.use_reported_capacity:
@@ -115,7 +122,7 @@ def connect(
     Router calls it once: the service below, the virtual-time and overhead benchmarks,
     the tests' `router_with`. With `precise`, the router's decisions on precise pods open
     stale-routing claims that the pods' KV events settle (epp.prefix.precise_stale)."""
-    store.on_change(index_listener(index, config.prefix))
+    store.on_change(index_listener(index, config.prefix, precise))
     if precise is not None:
         store.on_change(precise.on_change)
         router.record_listeners.append(precise.precise.dispatched)

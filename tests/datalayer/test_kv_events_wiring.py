@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from epp.app import EppService
+from epp.app import EppService, index_listener
 from epp.config import EndpointConfig, EppConfig, KvEventsConfig
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.metrics_parser import PodMetrics
@@ -92,11 +92,13 @@ def engine_view(pod: RunningPod) -> set[int]:
 
 
 class Rig:
-    def __init__(self, **kv_events: object) -> None:
+    def __init__(self, *, app_index_listener: bool = False, **kv_events: object) -> None:
         config = KvEventsConfig.model_validate({**FAST, **kv_events})
         self.store = EndpointStore(EppConfig().datalayer)
         self.index = PrefixIndex(100_000, clock=self.store.now)
         self.mode = PreciseMode(config, self.index, 16)
+        if app_index_listener:  # as the app connects them: the index listener first
+            self.store.on_change(index_listener(self.index, EppConfig().prefix, self.mode))
         self.store.on_change(self.mode.on_change)
 
     def holds(self, pod: str, ids: list[int], model: str = MODEL) -> int:
@@ -221,28 +223,85 @@ async def test_a_new_start_time_on_a_page_is_one_restart_even_with_counters_high
     pods: list[RunningPod],
 ):
     """The store's pages feed the pod's `process_start_time_seconds` to its subscriber:
-    a new one drops the entries and resyncs, once (the store's `reset` and the `updated`
-    after it carry the same page), and pages with the same one change nothing."""
+    a new one (a process started after the subscriber's last resync) drops the entries and
+    resyncs, once (the store's `reset` and the `updated` after it carry the same page),
+    and pages with the same one change nothing."""
     rig = Rig()
     await rig.mode.start()
     try:
         rig.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
         pod0 = rig.store.get("pod-0")
         assert pod0 is not None
-        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=500, start_time=1.0))
+        old = time.time() - 600
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=500, start_time=old))
         await until(lambda: rig.attached("pod-0"))
         await serve(pods[0], ids_of(1))
         await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)
         sub = rig.mode.subscriber("pod-0")
         assert sub is not None
-        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=600, start_time=1.0))
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=600, start_time=old))
         assert sub.state.restarts == 0 and rig.holds("pod-0", ids_of(1)) == 10
-        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=900, start_time=2.0))
-        assert sub.state.restarts == 1
+        new = time.time()  # started after the subscriber's resync: its entries may be old
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=900, start_time=new))
+        assert sub.state.restarts == 1 and sub.state.restart_drops_skipped == 0
         assert rig.holds("pod-0", ids_of(1)) == 0  # dropped at once...
         await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)  # ...and replayed
-        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=950, start_time=2.0))
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, prefix_queries=950, start_time=new))
         assert sub.state.restarts == 1
+    finally:
+        await rig.mode.close()
+
+
+async def test_a_reset_of_a_precise_pod_is_its_subscribers_to_decide_an_approximate_one_clears(
+    pods: list[RunningPod],
+):
+    """The app's index listener and precise mode on one store, in the app's order. A
+    page with a new start time for a precise pod whose subscriber resynced well after that
+    start (its entries come from the new process) keeps them: neither the listener nor
+    the subscriber drops them. A start time after the resync drops them. An approximate
+    pod's reset still clears what the router recorded for it."""
+    rig = Rig(app_index_listener=True, pod_modes={"pod-1": "approximate"})
+    resets: list[str] = []
+    rig.store.on_change(lambda event, e: resets.append(e.name) if event == "reset" else None)
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL), endpoint("pod-1", pods[1])])
+        pod0, pod1 = rig.store.get("pod-0"), rig.store.get("pod-1")
+        assert pod0 is not None and pod1 is not None
+        old = time.time() - 600
+        for pod in (pod0, pod1):
+            rig.store.scraped(pod, PodMetrics(model=MODEL, start_time=old))
+        await until(lambda: rig.attached("pod-0"))
+        sub = rig.mode.subscriber("pod-0")
+        assert sub is not None and rig.mode.subscriber("pod-1") is None
+        await serve(pods[0], ids_of(1))
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)
+        assert sub.state.resynced_at is not None
+        rig.index.record("pod-1", ours(ids_of(2)))  # as the router records a decision
+        assert rig.mode.owns_entries("pod-0") and not rig.mode.owns_entries("pod-1")
+
+        resyncs = sub.state.resyncs
+        # The new process started 5 s before the subscriber's resync (more than its 3 s
+        # margin): what the subscriber holds came from it.
+        before = sub.state.resynced_at - 5.0
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, start_time=before))
+        assert resets == ["pod-0"]
+        assert rig.holds("pod-0", ids_of(1)) == 10  # kept by both listeners
+        assert (sub.state.restarts, sub.state.restart_drops_skipped) == (1, 1)
+        assert rig.mode.stats.counts["restart_drops_skipped"] == 1
+        await asyncio.sleep(0.3)
+        assert sub.state.resyncs == resyncs and rig.holds("pod-0", ids_of(1)) == 10
+
+        # A process started after the resync: the entries may be the old one's.
+        rig.store.scraped(pod0, PodMetrics(model=MODEL, start_time=time.time()))
+        assert rig.holds("pod-0", ids_of(1)) == 0
+        assert (sub.state.restarts, sub.state.restart_drops_skipped) == (2, 1)
+        await until(lambda: rig.holds("pod-0", ids_of(1)) == 10)  # replayed
+        assert sub.state.resyncs == resyncs + 1
+
+        assert rig.holds("pod-1", ids_of(2)) == 10
+        rig.store.scraped(pod1, PodMetrics(model=MODEL, start_time=time.time()))
+        assert resets[-1] == "pod-1" and rig.holds("pod-1", ids_of(2)) == 0
     finally:
         await rig.mode.close()
 

@@ -8,6 +8,7 @@ dropping it looks like to a subscriber."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import socket
 import time
@@ -273,14 +274,121 @@ async def test_a_restart_seen_in_the_metrics_drops_entries_now_and_resyncs(rig: 
     ids = ids_of(1)
     await serve(rig.pod, ids)
     await until(lambda: rig.holds(ids) == 10)
-    rig.sub.observe_start_time(100.0)
-    rig.sub.observe_start_time(100.0)
+    running = time.time() - 600
+    rig.sub.observe_start_time(running)
+    rig.sub.observe_start_time(running)
     assert rig.holds(ids) == 10
-    rig.sub.observe_start_time(200.0)  # a new engine
+    rig.sub.observe_start_time(time.time())  # a new engine, started after the last resync
     assert rig.holds(ids) == 0
     # The pod did not really lose its cache here: the replay buffer brings it back.
     await until(lambda: rig.holds(ids) == 10)
-    assert rig.sub.state.restarts == 1
+    assert rig.sub.state.restarts == 1 and rig.sub.state.restart_drops_skipped == 0
+
+
+async def test_a_start_time_read_after_the_resync_from_the_restarted_publisher_keeps_the_entries():
+    """The pod's process restarts on the same ports; the subscriber reconnects to the new
+    publisher and rebuilds the entries from its replay. Only then does the new process's
+    page (its start time) arrive, as with vLLM, whose page is served once the engine is up:
+    the entries are the new process's already, and stay. (A 0.5 s margin here instead of
+    3 s, and the new publisher bound after it, as vLLM's engine binds its publisher 20-70 s
+    after the process started.)"""
+    settings = dataclasses.replace(FAST, restart_margin_s=0.5)
+    port, replay_port = free_port(), free_port()
+    old_started = time.time()
+    old = await pod_with_events(port, replay_port)
+    rig = await Rig(old, settings=settings).start()
+    try:
+        stale = ids_of(1)
+        await serve(old, stale)
+        await until(lambda: rig.holds(stale) == 10)
+        assert rig.sub.observe_start_time(old_started) is False  # its first page
+        await old.close()
+        await until(lambda: rig.sub.state.disconnects == 1)
+        new_started = time.time()
+        await asyncio.sleep(settings.restart_margin_s + 0.1)  # its engine loads
+        new = await pod_with_events(port, replay_port)
+        rig.pod = new
+        try:
+            fresh = ids_of(2)
+            await serve(new, fresh)
+            await until(lambda: rig.holds(fresh) == 10 and rig.sub.state.resynced_at is not None)
+            resynced_at = rig.sub.state.resynced_at
+            assert resynced_at is not None and resynced_at >= new_started + 0.5
+            resyncs = rig.sub.state.resyncs
+
+            assert rig.sub.observe_start_time(new_started) is True  # a restart, seen...
+            assert rig.holds(fresh) == 10  # ...whose entries were rebuilt already: kept
+            assert rig.sub.state.restarts == 1 and rig.sub.state.restart_drops_skipped == 1
+            assert rig.stats.counts["publisher_restarts"] == 1
+            assert rig.stats.counts["restart_drops_skipped"] == 1
+            await asyncio.sleep(0.3)
+            assert rig.sub.state.resyncs == resyncs  # no replay again
+            assert rig.holds(fresh) == 10 and rig.holds(stale) == 0
+            assert set(rig.index.engine_blocks("pod-0")) == rig.engine_view()
+        finally:
+            await new.close()
+    finally:
+        await rig.sub.close()
+
+
+@pytest.mark.parametrize(
+    ("resync_after_start", "dropped"),
+    [
+        (3.5, False),  # the resync began after the start, by more than the 3 s margin
+        (2.5, True),  # within the margin: the clocks may differ, the start reads early
+        (0.0, True),
+        (-30.0, True),  # the process started after the resync: nothing rebuilt it since
+    ],
+)
+async def test_a_new_start_time_keeps_the_entries_only_after_a_resync_well_after_it(
+    rig: Rig, resync_after_start: float, dropped: bool
+):
+    ids = ids_of(1)
+    await serve(rig.pod, ids)
+    await until(lambda: rig.holds(ids) == 10)
+    resynced_at = rig.sub.state.resynced_at
+    assert resynced_at is not None  # the resync at the connection, finished
+    assert rig.sub.settings.restart_margin_s == 3.0
+    rig.sub.observe_start_time(resynced_at - 3600)  # the running process's page
+    assert rig.sub.observe_start_time(resynced_at - resync_after_start) is True
+    assert rig.holds(ids) == (0 if dropped else 10)
+    assert rig.sub.state.restart_drops_skipped == (0 if dropped else 1)
+    assert rig.stats.counts["restart_drops_skipped"] == (0 if dropped else 1)
+
+
+async def test_a_restart_seen_after_a_disconnect_or_a_failed_replay_drops_the_entries():
+    """Nothing finished rebuilding the entries since: a start time well before the last
+    resync's still drops them (when in doubt, drop)."""
+    port = free_port()
+    pod = await pod_with_events(port, replay_port=None)
+    settings = SubscriberSettings(resync_timeout_s=0.2, reconnect_ivl_s=0.05)
+    rig = Rig(pod, replay_endpoint=f"tcp://127.0.0.1:{free_port()}", settings=settings)
+    try:
+        await rig.start()
+        await until(lambda: rig.sub.state.replay_failures == 1)  # the resync's replay failed
+        assert rig.sub.state.resynced_at is None
+        ids = ids_of(1)
+        await serve(pod, ids)
+        await until(lambda: rig.holds(ids) == 10)
+        rig.sub.observe_start_time(time.time() - 3600)
+        assert rig.sub.observe_start_time(time.time() - 60) is True
+        assert rig.holds(ids) == 0 and rig.sub.state.restart_drops_skipped == 0
+    finally:
+        await rig.sub.close()
+        await pod.close()
+
+    pod = await pod_with_events()  # with a replay socket: the resync finishes
+    rig = await Rig(pod).start()
+    try:
+        await until(lambda: rig.sub.state.resynced_at is not None)
+        rig.sub.observe_start_time(time.time() - 3600)
+        await pod.close()
+        await until(lambda: rig.sub.state.disconnects == 1)
+        assert rig.sub.state.resynced_at is None
+        assert rig.sub.observe_start_time(time.time() - 60) is True
+        assert rig.sub.state.restart_drops_skipped == 0
+    finally:
+        await rig.sub.close()
 
 
 async def test_an_idle_probe_finds_a_lost_last_batch():

@@ -14,6 +14,11 @@ store decides a restart, and the prefix index and precise mode act on it.
   publisher continues the old one's sequence numbers (`--kv-events-first-seq`): neither
   a disconnect nor a sequence going back tells. The start time does: the old process's
   blocks go, the new one's are kept block by block.
+- Precise pod whose subscriber caught up first: the subscriber reconnects to the new
+  process and rebuilds the pod's entries from its replay before the EPP reads the new
+  start time (as with vLLM, which serves its page once the engine is up). The start time
+  then changes nothing: neither the app's index listener nor the subscriber drops the
+  entries again.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ FAST = ["--prefill-per-token-ms", "0.01", "--decode-per-token-ms", "0.2"]
 class Sim:
     """`python -m vllm_sim` on fixed ports, as its own process."""
 
-    def __init__(self, port: int, kv_port: int, log: Path) -> None:
+    def __init__(self, port: int, kv_port: int, log: Path, replay_port: int | None = None) -> None:
         self.port, self.kv_port, self.log = port, kv_port, log
+        self.replay_port = replay_port
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -68,6 +74,8 @@ class Sim:
             "--kv-events-port", str(self.kv_port), "--kv-events-topic", "",
             "--kv-events-first-seq", str(first_seq),
         ]  # fmt: skip
+        if self.replay_port is not None:
+            argv += ["--kv-replay-port", str(self.replay_port)]
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         async with aiohttp.ClientSession() as session:
@@ -121,10 +129,10 @@ class Forwarder:
     connected while the publisher behind it restarts (XSUB reconnects upstream and sends
     the subscriptions again)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, port: int = 0) -> None:
         self._context = zmq.Context()
         self._ready = threading.Event()
-        self.port = 0
+        self.port = port  # 0: any free one
         self._thread = threading.Thread(target=self._run, args=(upstream,), daemon=True)
         self._thread.start()
         assert self._ready.wait(10)
@@ -138,7 +146,10 @@ class Forwarder:
         control.bind("inproc://forwarder-control")
         front.setsockopt(zmq.RECONNECT_IVL, 50)
         front.connect(upstream)
-        self.port = back.bind_to_random_port(f"tcp://{HOST}")
+        if self.port:
+            back.bind(f"tcp://{HOST}:{self.port}")
+        else:
+            self.port = back.bind_to_random_port(f"tcp://{HOST}")
         self._ready.set()
         try:
             zmq.proxy_steerable(front, back, None, control)
@@ -164,7 +175,7 @@ class Epp:
             {"resync_timeout_s": 1.0, "reconnect_max_s": 0.2, "fallback_after_s": 0.5}
         )
         self.mode = PreciseMode(kv_events, self.index, 16)
-        self.store.on_change(index_listener(self.index, config.prefix))
+        self.store.on_change(index_listener(self.index, config.prefix, self.mode))
         self.store.on_change(self.mode.on_change)
         self.scraper = MetricsScraper(self.store, config.datalayer)
         self.labels = labels
@@ -304,3 +315,70 @@ async def test_a_precise_pod_restarted_behind_a_forwarder_with_its_sequence_cont
     finally:
         await epp.close()
         forwarder.close()
+
+
+async def test_a_precise_pods_new_start_time_read_after_its_resync_keeps_the_entries(
+    tmp_path: Path,
+):
+    """The pod's events come through a forwarder that goes down with the old process and
+    comes back (on the same port) after the new one has been running for longer than the
+    subscriber's margin (3 s): it stands for vLLM's engine, which binds its publisher
+    20-70 s after its process started (the simulator binds at once). The subscriber
+    reconnects, rebuilds the entries from the new process's replay socket, and only then
+    the EPP reads the page with the new start time: the store's reset reaches both the
+    index listener and precise mode, and neither drops the entries."""
+    port, kv_port, replay_port, front = free_ports(4)
+    sim = Sim(port, kv_port, tmp_path / "sim.log", replay_port=replay_port)
+    upstream = f"tcp://{HOST}:{kv_port}"
+    forwarder: Forwarder | None = None
+    epp = Epp(
+        {
+            "kv_events_mode": "precise",
+            "kv_events_endpoint": f"tcp://{HOST}:{front}",
+            "kv_events_replay": f"tcp://{HOST}:{replay_port}",
+            "kv_events_topic": "",
+        }
+    )
+    try:
+        await sim.start()
+        forwarder = Forwarder(upstream, front)
+        await epp.start(sim)
+        await epp.page()
+        sub = epp.mode.subscriber("pod-0")
+        assert sub is not None
+        await until(lambda: sub.state.resynced_at is not None, 20, "the first resync")
+        await sim.serve(ids_of(1))
+        engine = await sim.engine_blocks()
+        await until(lambda: set(epp.index.engine_blocks("pod-0")) == engine, 20, "the events")
+
+        sim.stop()
+        forwarder.close()
+        forwarder = None
+        await until(lambda: sub.state.disconnects == 1, 20, "the disconnect")
+        assert epp.holds(ids_of(1)) == 0
+        await sim.start()
+        started = await sim.start_time()
+        await sim.serve(ids_of(2))  # only in its replay buffer: nobody subscribes yet
+        margin = sub.settings.restart_margin_s
+        await asyncio.sleep(max(0.0, started + margin + 0.2 - time.time()))
+        forwarder = Forwarder(upstream, front)
+        await until(lambda: epp.holds(ids_of(2)) == 10, 20, "the resync from the new process")
+        await until(lambda: sub.state.resynced_at is not None, 20, "the resync to finish")
+        resynced_at = sub.state.resynced_at
+        assert resynced_at is not None and resynced_at >= started + margin
+        resyncs = sub.state.resyncs
+
+        await epp.page()  # the new start time
+        assert epp.resets == 1 and sub.state.restarts == 1
+        assert sub.state.restart_drops_skipped == 1
+        assert epp.mode.stats.counts["restart_drops_skipped"] == 1
+        assert epp.holds(ids_of(2)) == 10  # not dropped by either
+        await asyncio.sleep(0.5)
+        assert sub.state.resyncs == resyncs  # and not replayed again
+        assert epp.holds(ids_of(2)) == 10 and epp.holds(ids_of(1)) == 0
+        assert set(epp.index.engine_blocks("pod-0")) == await sim.engine_blocks()
+    finally:
+        await epp.close()
+        if forwarder is not None:
+            forwarder.close()
+        sim.stop()

@@ -15,9 +15,14 @@ reader of the store's events:
 - `reset` (the store saw the pod's server restart: its counters went back, or its
   `process_start_time_seconds` is later than any seen): `restarted`, so its entries go
   now and are rebuilt from a full resync, even when the publisher's sequence numbers
-  never went back and its connection never dropped (a forwarder in between).
+  never went back and its connection never dropped (a forwarder in between). With a new
+  start time the subscriber decides (`observe_start_time`): entries it already rebuilt
+  from the new process stay (kv_subscriber's module docstring has the rule).
 - every page's start time also goes to the subscriber (`observe_start_time`), which
   remembers it: a subscriber made after a page compares the next one with it.
+- For a pod followed precisely, that decision is the only one: the app's index listener
+  (`epp.app.index_listener`, connected before this) asks `owns_entries` and leaves such a
+  pod's `reset` here, so that the two do not drop what one of them knows to be current.
 - `removed`: the subscriber is closed and the pod forgotten (`PreciseIndex.remove_pod`):
   no entry stays.
 
@@ -127,6 +132,13 @@ class PreciseMode:
     def subscriber(self, pod: str) -> KvEventSubscriber | None:
         follow = self._follows.get(pod)
         return None if follow is None else follow.sub
+
+    def owns_entries(self, pod: str) -> bool:
+        """Whether the pod's entries are its subscriber's to drop when its server restarts
+        (it is followed and precise): then `on_change` decides on the store's `reset`, and
+        the index listener leaves the pod alone."""
+        follow = None if self._closed else self._follows.get(pod)
+        return follow is not None and follow.sub.state.attached and self.index.is_precise(pod)
 
     def mode_of(self, pod: str) -> str:
         """`precise` while the pod's events keep its entries, else `approximate`."""

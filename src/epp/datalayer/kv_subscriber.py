@@ -21,7 +21,32 @@ A `KvEventSubscriber` per followed pod:
 - **Publisher restart**: the sequence going back, a restart seen elsewhere (`restarted()`:
   the store saw the pod's counters go back) or a new start time (`observe_start_time`:
   the pod's `process_start_time_seconds`, fed from every page by the wiring) drops the
-  pod's entries and resyncs, even without a replay socket.
+  pod's entries and resyncs, even without a replay socket; except as follows.
+- **A restart the subscriber already caught up with**: the new process's first page is
+  often read after the subscriber has reconnected to it and rebuilt the entries from its
+  replay (vLLM serves its page only once the engine is up, 20-70 s after the process
+  started, while the subscriber reconnects within `reconnect_max_s` of the publisher
+  binding). Dropping them again would leave the pod empty for routing until one more
+  replay, for nothing. So a new start time S does not drop the entries when the last
+  full resync (the entries dropped, then the pod's whole replay buffer applied, or no
+  replay to ask: live events from then on) began at least `restart_margin_s` after S by
+  the EPP's wall clock, finished without failure, and nothing since has put the entries
+  in doubt (a disconnect, an error, a restart drop, a resync under way). Why that is
+  enough: the old process was gone before the new one started (same ports), so a resync
+  that began after S was answered by the new process, and what came live after it is
+  the new process's too. Why the margin (3 s): S is the pod's clock, the resync's time
+  ours; they may differ by about a second in a cluster, and `process_start_time_seconds`
+  itself reads up to a second early (boot time truncated to whole seconds), both of
+  which make the resync look later after S than it was; one more second to spare (a
+  real engine's publisher binds 20-70 s after S, far beyond it). Any doubt drops: no
+  completed resync since the restart, a resync that began earlier or within the margin,
+  a restart the subscriber never saw itself (a forwarder in between keeps its connection
+  and the sequence may go on: no resync at all since S), a restart seen from the
+  counters only (no start time to compare: `restarted()` without `started_at`). A drop
+  for a gap or an unreadable batch keeps the resync's standing: it only removes entries,
+  and what follows is live. A skipped drop is counted (`restart_drops_skipped`) and
+  logged. For a precise pod this is the only decision: the app's index listener leaves
+  the store's `reset` of a followed precise pod to the wiring (`PreciseMode.owns_entries`).
 - **Idle probe**: with a replay socket, after `probe_interval_s` without messages the
   subscriber asks for the batches after the last one it applied; a lost last batch is
   found this way instead of at the next message.
@@ -92,6 +117,9 @@ class SubscriberSettings:
     slice_blocks: int = 512  # and cut events into pieces of at most this many blocks
     rcvhwm: int = 10_000  # live messages ZMQ queues while a replay runs (then: a gap)
     replay_retry_s: float = 60.0  # a replay socket that did not answer is left alone this long
+    # A resync that began this long after a new start time was answered by the new process
+    # (pod and EPP clocks ~1 s apart, the start time ~1 s early, 1 s to spare: see above).
+    restart_margin_s: float = 3.0
     limits: DecodeLimits = field(default_factory=DecodeLimits)
 
     @classmethod
@@ -118,6 +146,7 @@ class SubscriberState:
     duplicates: int = 0  # live messages a replay had already applied
     gaps: int = 0  # sequence gaps seen
     restarts: int = 0  # publisher restarts detected (sequence back, start time, reset)
+    restart_drops_skipped: int = 0  # new start times the entries were already rebuilt after
     resyncs: int = 0  # full resyncs (drop + replay from 0)
     replay_failures: int = 0  # replays that timed out, broke, or did not cover the gap
     disconnects: int = 0
@@ -125,6 +154,9 @@ class SubscriberState:
     last_message_at: float | None = None
     connected_at: float | None = None
     disconnected_at: float | None = None
+    # Wall clock (time.time) at which the last full resync began, once it finished without
+    # failure; None while anything since may have put the entries in doubt.
+    resynced_at: float | None = None
 
 
 class _ReplayFailed(Exception):
@@ -146,6 +178,7 @@ class KvEventSubscriber:
         stats: KvEventStats | None = None,
         context: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.pod = pod
         self.endpoint = endpoint
@@ -162,6 +195,9 @@ class KvEventSubscriber:
         self._own_context = context is None
         self._context = context or zmq.asyncio.Context()
         self._clock = clock
+        # Start times on pages are unix times: the resync's time is compared in the same.
+        self._wall = wall_clock
+        self._rebuilding: float | None = None  # the running full resync's start (wall)
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -201,25 +237,58 @@ class KvEventSubscriber:
 
     # -- signals from elsewhere ------------------------------------------------------------
 
-    def restarted(self, reason: str = "engine_restart") -> None:
-        """The pod's engine restarted (seen in its metrics): its entries go now, and are
-        rebuilt from a full resync on the next cycle (within about a second)."""
-        self.state.restarts += 1
+    def restarted(self, reason: str = "engine_restart", *, started_at: float | None = None) -> bool:
+        """The pod's engine restarted (seen in its metrics; `started_at`: the new process's
+        start time, when known): its entries go now, and are rebuilt from a full resync on
+        the next cycle (within about a second), unless they were already rebuilt from the
+        new process (`rebuilt_after`, the module docstring). Returns whether they went."""
+        state = self.state
+        state.restarts += 1
         self.stats.add("publisher_restarts")
-        if self.state.attached:
+        if started_at is not None and self.rebuilt_after(started_at):
+            state.restart_drops_skipped += 1
+            self.stats.add("restart_drops_skipped")
+            log.info(
+                "kv_events_restart_already_resynced",
+                pod=self.pod,
+                reason=reason,
+                started_at=started_at,
+                resynced_at=state.resynced_at,
+                margin_s=self.settings.restart_margin_s,
+            )
+            return False
+        self._doubt()
+        if state.attached:
             self._sink.reset_pod(self.pod)
-        self.state.next_seq = None
+        state.next_seq = None
         self._resync_reason = reason
+        log.info("kv_events_restart_dropped", pod=self.pod, reason=reason, started_at=started_at)
+        return True
 
     def observe_start_time(self, start_time: float) -> bool:
         """The pod's server start time, from its metrics page
         (`process_start_time_seconds`): a change is a restart, even if the sequence
-        numbers never went back. Returns whether it was one."""
+        numbers never went back. Returns whether it was one (its entries dropped or not)."""
         changed = self._start_time is not None and start_time != self._start_time
         self._start_time = start_time
         if changed:
-            self.restarted("start_time_changed")
+            self.restarted("start_time_changed", started_at=start_time)
         return changed
+
+    def rebuilt_after(self, started_at: float) -> bool:
+        """Whether the entries hold only what a process started at `started_at` (pod's
+        wall clock) or later sent: the last full resync began at least `restart_margin_s`
+        after it, finished, and nothing has put them in doubt since."""
+        resynced_at = self.state.resynced_at
+        return (
+            resynced_at is not None and resynced_at - started_at >= self.settings.restart_margin_s
+        )
+
+    def _doubt(self) -> None:
+        """The entries may hold what an earlier process sent, or a resync is cut short:
+        until the next full resync finishes, a restart seen in the metrics drops them."""
+        self.state.resynced_at = None
+        self._rebuilding = None
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -269,6 +338,7 @@ class KvEventSubscriber:
             except Exception as exc:
                 self.state.errors += 1
                 self.stats.problem("subscriber_error", pod=self.pod, error=repr(exc)[:200])
+                self._doubt()
                 if self.state.attached:
                     self._sink.reset_pod(self.pod)
                 self.state.next_seq = None
@@ -300,6 +370,9 @@ class KvEventSubscriber:
                 state.disconnected_at = now
                 state.disconnects += 1
                 self.stats.add("disconnects")
+                # What is still queued from this connection may be read before the next
+                # resync: the entries are in doubt until that resync.
+                self._doubt()
                 if state.attached:
                     self._sink.reset_pod(self.pod)  # the publisher may be gone with its cache
                 state.next_seq = None
@@ -418,19 +491,26 @@ class KvEventSubscriber:
         state = self.state
         state.resyncs += 1
         self.stats.add("resyncs")
+        # The entries are emptied now: from here they hold only this replay's batches and
+        # what comes live after it. A restart seen meanwhile (restarted) clears this.
+        self._doubt()
+        self._rebuilding = self._wall()
         self._sink.reset_pod(self.pod)
         state.next_seq = None
         self._skip_through = -1
-        if not self._replay_usable():
-            return  # live events from now on
-        try:
-            await self._replay(0, gap=False)
-        except _ReplayFailed as exc:
-            state.replay_failures += 1
-            self.stats.problem("resync_failures", pod=self.pod, cause=reason, error=str(exc))
-            self._sink.reset_pod(self.pod)
-            state.next_seq = None
-            self._skip_through = -1
+        if self._replay_usable():
+            try:
+                await self._replay(0, gap=False)
+            except _ReplayFailed as exc:
+                state.replay_failures += 1
+                self.stats.problem("resync_failures", pod=self.pod, cause=reason, error=str(exc))
+                self._sink.reset_pod(self.pod)
+                state.next_seq = None
+                self._skip_through = -1
+                self._rebuilding = None  # not rebuilt: a restart seen next still drops
+        # else: no replay to ask, live events from now on (rebuilt as far as it can be)
+        if self._rebuilding is not None:
+            state.resynced_at, self._rebuilding = self._rebuilding, None
         log.info(
             "kv_events_resynced",
             pod=self.pod,

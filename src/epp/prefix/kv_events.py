@@ -117,6 +117,7 @@ REASONS = (
     # the subscriber (epp.datalayer.kv_subscriber)
     "gaps",  # sequence gaps (lost batches)
     "publisher_restarts",  # sequence back, a new start time, or the pod's counters reset
+    "restart_drops_skipped",  # a new start time after the entries were rebuilt from it: kept
     "resyncs",  # full resyncs: entries dropped, rebuilt from the replay buffer
     "resync_failures",  # a replay that did not answer or did not cover: entries dropped
     "resync_partial",  # the replay buffer no longer reached back far enough
