@@ -139,9 +139,13 @@ def test_precise_index_equals_the_engines_routing_follows_and_a_restart_leaves_n
         proc.start()
         wait_for(lambda: http(f"http://{r.pods[1]}/health", timeout=1)[0] == 200)
         # The EPP learns of the new process from its subscriber (the sequence went back)
-        # and from the pod's page (a later start time), whichever comes first; each drops
-        # the pod's entries and resyncs. Wait for the page too, so that the second drop
-        # cannot come after the new engine's first blocks were indexed below.
+        # and from the pod's page (a later start time), whichever comes first. The page
+        # drops the entries again unless the subscriber's resync began more than
+        # kv_subscriber's restart margin (3 s) after the new process started; the
+        # simulator binds its publisher within a second of starting, so here it does.
+        # Wait for the page, so that this drop cannot come after the new engine's first
+        # blocks were indexed below, and so that pod-1 (scrapes failed while it was down)
+        # is a routing candidate again.
         started = page_start_time(r.pods[1])
         wait_for(
             lambda: epp_endpoint(r, "pod-1")["start_time"] == started,
