@@ -283,6 +283,14 @@ class ReplicasConfig(Strict):
     load_ttl_s: float = Field(5.0, gt=0.0)
     # Reconnect delay after a failure doubles from 0.05 s up to this.
     backoff_max_s: float = Field(2.0, gt=0.0)
+    # A file holding a secret shared by every replica (at least 16 bytes once whitespace is
+    # stripped; e.g. a mounted Kubernetes Secret). Set: a peer connection carries decisions
+    # only after both replicas proved they hold it (epp/replicas/auth.py); the file is
+    # re-read when it changes. Unset: the peers port takes anything that reaches it. A
+    # relative path is taken from the working directory, as server.tls's files are.
+    # Read when the replicas start, not here: a config is also validated where the file
+    # does not exist (the chart's rendered config in tests/deploy, `epp bench --epp-config`).
+    secret_file: Path | None = None
 
     @field_validator("peers")
     @classmethod

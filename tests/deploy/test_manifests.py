@@ -48,7 +48,7 @@ EXPECTED_KINDS = {
     "values-all": {
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
         "PodDisruptionBudget", "InferencePool", "InferenceModel", "GatewayClass", "Gateway",
-        "HTTPRoute", "ServiceMonitor",
+        "HTTPRoute", "ServiceMonitor", "Secret",
     },
     "values-static": {"ConfigMap", "Service", "Deployment", "PodDisruptionBudget"},
 }  # fmt: skip

@@ -7,16 +7,21 @@ only its own connection."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import socket
-from collections.abc import Callable
 
 import pytest
-from helpers import config, router_with
+from helpers import config
+from replicas.loopback import (
+    Names,
+    Replica,
+    closed,
+    raw_connection,
+    running,
+    start_links,
+    until,
+)
 
-from epp.config import DEFAULT_WEIGHTS
-from epp.replicas import ReplicaSync
+import epp.replicas.peers as peers_module
 from epp.replicas.peers import PeerSet
 from epp.replicas.protocol import (
     HEADER,
@@ -27,86 +32,6 @@ from epp.replicas.protocol import (
     encode,
     read_frame,
 )
-
-PODS = [
-    {"name": "a", "address": "127.0.0.1:8001", "model": "m"},
-    {"name": "b", "address": "127.0.0.1:8002", "model": "m"},
-]
-SECTIONS = {"scheduling": {"weights": DEFAULT_WEIGHTS}}
-
-
-def body(topic: str) -> bytes:
-    return json.dumps({"model": "m", "prompt": f"{topic} " * 2000}).encode()
-
-
-class Names:
-    """A resolver for the test: name -> addresses; a missing name fails like NXDOMAIN."""
-
-    def __init__(self) -> None:
-        self.table: dict[str, list[tuple[str, int]]] = {}
-        self.lookups = 0
-
-    async def __call__(self, host: str, port: int) -> list[tuple[str, int]]:
-        self.lookups += 1
-        if host not in self.table:
-            raise OSError(f"cannot resolve {host}")
-        return list(self.table[host])
-
-
-class Replica:
-    def __init__(self, replica_id: str, peers: list[str], names: Names, **replicas) -> None:
-        settings = {"peers": peers, "listen_host": "127.0.0.1", "listen_port": 0}
-        settings.update(replicas)
-        cfg = config(replicas=settings, **SECTIONS)
-        self.router, self.store, self.index, self.metrics = router_with(PODS, **SECTIONS)
-        self.sync = ReplicaSync(
-            cfg, self.store, self.index, self.router.scheduler, self.router, self.metrics,
-            replica_id=replica_id, resolver=names,
-        )  # fmt: skip
-
-    @property
-    def port(self) -> int:
-        return self.sync.server.port
-
-    def route(self, topic: str):
-        return self.router.route_now(path="/v1/completions", body=body(topic), request_id=topic)
-
-    def hashes(self, topic: str) -> list[int]:
-        return list(
-            self.router.prepare(path="/v1/completions", body=body(topic), request_id="x").hashes
-        )
-
-    def sample(self, name: str, labels: dict | None = None) -> float:
-        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-    def received(self, outcome: str) -> float:
-        return self.sample("epp_replica_decisions_received_total", {"outcome": outcome})
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def running(*replicas: Replica):
-    """Start the servers first (their ports are then known to the names), then the links."""
-    for r in replicas:
-        await r.sync.server.start()
-    try:
-        yield
-    finally:
-        for r in replicas:
-            await r.sync.stop()
-
-
-def start_links(*replicas: Replica) -> None:
-    for r in replicas:
-        r.sync.peers.start()
 
 
 async def test_two_replicas_share_decisions_both_ways():
@@ -294,26 +219,6 @@ async def test_the_end_of_a_request_seen_by_another_replica_releases_it_where_it
 
 
 # -- hostile input --------------------------------------------------------------------
-async def raw_connection(port: int, hello: Hello | None = None):
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    if hello is not None:
-        writer.write(encode(hello))
-        await writer.drain()
-        header = await reader.readexactly(4)
-        await reader.readexactly(HEADER.unpack(header)[0])  # the server's hello
-    return reader, writer
-
-
-async def closed(reader: asyncio.StreamReader) -> bool:
-    """True when the server closes the connection (what it sends meanwhile is skipped)."""
-    try:
-        while await asyncio.wait_for(reader.read(65536), 5.0):
-            pass
-    except ConnectionError:
-        pass
-    return True
-
-
 PEER = Hello("mallory", PROTOCOL_VERSION, 16)
 
 
@@ -545,3 +450,30 @@ async def test_the_history_goes_again_when_its_connection_failed_at_once():
         async with running(b):
             await until(lambda: b.received("late") + b.received("applied") == 1, what="the history")
             assert max(b.index.match(a.hashes("t0")).values()) == len(a.hashes("t0"))
+
+
+@pytest.mark.parametrize("step", ["asyncio.open_connection", "read_frame"])
+async def test_a_link_stopped_as_a_handshake_step_completes_stops(monkeypatch, step):
+    """On Python 3.11 asyncio.wait_for returns the awaited result and drops a cancellation
+    that arrives as that step completes: a link stopped at that instant went on dialling,
+    and stop() (the EPP's shutdown) waited for it forever."""
+    owner = asyncio if step.startswith("asyncio.") else peers_module
+    name = step.rpartition(".")[2]
+    real = getattr(owner, name)
+    names = Names()
+    a, b = Replica("ra", ["b:1"], names), Replica("rb", [], names)
+
+    async def then_stop(*args, **kwargs):
+        result = await real(*args, **kwargs)
+        for link in a.sync.peers.links.values():
+            link._task.cancel()  # the stop request arrives as this step completes
+        return result
+
+    async with running(a, b):
+        names.table = {"b": [("127.0.0.1", b.port)]}
+        monkeypatch.setattr(owner, name, then_stop)
+        start_links(a)
+        await until(lambda: bool(a.sync.peers.links), what="resolved")
+        (link,) = a.sync.peers.links.values()
+        await until(lambda: link._task.done(), timeout=2.0, what="the link stopped")
+        assert link._task.cancelled()

@@ -11,6 +11,9 @@ import pytest
 from epp.replicas.protocol import (
     HEADER,
     MAX_FRAME_BYTES,
+    NONCE_BYTES,
+    PROOF_BYTES,
+    Auth,
     Completion,
     Decision,
     Hello,
@@ -46,6 +49,9 @@ def body(frame: bytes) -> bytes:
     "message",
     [
         Hello("abc123", 1, 16),
+        Hello("abc123", 1, 16, nonce=b"n" * NONCE_BYTES),
+        Hello("abc123", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * PROOF_BYTES,) * 2),
+        Auth(b"p" * PROOF_BYTES),
         decision(),
         decision(hashes=[]),
         Completion("r1.00ff", 200, "10.0.0.1:8000"),
@@ -116,3 +122,39 @@ async def test_read_frame_returns_consecutive_frames():
     reader = await feed(frames)
     assert decode(await read_frame(reader, 4096)) == Hello("a", 1, 16)
     assert decode(await read_frame(reader, 4096)) == decision()
+
+
+class HelloV1(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+    """Hello as replicas before shared-secret authentication declare it."""
+
+    replica: str
+    version: int
+    block_size: int
+
+
+def test_replicas_of_the_previous_version_read_the_extended_hello_and_it_theirs():
+    """No version bump (protocol.py): the authentication fields trail the Hello, so an
+    older replica reads it as before, and its Hello reads as one without a secret."""
+    old_reader = msgspec.msgpack.Decoder(HelloV1 | Decision | Completion)
+    extended = Hello("abc", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * PROOF_BYTES,))
+    assert old_reader.decode(body(encode(extended))) == HelloV1("abc", 1, 16)
+    assert old_reader.decode(body(encode(Hello("abc", 1, 16)))) == HelloV1("abc", 1, 16)
+    old = msgspec.msgpack.encode(HelloV1("abc", 1, 16))
+    assert decode(old) == Hello("abc", 1, 16, nonce=None, proofs=())
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Hello("abc", 1, 16, nonce=b"n" * (NONCE_BYTES - 1)),
+        Hello("abc", 1, 16, nonce=b"n" * (NONCE_BYTES + 1)),
+        Hello("abc", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * (PROOF_BYTES - 1),)),
+        Hello("abc", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * PROOF_BYTES,) * 3),
+        Auth(b"p" * (PROOF_BYTES + 1)),
+        Auth(b""),
+    ],
+    ids=["short-nonce", "long-nonce", "short-proof", "three-proofs", "long-auth", "empty-auth"],
+)
+def test_nonces_and_proofs_have_their_exact_sizes(message):
+    with pytest.raises(ProtocolError):
+        decode(body(encode(message)))

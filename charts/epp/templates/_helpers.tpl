@@ -32,6 +32,21 @@
 {{- required "pool.name is required" .Values.pool.name -}}
 {{- end -}}
 
+{{/*
+The Secret holding the replicas' shared secret: replicas.secret.existingSecret, or the one
+the chart creates from replicas.secret.value (templates/secret-peers.yaml); empty: none.
+*/}}
+{{- define "epp.peersSecretName" -}}
+{{- if .Values.replicas.secret.existingSecret -}}
+{{- .Values.replicas.secret.existingSecret -}}
+{{- else if .Values.replicas.secret.value -}}
+{{- printf "%s-peers-secret" (include "epp.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the EPP reads it: a directory mount of that Secret, the one key as `secret`. */}}
+{{- define "epp.peersSecretDir" -}}/etc/epp/peers-secret{{- end -}}
+
 {{- define "epp.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
@@ -86,6 +101,17 @@ types and enums when Helm installs; these hold for any renderer).
 {{- if and .Values.standaloneEnvoy.enabled .Values.tls.enabled -}}
 {{- fail "standaloneEnvoy does not speak TLS to the EPP: disable tls or standaloneEnvoy" -}}
 {{- end -}}
+{{- with .Values.replicas.secret -}}
+{{- if and .existingSecret .value -}}
+{{- fail "replicas.secret: set existingSecret or value, not both" -}}
+{{- end -}}
+{{- if and .value (lt (len (trim .value)) 16) -}}
+{{- fail "replicas.secret.value must be at least 16 characters (the EPP refuses shorter secrets): e.g. openssl rand -hex 32" -}}
+{{- end -}}
+{{- if and (or .existingSecret .value) (not .key) -}}
+{{- fail "replicas.secret.key is required with replicas.secret.existingSecret or .value" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -127,6 +153,9 @@ values still wins, unlike a merge).
 {{- end -}}
 {{- $_ := set $replicas "peers" (list (printf "%s-peers:%v" (include "epp.fullname" .) .Values.ports.peers)) -}}
 {{- $_ := set $replicas "listen_port" .Values.ports.peers -}}
+{{- if include "epp.peersSecretName" . -}}
+{{- $_ := set $replicas "secret_file" (printf "%s/secret" (include "epp.peersSecretDir" .)) -}}
+{{- end -}}
 {{- $_ := set $config "replicas" $replicas -}}
 {{- toYaml $config -}}
 {{- end -}}

@@ -24,6 +24,10 @@ or absent peer loses the oldest ones. A peer down only means decisions it made w
 down or disconnected are not seen here; the pods' pages still show their load within a
 scrape interval.
 
+Authentication: with `replicas.secret_file`, a connection carries decisions only after
+both replicas proved they hold the same secret (auth.py; off by default, and then anything
+that reaches `listen_port` is taken for a peer).
+
 Not a consensus: each replica decides alone, on what it knows at that moment. Two
 replicas choosing within the same millisecond do not see each other's choice; the next
 decision does.
@@ -42,6 +46,7 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.observability.replica_metrics import ReplicaMetrics
 from epp.prefix.index import PrefixIndex
+from epp.replicas.auth import PeerAuth, SecretError, SharedSecret
 from epp.replicas.inbox import PeerInbox
 from epp.replicas.peers import PeerSet, Resolver, resolve
 from epp.replicas.protocol import (
@@ -83,6 +88,12 @@ class ReplicaSync:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         replicas = config.replicas
+        # Read first: a secret file that cannot be used stops the process (SecretError).
+        self.auth = (
+            PeerAuth(SharedSecret(replicas.secret_file))
+            if replicas.secret_file is not None
+            else None
+        )
         self.replica_id = replica_id or new_replica_id()
         self.metrics = ReplicaMetrics(metrics.registry)
         self._wall = wall_clock
@@ -108,6 +119,7 @@ class ReplicaSync:
             history=replicas.history,
             backoff_max_s=replicas.backoff_max_s,
             resolver=resolver,
+            auth=self.auth,
         )
         self.server = PeerServer(
             replicas.listen_host,
@@ -117,6 +129,7 @@ class ReplicaSync:
             self.metrics,
             max_frame_bytes=frame_limit(config.prefix.max_blocks_per_request),
             on_peer=self.peers.peer_appeared,
+            auth=self.auth,
         )
         router.token_prefix = f"{self.replica_id}."
         router.dispatch_listeners.append(self.on_dispatch)
@@ -154,4 +167,4 @@ class ReplicaSync:
             self.metrics.completions_forwarded.inc()
 
 
-__all__ = ["ReplicaSync", "new_replica_id"]
+__all__ = ["ReplicaSync", "SecretError", "new_replica_id"]

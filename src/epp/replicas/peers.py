@@ -19,7 +19,13 @@ address. Routing hands it encoded frames (`broadcast`, `send_to`) and never wait
   connection to that replica sends them again;
 - a connection to a free port on this host can be connected to itself (TCP's
   simultaneous open, when the kernel picks that port as the source port): it is a
-  failed attempt, not a peer answering with this replica's id.
+  failed attempt, not a peer answering with this replica's id;
+- with a shared secret (`replicas.secret_file`, auth.py) the link sends a fresh nonce in
+  its Hello and checks the peer's proof before anything else, `self` included (an
+  impostor answering with this replica's id must not park the link); then it sends its
+  own proof. A peer without a proof, with one that does not hold, or (without a secret
+  here) one that asks for a proof, is never sent a decision: the link is
+  "unauthenticated", logs it (once per `LOG_EVERY_S`) and retries after `backoff_max_s`.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
+import msgspec
 import structlog
 
 from epp.observability.replica_metrics import ReplicaMetrics
+from epp.replicas.auth import PeerAuth, new_nonce
 from epp.replicas.protocol import (
     PROTOCOL_VERSION,
+    Auth,
     Hello,
     ProtocolError,
     decode,
@@ -47,12 +56,16 @@ log = structlog.get_logger("epp.replicas")
 
 Address = tuple[str, int]
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
-LinkState = Literal["connecting", "connected", "self", "duplicate", "incompatible", "stopped"]
+LinkState = Literal[
+    "connecting", "connected", "self", "duplicate", "incompatible", "unauthenticated", "stopped"
+]
 
 BACKOFF_MIN_S = 0.05
 CONNECT_TIMEOUT_S = 2.0
 HANDSHAKE_TIMEOUT_S = 5.0
 HELLO_MAX_BYTES = 4096
+# An unauthenticated peer is logged at most this often per address (as the server does).
+LOG_EVERY_S = 10.0
 # Unacknowledged data fails a connection after this long (a peer's node gone without a
 # FIN or RST); idle connections are probed.
 TCP_USER_TIMEOUT_MS = 10_000
@@ -102,6 +115,7 @@ class PeerLink:
         self.queued_bytes = 0
         self.state: LinkState = "connecting"
         self.peer_id: str | None = None  # learned from the peer's Hello
+        self.refusal_logged_at = -LOG_EVERY_S  # when "unauthenticated" was last logged
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()  # ends a reconnect delay early
@@ -169,7 +183,7 @@ class PeerLink:
                 log.info("replica_peer_is_self", peer=self._name)
                 owner.changed()
                 return  # parked: never dialled again
-            if state in ("duplicate", "incompatible"):
+            if state in ("duplicate", "incompatible", "unauthenticated"):
                 backoff = owner.backoff_max_s
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
@@ -183,9 +197,11 @@ class PeerLink:
     async def _session(self) -> None:
         """One connection: handshake, history, then frames until it fails (raises)."""
         owner = self._owner
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(*self.address), CONNECT_TIMEOUT_S
-        )
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
+        # that arrives as the awaited step completes, and a link stopped at that instant
+        # went on dialling while stop() waited for it forever.
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(*self.address)
         loop = asyncio.get_running_loop()
         history_sent_at = -1.0  # when this connection sent the history (never: -1)
         try:
@@ -193,13 +209,15 @@ class PeerLink:
             if sock is not None and sock.getsockname() == sock.getpeername():
                 raise ConnectionRefusedError("connected to itself: nothing listens there")
             _tune(writer)
-            writer.write(owner.hello_frame)
-            hello = decode(
-                await asyncio.wait_for(read_frame(reader, HELLO_MAX_BYTES), HANDSHAKE_TIMEOUT_S)
-            )
+            ours, ours_frame = owner.greeting()
+            writer.write(ours_frame)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                hello = decode(await read_frame(reader, HELLO_MAX_BYTES))
             if not isinstance(hello, Hello):
                 raise ProtocolError("the peer's first frame is not a hello")
-            verdict = owner.admit(self, hello)
+            verdict, answer = owner.admit(self, hello, ours)
+            if answer is not None:
+                writer.write(answer)  # the proof, before any decision
             self.state = verdict
             if verdict != "connected":
                 return
@@ -272,10 +290,12 @@ class PeerSet:
         history: int = 4096,
         backoff_max_s: float = 2.0,
         resolver: Resolver = resolve,
+        auth: PeerAuth | None = None,
     ) -> None:
         self.specs = [split_host_port(p) for p in peers]
         self.hello = hello
         self.hello_frame = encode(hello)
+        self.auth = auth  # None: no secret, peers are not authenticated
         self.metrics = metrics
         self.resolve_s = resolve_s
         self.queue_size = queue_size
@@ -312,10 +332,17 @@ class PeerSet:
         return False
 
     # -- links' callbacks ----------------------------------------------------------------
-    def admit(self, link: PeerLink, hello: Hello) -> LinkState:
-        """What a link does with the peer's Hello: send to it, or not."""
-        if hello.replica == self.hello.replica:
-            return "self"
+    def greeting(self) -> tuple[Hello, bytes]:
+        """This replica's Hello for a new connection: with a secret, a fresh nonce each."""
+        if self.auth is None:
+            return self.hello, self.hello_frame
+        hello = msgspec.structs.replace(self.hello, nonce=new_nonce())
+        return hello, encode(hello)
+
+    def admit(self, link: PeerLink, hello: Hello, sent: Hello) -> tuple[LinkState, bytes | None]:
+        """What a link does with the peer's Hello (send to it, or not), and the frame to
+        write first (this replica's proof, when authenticating). `sent`: the Hello the
+        link sent on this connection (greeting())."""
         if hello.version != PROTOCOL_VERSION or hello.block_size != self.hello.block_size:
             log.error(
                 "replica_peer_incompatible",
@@ -324,11 +351,53 @@ class PeerSet:
                 block_size=hello.block_size,
                 ours=[PROTOCOL_VERSION, self.hello.block_size],
             )
-            return "incompatible"
+            return "incompatible", None
+        answer: bytes | None = None
+        if self.auth is None:
+            if hello.nonce is not None:
+                self._refused(
+                    link,
+                    "the peer requires a shared secret (its replicas.secret_file is set) "
+                    "and this replica has none",
+                )
+                return "unauthenticated", None
+        elif hello.nonce is None or sent.nonce is None:
+            self._refused(
+                link,
+                "the peer does not authenticate: it has no replicas.secret_file, or runs "
+                "a version without it",
+            )
+            return "unauthenticated", None
+        else:
+            proof, proved = self.auth.dialler_proof(sent, hello)
+            if proved and hello.replica == self.hello.replica:
+                return "self", None  # this replica's listener, which closed after its hello
+            # Sent even when the peer's proof fails, so that its listener sees the
+            # mismatch too and counts it (bound to both fresh nonces, the proof proves
+            # nothing on any other connection).
+            answer = encode(Auth(proof))
+            if not proved:
+                self._refused(
+                    link, "the peer's proof does not hold: its replicas.secret_file differs"
+                )
+                return "unauthenticated", answer
+        if hello.replica == self.hello.replica:
+            return "self", None
         for other in self.links.values():
             if other is not link and other.connected and other.peer_id == hello.replica:
-                return "duplicate"
-        return "connected"
+                return "duplicate", answer
+        return "connected", answer
+
+    def _refused(self, link: PeerLink, detail: str) -> None:
+        """Log an unauthenticated peer, at most once per LOG_EVERY_S per address."""
+        now = asyncio.get_running_loop().time()
+        if now - link.refusal_logged_at >= LOG_EVERY_S:
+            link.refusal_logged_at = now
+            log.error(
+                "replica_peer_unauthenticated",
+                peer=f"{link.address[0]}:{link.address[1]}",
+                detail=detail,
+            )
 
     def history_for(self, replica_id: str) -> list[bytes]:
         """The history frames for a replica seen for the first time, else none."""

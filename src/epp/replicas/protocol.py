@@ -11,10 +11,31 @@ sender, who dialled) to a peer (the receiver), after one exchange of `Hello` fra
     sender   --Completion->receiver      a response end the sender's observer stream saw
                                          for a decision the receiver made
 
+With a shared secret (`replicas.secret_file`, auth.py) the handshake is a
+challenge-response before any Decision: each Hello carries a fresh random `nonce`, the
+receiver's Hello also its `proofs` (HMAC-SHA256 over both nonces, both replica ids and
+the protocol version), and the sender answers with its own proof (`Auth`):
+
+    sender   --Hello(nonce_s)-->                  receiver
+    sender   <--Hello(nonce_r, proofs)--          receiver   the sender checks a proof
+    sender   --Auth(proof)-->                     receiver   the receiver checks it
+    sender   --Decision-->...                     receiver
+
+Why an extension of Hello and no version bump: a version bump would make every replica
+of this version refuse older ones as "incompatible" even with no secret set, breaking
+rolling upgrades of deployments that never set one. `nonce` and `proofs` are optional
+trailing fields of the array-encoded Hello, and msgspec ignores trailing elements a
+struct does not declare, so an older replica reads a Hello from this version as before.
+Older replicas never announce a nonce; a replica with a secret refuses one without
+("unauthenticated"), whatever its version, and sends `Auth` only to a receiver that
+announced a nonce (one that knows the message). A replica without a secret that gets a
+Hello with a nonce refuses it too: the two must not exchange decisions.
+
 Everything a receiver reads is bounded and validated before use: the length prefix
 against `max_frame_bytes`, the message against these types (a block hash is an unsigned
-64-bit integer, counts are non-negative, names are short). A frame that fails is a
-`ProtocolError`, and the receiver closes that connection.
+64-bit integer, counts are non-negative, names are short, nonces and proofs have their
+exact lengths). A frame that fails is a `ProtocolError`, and the receiver closes that
+connection.
 """
 
 from __future__ import annotations
@@ -36,6 +57,12 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**31)]
 # msgpack integers stop at 2**64 - 1: non-negative is the whole check.
 Hash64 = Annotated[int, msgspec.Meta(ge=0)]
+NONCE_BYTES = 16
+PROOF_BYTES = 32  # HMAC-SHA256
+Nonce = Annotated[bytes, msgspec.Meta(min_length=NONCE_BYTES, max_length=NONCE_BYTES)]
+Proof = Annotated[bytes, msgspec.Meta(min_length=PROOF_BYTES, max_length=PROOF_BYTES)]
+# A receiver proves with its current secret and, while a rotation settles, the previous.
+MAX_PROOFS = 2
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
@@ -46,6 +73,18 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     # Replicas hash prompts in blocks of this many tokens; hashes of another size never
     # match, so a peer configured differently is refused rather than polluting the index.
     block_size: Count
+    # Shared-secret authentication (auth.py): a fresh random nonce from a replica that has
+    # a secret, None from one without (and from older versions, which lack the field).
+    nonce: Nonce | None = None
+    # Only in the receiver's Hello, and only when the sender sent a nonce: one proof per
+    # secret the receiver accepts, over both Hellos' ids and nonces.
+    proofs: Annotated[tuple[Proof, ...], msgspec.Meta(max_length=MAX_PROOFS)] = ()
+
+
+class Auth(msgspec.Struct, tag="auth", array_like=True, frozen=True):
+    """The sender's proof, right after the receiver's Hello when both have a secret."""
+
+    proof: Proof
 
 
 class Decision(msgspec.Struct, tag="decision", array_like=True, frozen=True, gc=False):
@@ -73,7 +112,7 @@ class Completion(msgspec.Struct, tag="completion", array_like=True, frozen=True)
     served: Annotated[str, msgspec.Meta(max_length=256)] | None
 
 
-Message = Hello | Decision | Completion
+Message = Hello | Auth | Decision | Completion
 
 
 class ProtocolError(Exception):

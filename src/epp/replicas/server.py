@@ -3,6 +3,14 @@
 Per connection: the peer's `Hello` first (within a timeout), this replica's `Hello` back,
 then `Decision` and `Completion` frames, each handed to the inbox as it arrives.
 
+With a shared secret (`replicas.secret_file`, auth.py) this replica's Hello carries a
+fresh nonce and its proofs, and the peer's next frame must be its `Auth` proof, within
+the same timeout: a peer that sends no nonce, anything else, or a proof that does not
+hold is closed as "unauthenticated" before any of its frames is applied, and before it
+can replace a connection of the replica it claims to be. Without a secret, a peer whose
+Hello carries a nonce (it has a secret) is closed as "unauthenticated" as well: the two
+must not exchange decisions. Nothing is logged about the secret or the proofs.
+
 Hostile or broken input never gets further than its own connection: a frame longer than
 the bound, bytes that are not msgpack, a message of the wrong shape, a second hello, or a
 decision signed with another replica's id than the hello's closes that connection, counts
@@ -19,12 +27,15 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import msgspec
 import structlog
 
 from epp.observability.replica_metrics import ReplicaMetrics
+from epp.replicas.auth import PeerAuth, new_nonce
 from epp.replicas.inbox import PeerInbox
 from epp.replicas.protocol import (
     PROTOCOL_VERSION,
+    Auth,
     Completion,
     Decision,
     Hello,
@@ -63,6 +74,7 @@ class PeerServer:
         max_connections: int = MAX_CONNECTIONS,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         on_peer: Callable[[str], None] | None = None,
+        auth: PeerAuth | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -74,6 +86,7 @@ class PeerServer:
         self._max_connections = max_connections
         self._handshake_timeout = handshake_timeout_s
         self._on_peer = on_peer  # called with each peer's replica id after its hello
+        self._auth = auth  # None: no secret, peers are not authenticated
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._by_replica: dict[str, asyncio.StreamWriter] = {}
@@ -87,7 +100,10 @@ class PeerServer:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info(
-            "replica_listening", address=f"{self.host}:{self.port}", replica=self.hello.replica
+            "replica_listening",
+            address=f"{self.host}:{self.port}",
+            replica=self.hello.replica,
+            authentication="shared_secret" if self._auth is not None else "none",
         )
 
     async def stop(self) -> None:
@@ -107,7 +123,10 @@ class PeerServer:
         self._open.add(writer)
         replica: str | None = None
         try:
-            replica = await self._handshake(reader, writer)
+            # The whole handshake, the proof included, within one timeout (asyncio.timeout:
+            # wait_for on Python 3.11 can drop a cancellation).
+            async with asyncio.timeout(self._handshake_timeout):
+                replica = await self._handshake(reader, writer)
             if replica is None:
                 return
             inbox = self._inbox
@@ -122,7 +141,7 @@ class PeerServer:
                 elif isinstance(message, Completion):
                     inbox.completion(message)
                 else:
-                    raise Rejected("bad_frame", "a second hello")
+                    raise Rejected("bad_frame", f"a {type(message).__name__} after the handshake")
         except ProtocolError as exc:
             self._reject(writer, Rejected("bad_frame", str(exc)))
         except Rejected as exc:
@@ -142,11 +161,11 @@ class PeerServer:
     ) -> str | None:
         """The peer's replica id, or None when the connection ends here (it is this
         replica itself: it learns so from the hello sent back)."""
-        body = await asyncio.wait_for(read_frame(reader, HELLO_MAX_BYTES), self._handshake_timeout)
-        hello = decode(body)
+        hello = decode(await read_frame(reader, HELLO_MAX_BYTES))
         if not isinstance(hello, Hello):
             raise Rejected("bad_frame", "the first frame is not a hello")
-        writer.write(self._hello_frame)
+        ours, frame = self._answer(hello)
+        writer.write(frame)
         await writer.drain()
         if hello.replica == self.hello.replica:
             return None
@@ -156,6 +175,7 @@ class PeerServer:
                 f"version {hello.version} block_size {hello.block_size}, ours "
                 f"{PROTOCOL_VERSION} {self.hello.block_size}",
             )
+        await self._authenticate(hello, ours, reader)
         previous = self._by_replica.get(hello.replica)
         if previous is not None:
             previous.close()  # a reconnect: the old connection must not deliver twice
@@ -163,6 +183,44 @@ class PeerServer:
         if self._on_peer is not None:
             self._on_peer(hello.replica)
         return hello.replica
+
+    def _answer(self, hello: Hello) -> tuple[Hello, bytes]:
+        """This replica's Hello for the peer's: with a secret, a fresh nonce and the
+        proofs over both (a new frame per connection); without, the same frame always."""
+        if self._auth is None:
+            return self.hello, self._hello_frame
+        nonce = new_nonce()
+        proofs = self._auth.listener_proofs(hello, self.hello.replica, nonce)
+        ours = msgspec.structs.replace(self.hello, nonce=nonce, proofs=proofs)
+        return ours, encode(ours)
+
+    async def _authenticate(self, hello: Hello, ours: Hello, reader: asyncio.StreamReader) -> None:
+        """Returns when the peer may send decisions; raises Rejected("unauthenticated")."""
+        auth = self._auth
+        if auth is None:
+            if hello.nonce is not None:
+                raise Rejected(
+                    "unauthenticated",
+                    "the peer authenticates with a shared secret (replicas.secret_file) "
+                    "and this replica has none",
+                )
+            return
+        if hello.nonce is None:
+            raise Rejected(
+                "unauthenticated",
+                "the peer sent no nonce: it has no replicas.secret_file, or runs a version "
+                "without it",
+            )
+        message = decode(await read_frame(reader, HELLO_MAX_BYTES))
+        if not isinstance(message, Auth):
+            raise Rejected(
+                "unauthenticated", f"a {type(message).__name__} where the peer's proof was due"
+            )
+        if not auth.dialler_proved(hello, ours, message.proof):
+            raise Rejected(
+                "unauthenticated",
+                "the peer's proof does not hold: its replicas.secret_file differs",
+            )
 
     def _reject(self, writer: asyncio.StreamWriter, exc: Rejected) -> None:
         self._metrics.rejected.labels(exc.reason).inc()
