@@ -54,9 +54,11 @@ from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.replicas import ReplicaSync
+from epp.replicas.auth import SecretError
 from epp.routing import Router
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
+from epp.tls import TlsError
 from epp.tokenization import TokenizerRegistry
 from epp.tokenization.engine import EngineTokenizer
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
@@ -551,7 +553,7 @@ def main(argv: list[str]) -> int:
         runner = asyncio.run
     try:
         runner(EppService(config).run_until_stopped())
-    except OSError as exc:
+    except (OSError, TlsError, SecretError) as exc:  # a port taken, a file that cannot serve
         log.error("epp_failed", error=str(exc))
         return 1
     return 0

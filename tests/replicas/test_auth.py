@@ -210,9 +210,10 @@ def test_epp_serve_refuses_to_start_with_a_bad_secret_file(tmp_path):
         [sys.executable, "-m", "epp", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode != 0
+    assert done.returncode == 1
     output = done.stdout + done.stderr
     assert f"replicas.secret_file {secret}: the secret is 9 bytes" in output
+    assert '"epp_failed"' in output and "Traceback" not in output  # one clear line
     assert "replica_listening" not in output  # nothing was served
 
 

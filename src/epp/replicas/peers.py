@@ -119,6 +119,7 @@ class PeerLink:
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()  # ends a reconnect delay early
+        self._stopped = False
 
     @property
     def connected(self) -> bool:
@@ -154,15 +155,20 @@ class PeerLink:
 
     async def stop(self) -> None:
         self.state = "stopped"
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._stopped = True
+        task = self._task
+        # Cancel until it ends: a cancellation can be lost where an awaited step finishes
+        # at the same instant (asyncio on Python 3.11), and stop() must not wait forever.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        if task is not None and task.done() and not task.cancelled():
+            task.exception()  # retrieved: a task that ended on its own is not an error here
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
         owner = self._owner
-        while True:
+        while not self._stopped:
             self.state = "connecting"
             try:
                 await self._session()
@@ -187,7 +193,8 @@ class PeerLink:
                 backoff = owner.backoff_max_s
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), backoff)
+                async with asyncio.timeout(backoff):  # not wait_for (see _session)
+                    await self._kick.wait()
             backoff = min(backoff * 2, owner.backoff_max_s)
 
     def kick(self) -> None:
