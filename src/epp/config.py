@@ -361,6 +361,10 @@ class KvEventsConfig(Strict):
     predicted_max_s: float = Field(120.0, gt=0.0, le=3600.0)
     # A replay that sends nothing for this long failed: the pod's entries are dropped.
     resync_timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    # A pod's new start time (a restart seen on its page) keeps its entries only if the
+    # subscriber's last full resync began at least this long after it (EPP clock against
+    # the pod's): raise it where clocks differ by more than about a second.
+    restart_margin_s: float = Field(3.0, ge=0.0, le=600.0)
     probe_interval_s: float = Field(5.0, gt=0.0)
     fallback_after_s: float = Field(10.0, gt=0.0)
     reconnect_max_s: float = Field(2.0, gt=0.0, le=60.0)

@@ -530,12 +530,27 @@ def test_the_kv_events_config_section():
     from epp.config import EppConfig
 
     config = EppConfig.model_validate(
-        {"kv_events": {"mode": "approximate", "pod_modes": {"pod-1": "precise"}, "slice_ms": 2}}
+        {
+            "kv_events": {
+                "mode": "approximate",
+                "pod_modes": {"pod-1": "precise"},
+                "slice_ms": 2,
+                "restart_margin_s": 10,
+            }
+        }
     ).kv_events
     assert config.mode_of("pod-0") == "approximate" and config.mode_of("pod-1") == "precise"
-    assert SubscriberSettings.from_config(config).slice_ms == 2
+    settings = SubscriberSettings.from_config(config)
+    assert (settings.slice_ms, settings.restart_margin_s) == (2, 10)
+    assert SubscriberSettings.from_config(EppConfig().kv_events).restart_margin_s == 3.0
     assert EppConfig().kv_events.topic == ""  # vLLM's default topic: take all the pod sends
-    for bad in ({"endpoint": "tcp://{hots}:5557"}, {"mode": "exact"}, {"predicted_ttl_s": 0}):
+    bad_sections = (
+        {"endpoint": "tcp://{hots}:5557"},
+        {"mode": "exact"},
+        {"predicted_ttl_s": 0},
+        {"restart_margin_s": -1},
+    )
+    for bad in bad_sections:
         with pytest.raises(ValidationError):
             EppConfig.model_validate({"kv_events": bad})
 

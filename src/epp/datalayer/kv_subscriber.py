@@ -126,6 +126,7 @@ class SubscriberSettings:
     def from_config(cls, config: KvEventsConfig) -> SubscriberSettings:
         return cls(
             resync_timeout_s=config.resync_timeout_s,
+            restart_margin_s=config.restart_margin_s,
             probe_interval_s=config.probe_interval_s,
             fallback_after_s=config.fallback_after_s,
             reconnect_max_s=config.reconnect_max_s,
