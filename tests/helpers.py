@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import grpc
+
 from epp.config import EppConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import PodMetrics
@@ -66,6 +68,33 @@ def router_with(
     router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
     connect(store, index, router, cfg)
     return router, store, index, metrics
+
+
+def served_certificate(host: str, port: int, timeout: float = 5.0) -> tuple[bytes, str | None]:
+    """The certificate a TLS port presents (PEM) and the ALPN protocol it chose for a client
+    offering h2, read from a handshake that verifies nothing: how a test client learns the
+    EPP's self-signed certificate (gRPC Python has no "do not verify" option) and then
+    trusts exactly that one. Blocking; from async code run it in a thread."""
+    import socket
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection((host, port), timeout=timeout) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return ssl.DER_cert_to_PEM_cert(der).encode(), tls.selected_alpn_protocol()
+
+
+def epp_channel_credentials(host: str, port: int) -> grpc.ChannelCredentials:
+    """Credentials that trust the certificate the EPP at host:port serves now (its
+    self-signed one by default). The certificate names 127.0.0.1 and localhost."""
+    return grpc.ssl_channel_credentials(root_certificates=served_certificate(host, port)[0])
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

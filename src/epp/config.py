@@ -224,7 +224,21 @@ class ServerConfig(Strict):
     # max_message_timeout (the generated configs allow 300 s), or Envoy ignores it.
     keepalive_s: float = Field(2.0, gt=0.0)
     keepalive_extension_s: float = Field(65.0, gt=0.0, le=300.0)
+    # TLS on the ext_proc port, as the upstream EPP serves it (--secure-serving, default
+    # on): gateways that dial the EPP over TLS without verifying it (Envoy AI Gateway,
+    # kgateway) fail every handshake against a plaintext port. Without `tls` files the
+    # EPP generates a self-signed certificate in memory at start. False: plaintext.
+    secure_serving: bool = True
     tls: TlsConfig | None = None
+
+    @model_validator(mode="after")
+    def _tls_needs_secure_serving(self) -> ServerConfig:
+        if not self.secure_serving and self.tls is not None:
+            raise ValueError(
+                "server.secure_serving: false (plaintext) contradicts server.tls "
+                "(certificate files): remove one of them"
+            )
+        return self
 
 
 class EndpointConfig(Strict):

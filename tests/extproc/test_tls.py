@@ -1,4 +1,5 @@
-"""TLS on the gRPC port, with certificates the tests make (tests/certs.py).
+"""TLS on the gRPC port: by default with a certificate the EPP generates at start, or with
+certificates the tests make (tests/certs.py).
 
 The real server (build_grpc_server) on loopback, real gRPC clients: TLS answers the
 ext_proc and health services and refuses plaintext; mutual TLS refuses a client without a
@@ -13,23 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 import structlog
 from certs import CertAuthority, Leaf, encrypt_key, needs_openssl
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.fakes import ADDRESSES, DUPLEX, FakeRouter, body_msg, body_of, destination, headers_msg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import served_certificate
+from pydantic import ValidationError
 
 from epp.config import ServerConfig, TlsConfig
 from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
 from epp.observability.metrics import EppMetrics
-from epp.tls import GrpcServerTls, TlsError, WatchedFiles
+from epp.tls import (
+    GrpcServerTls,
+    SelfSignedTls,
+    TlsError,
+    WatchedFiles,
+    generate_self_signed,
+    grpc_transport,
+)
 
 pytestmark = needs_openssl
 
@@ -75,11 +91,16 @@ def install(directory: Path, leaf: Leaf, client_ca: CertAuthority | None = None)
     )
 
 
-async def serve(tls: TlsConfig | None) -> tuple[grpc.aio.Server, int]:
+async def serve(
+    tls: TlsConfig | None, *, secure_serving: bool = True
+) -> tuple[grpc.aio.Server, int]:
+    """The real server; `tls` None and secure_serving: the self-signed default."""
     health = HealthState()
     await health.set(live=True, ready=True)
     processor = ExternalProcessor(FakeRouter(), ServerConfig(), EppMetrics())
-    config = ServerConfig(grpc_host="127.0.0.1", grpc_port=0, tls=tls)
+    config = ServerConfig(
+        grpc_host="127.0.0.1", grpc_port=0, tls=tls, secure_serving=secure_serving
+    )
     server, port = build_grpc_server(processor, health, config)
     await server.start()
     return server, port
@@ -160,14 +181,86 @@ async def test_tls_serves_ext_proc_and_health_and_refuses_plaintext(tmp_path, ca
     assert "PRIVATE KEY" not in repr(logs)
 
 
-async def test_plaintext_is_logged_as_such():
+async def test_plaintext_only_when_asked_and_logged_as_such():
     with structlog.testing.capture_logs() as logs:
-        server, port = await serve(None)
+        server, port = await serve(None, secure_serving=False)
     try:
         assert await connect(port, None) == OK
     finally:
         await server.stop(0)
     assert [e["mode"] for e in logs if e["event"] == "grpc_transport"] == ["plaintext"]
+
+
+# -- the default: a self-signed certificate ------------------------------------------------
+
+
+async def test_the_default_serves_tls_with_a_self_signed_certificate():
+    """ServerConfig() as `epp serve` builds it without TLS settings: TLS with a certificate
+    generated at start, ALPN h2 (what Envoy's gRPC client negotiates), the ext_proc and
+    health services to a client that trusts that certificate, nothing to plaintext."""
+    assert ServerConfig().secure_serving is True and ServerConfig().tls is None
+    with structlog.testing.capture_logs() as logs:
+        server, port = await serve(None)
+    try:
+        pem, alpn = await asyncio.to_thread(served_certificate, "127.0.0.1", port)
+        assert alpn == "h2"
+        credentials = grpc.ssl_channel_credentials(root_certificates=pem)
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options) as ch:
+            assert await check(ch) == OK
+            assert await route_once(ch) == ADDRESSES[0]
+        assert await connect(port, None) == "UNAVAILABLE"  # plaintext
+    finally:
+        await server.stop(0)
+    [started] = [e for e in logs if e["event"] == "grpc_transport"]
+    assert started["mode"] == "tls" and started["certificate"] == "self-signed"
+    # The logged fingerprint is the served certificate's (what `openssl x509 -fingerprint
+    # -sha256` prints), so an operator can compare what a client sees.
+    served = x509.load_pem_x509_certificate(pem)
+    assert started["sha256_fingerprint"] == served.fingerprint(hashes.SHA256()).hex(":").upper()
+    assert {"DNS:localhost", "IP Address:127.0.0.1"} <= set(started["names"])
+    assert "PRIVATE KEY" not in repr(logs)
+
+
+async def test_each_start_generates_its_own_key():
+    first, second = SelfSignedTls(), SelfSignedTls()
+    assert first.certificate.key_pem != second.certificate.key_pem
+    assert first.certificate.sha256 != second.certificate.sha256
+
+
+def test_the_self_signed_certificate_names_this_pod_and_serves_only_servers():
+    when = datetime(2026, 12, 2, tzinfo=UTC)
+    generated = generate_self_signed(env={"POD_IP": "10.1.2.3"}, now=when)
+    cert = x509.load_pem_x509_certificate(generated.cert_pem)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost", socket.gethostname()]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == [
+        "127.0.0.1",
+        "::1",
+        "10.1.2.3",
+    ]
+    assert cert.issuer == cert.subject  # self-signed
+    key = serialization.load_pem_private_key(generated.key_pem, password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
+    assert cert.not_valid_after_utc - when == timedelta(days=365)
+    assert cert.not_valid_before_utc < when
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    # A POD_IP that is not an address is left out (logged), never a failed start.
+    odd = x509.load_pem_x509_certificate(generate_self_signed(env={"POD_IP": "x"}).cert_pem)
+    san = odd.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "::1"]
+
+
+def test_plaintext_with_certificate_files_is_a_configuration_error(tmp_path, leaves):
+    tls = install(tmp_path, leaves["server1"])
+    with pytest.raises(ValidationError) as error:
+        ServerConfig(secure_serving=False, tls=tls)
+    assert "server.secure_serving" in str(error.value) and "server.tls" in str(error.value)
+    assert grpc_transport(ServerConfig(secure_serving=False)) is None
+    assert isinstance(grpc_transport(ServerConfig(tls=tls)), GrpcServerTls)
+    assert isinstance(grpc_transport(ServerConfig()), SelfSignedTls)
 
 
 async def test_mutual_tls_requires_a_client_certificate_from_the_client_ca(

@@ -34,7 +34,7 @@ from epp.extproc.machine import ExtProcStream, Phase, RoutingService, Step
 from epp.extproc.observer import Completion, ObserverStream
 from epp.observability.metrics import EppMetrics
 from epp.request import RequestRejected
-from epp.tls import GrpcServerTls
+from epp.tls import GrpcTransport, grpc_transport
 
 log = structlog.get_logger("epp.extproc")
 
@@ -254,8 +254,14 @@ class HealthState:
 
 
 def build_grpc_server(
-    processor: ExternalProcessor, health_state: HealthState, config: ServerConfig
+    processor: ExternalProcessor,
+    health_state: HealthState,
+    config: ServerConfig,
+    transport: GrpcTransport | None = None,
 ) -> tuple[grpc.aio.Server, int]:
+    """The ext_proc + health server on `config`'s address, with the TLS the config asks
+    for (epp.tls.grpc_transport), or `transport` when given: a caller that needs the
+    generated certificate (a test's client) builds the SelfSignedTls itself."""
     limit = config.max_grpc_message_bytes
     server = grpc.aio.server(
         options=[
@@ -267,12 +273,13 @@ def build_grpc_server(
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     address = f"{config.grpc_host}:{config.grpc_port}"
-    if config.tls is None:
+    # TLS by default (server.secure_serving): certificate files re-read when they change,
+    # or a self-signed certificate generated now (epp/tls.py). Health shares the port.
+    tls = transport if transport is not None else grpc_transport(config)
+    if tls is None:
         port = server.add_insecure_port(address)
-        log.info("grpc_transport", mode="plaintext")
+        log.info("grpc_transport", mode="plaintext", detail="server.secure_serving: false")
     else:
-        # Certificate files re-read when they change (epp/tls.py); health shares the port.
-        tls = GrpcServerTls(config.tls)
         port = server.add_secure_port(address, tls.credentials())
         log.info("grpc_transport", **tls.describe())
     if port == 0:
