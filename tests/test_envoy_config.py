@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from epp.envoy_config import EppTls, render
 from epp.envoy_config import main as envoy_config_main
-from epp.envoy_config import render
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "envoy"
 EXAMPLES = sorted(DEPLOY.glob("*.yaml"))
@@ -39,7 +39,12 @@ def test_committed_example_matches_code_and_envoy_accepts_it(example, tmp_path, 
 
 
 def test_there_are_examples_for_each_mode():
-    assert {p.name for p in EXAMPLES} >= {"epp.yaml", "epp-buffered.yaml", "round-robin.yaml"}
+    assert {p.name for p in EXAMPLES} >= {
+        "epp.yaml",
+        "epp-buffered.yaml",
+        "epp-plaintext.yaml",
+        "round-robin.yaml",
+    }
 
 
 def test_epp_mode_routes_on_the_destination_and_watches_responses():
@@ -115,21 +120,77 @@ def test_hung_pods_fail_their_attempt_and_the_stream_outlasts_every_attempt():
     assert pods["outlier_detection"]["consecutive_gateway_failure"] >= 1
 
 
+def _epp_cluster(capsys, *args: str) -> dict:
+    assert envoy_config_main(["--pod", "127.0.0.1:8001", *args]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    [cluster] = [c for c in config["static_resources"]["clusters"] if c["name"] == "epp"]
+    return cluster
+
+
+TLS_CONTEXT = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+
+
+@pytest.mark.parametrize("replicas", [[], ["--epp-address", "epp-peers:9002"]])
+def test_the_epp_is_dialled_over_tls_without_verification_by_default(capsys, replicas):
+    """The EPP serves TLS with a self-signed certificate by default: Envoy dials TLS (ALPN
+    h2 for gRPC) and verifies nothing, as Envoy AI Gateway and kgateway do."""
+    socket = _epp_cluster(capsys, *replicas)["transport_socket"]
+    assert socket["name"] == "envoy.transport_sockets.tls"
+    assert socket["typed_config"] == {
+        "@type": TLS_CONTEXT,
+        "common_tls_context": {"alpn_protocols": ["h2"]},
+    }
+    # --epp-plaintext: an EPP started with --plaintext (server.secure_serving: false).
+    assert "transport_socket" not in _epp_cluster(capsys, "--epp-plaintext", *replicas)
+    with pytest.raises(SystemExit):
+        envoy_config_main(["--pod", "127.0.0.1:8001", "--epp-plaintext", "--epp-ca-file", "x"])
+    with pytest.raises(ValueError, match="exclude"):
+        _epp_config(epp_plaintext=True, epp_tls=EppTls("/ca", "epp"))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "epp", "pods": ["127.0.0.1:4"]},
+        {"mode": "epp", "pod_cluster": "original_dst"},
+        {"mode": "epp", "pods": ["127.0.0.1:4"], "epp_addresses": ["10.0.0.1:9002"]},
+        {"mode": "round_robin", "pods": ["127.0.0.1:4"]},
+    ],
+    ids=["override-host", "original-dst", "replicas", "round-robin"],
+)
+def test_circuit_breakers_are_lifted_on_every_cluster(kwargs):
+    """Envoy's defaults (1,024 connections / pending / requests, 3 retries per cluster)
+    would fail the 1,025th concurrent request at once with 503 while everything idles."""
+    config = yaml.safe_load(render(listen_port=1, admin_port=2, epp_port=3, **kwargs))
+    clusters = config["static_resources"]["clusters"]
+    assert {c["name"] for c in clusters} >= {"pods"}
+    for cluster in clusters:
+        [thresholds] = cluster["circuit_breakers"]["thresholds"]
+        assert thresholds["priority"] == "DEFAULT"
+        for key in ("max_connections", "max_pending_requests", "max_requests", "max_retries"):
+            assert thresholds[key] == 2**32 - 1, (cluster["name"], key)
+
+
 def test_epp_tls_options_render_an_upstream_tls_context(capsys):
-    """--epp-tls-*: Envoy calls the EPP over TLS, checks its certificate's name (SNI for a
-    host name; an IP is matched as an IP SAN) and presents a client certificate."""
+    """--epp-ca-file (--epp-tls-ca): Envoy verifies the EPP's certificate, checks its name
+    (--epp-sni: SNI for a host name; an IP is matched as an IP SAN) and presents a client
+    certificate with --epp-tls-cert/--epp-tls-key."""
 
     def epp_cluster(*args: str) -> dict:
-        assert envoy_config_main(["--pod", "127.0.0.1:8001", *args]) == 0
-        config = yaml.safe_load(capsys.readouterr().out)
-        [cluster] = [c for c in config["static_resources"]["clusters"] if c["name"] == "epp"]
-        return cluster
+        return _epp_cluster(capsys, *args)
 
-    assert "transport_socket" not in epp_cluster()
     tls = ["--epp-tls-ca", "/tls/ca.crt", "--epp-tls-cert", "/tls/envoy.crt"]
     context = epp_cluster(
         *tls, "--epp-tls-key", "/tls/envoy.key", "--epp-tls-server-name", "epp.ns.svc"
     )["transport_socket"]["typed_config"]
+    # The newer spellings are the same options.
+    assert (
+        epp_cluster(
+            "--epp-ca-file", "/tls/ca.crt", "--epp-tls-cert", "/tls/envoy.crt",
+            "--epp-tls-key", "/tls/envoy.key", "--epp-sni", "epp.ns.svc",
+        )["transport_socket"]["typed_config"]
+        == context
+    )  # fmt: skip
     assert context["sni"] == "epp.ns.svc"
     common = context["common_tls_context"]
     assert common["alpn_protocols"] == ["h2"]
@@ -148,6 +209,6 @@ def test_epp_tls_options_render_an_upstream_tls_context(capsys):
     assert "sni" not in context and "tls_certificates" not in context["common_tls_context"]
     san = context["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
     assert san == [{"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}]
-    for half in (tls, ["--epp-tls-server-name", "epp"]):
+    for half in (tls, ["--epp-tls-server-name", "epp"], ["--epp-sni", "epp"]):
         with pytest.raises(SystemExit):
             envoy_config_main(["--pod", "127.0.0.1:8001", *half])

@@ -5,6 +5,11 @@ are typed parameters, and so the committed examples in `deploy/envoy/` can be ch
 against this module by a test (they are its output for the default ports).
 
 `epp envoy-config --mode epp --epp-port 9002 --listen-port 8080` prints one.
+
+Envoy dials the EPP as the EPP serves by default: TLS (server.secure_serving) without
+verifying its certificate, which is self-signed unless server.tls gives one; that is how
+Envoy AI Gateway and kgateway dial an EPP. `--epp-ca-file` verifies it (and its name,
+`--epp-sni`); `--epp-plaintext` dials an EPP started with `--plaintext`.
 """
 
 from __future__ import annotations
@@ -35,10 +40,34 @@ PodCluster = Literal["override_host", "original_dst"]
 UPSTREAM_IDLE_TIMEOUT_S = 120.0
 # A buffered request body must fit in the listener's buffer, or Envoy answers 413.
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
+# Envoy's circuit breakers default to 1,024 connections, pending requests and requests,
+# and 3 retries, per cluster across all workers. Past those, a request fails at once with
+# 503 (upstream_rq_pending_overflow, upstream_rq_retry_overflow) while the EPP and the pods
+# are idle: every request holds one stream to the EPP and one to a pod, so 1,025
+# concurrent chats would already overflow. The limits that belong here are the EPP's
+# admission (flow_control) and the pods' own queues, so Envoy's are lifted to the most a
+# threshold can hold (GIE's standalone chart raises them to 40,000 for the same reason).
+CIRCUIT_BREAKER_MAX = 2**32 - 1
+_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _circuit_breakers() -> dict[str, Any]:
+    limit = CIRCUIT_BREAKER_MAX
+    return {
+        "thresholds": [
+            {
+                "priority": "DEFAULT",
+                "max_connections": limit,
+                "max_pending_requests": limit,
+                "max_requests": limit,
+                "max_retries": limit,
+            }
+        ]
+    }
 
 
 def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: bool) -> dict:
@@ -65,14 +94,26 @@ def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: 
 
 @dataclass(frozen=True)
 class EppTls:
-    """Envoy calls the EPP over TLS (the EPP's `server.tls`): `ca_file` signed the EPP's
-    certificate, which must name `server_name` (a DNS name, also sent as SNI, or an IP);
-    `cert_file`/`key_file` are Envoy's client certificate when the EPP requires one."""
+    """Envoy verifies the EPP's certificate (the EPP's `server.tls` files): `ca_file`
+    signed it, and it must name `server_name` (a DNS name, also sent as SNI, or an IP);
+    `cert_file`/`key_file` are Envoy's client certificate when the EPP requires one.
+    Without an EppTls Envoy still dials TLS, verifying nothing (see render)."""
 
     ca_file: str
     server_name: str
     cert_file: str | None = None
     key_file: str | None = None
+
+
+def _unverified_epp_transport_socket() -> dict[str, Any]:
+    """TLS that accepts any certificate: the EPP's self-signed default, as Envoy AI
+    Gateway and kgateway dial it. Encrypted, not authenticated: use EppTls where the
+    network between Envoy and the EPP is not trusted. ALPN h2: gRPC servers need it, and
+    Envoy's health checker offers none of its own."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {"@type": _TLS_TYPE, "common_tls_context": {"alpn_protocols": ["h2"]}},
+    }
 
 
 def _epp_transport_socket(tls: EppTls) -> dict[str, Any]:
@@ -98,10 +139,7 @@ def _epp_transport_socket(tls: EppTls) -> dict[str, Any]:
                 "private_key": {"filename": tls.key_file},
             }
         ]
-    context: dict[str, Any] = {
-        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-        "common_tls_context": common,
-    }
+    context: dict[str, Any] = {"@type": _TLS_TYPE, "common_tls_context": common}
     if sni is not None:
         context["sni"] = sni
     return {"name": "envoy.transport_sockets.tls", "typed_config": context}
@@ -171,8 +209,8 @@ def _epp_replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
     }
     # The streams a dead replica refused are retried on another: Envoy's default of 3
     # retries in flight per cluster failed the rest (measured: 6 and 8 failed requests
-    # per SIGKILL at 8 clients, against none with this and the ejection above).
-    cluster["circuit_breakers"] = {"thresholds": [{"max_retries": 1024}]}
+    # per SIGKILL at 8 clients, against none with this and the ejection above). The
+    # circuit breakers (render) lift max_retries with the rest.
     return cluster
 
 
@@ -371,8 +409,14 @@ def render(
     strip_headers: Sequence[str] = (),
     epp_tls: EppTls | None = None,
     epp_addresses: Sequence[str] = (),
+    epp_plaintext: bool = False,
 ) -> str:
-    """The Envoy bootstrap YAML for one listener in front of the pods."""
+    """The Envoy bootstrap YAML for one listener in front of the pods.
+
+    The EPP is dialled over TLS: verified against `epp_tls` when given, else unverified
+    (the EPP's self-signed default); `epp_plaintext` for an EPP serving plaintext."""
+    if epp_plaintext and epp_tls is not None:
+        raise ValueError("epp_plaintext and epp_tls exclude each other")
     http_filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     route: dict[str, Any] = {"cluster": "pods", "timeout": f"{request_timeout_s}s"}
@@ -409,11 +453,15 @@ def render(
             clusters.append(_static_cluster("epp", [f"{epp_host}:{epp_port}"], "ROUND_ROBIN", True))
         if epp_tls is not None:
             clusters[-1]["transport_socket"] = _epp_transport_socket(epp_tls)
+        elif not epp_plaintext:
+            clusters[-1]["transport_socket"] = _unverified_epp_transport_socket()
     else:
         if not pods:
             raise ValueError(f"mode {mode!r} needs the pod addresses")
         lb = "ROUND_ROBIN" if mode == "round_robin" else "LEAST_REQUEST"
         clusters.append(_static_cluster("pods", pods, lb, False))
+    for cluster in clusters:
+        cluster["circuit_breakers"] = _circuit_breakers()
     stream_idle_s = request_timeout_s
     if "retry_policy" in route:
         attempts = route["retry_policy"]["num_retries"] + 1
@@ -534,10 +582,27 @@ def main(argv: list[str]) -> int:
         "resolves to, e.g. a headless Service): health-checked, least request, retried on "
         "another replica when a stream cannot start. Replaces --epp-host/--epp-port.",
     )
-    parser.add_argument("--epp-tls-ca", help="call the EPP over TLS: the CA file that signed it")
     parser.add_argument(
+        "--epp-plaintext",
+        action="store_true",
+        help="dial the EPP without TLS (an EPP started with --plaintext or "
+        "server.secure_serving: false). Default: TLS, the certificate not verified "
+        "unless --epp-ca-file is given",
+    )
+    parser.add_argument(
+        "--epp-ca-file",
+        "--epp-tls-ca",
+        dest="epp_tls_ca",
+        metavar="PATH",
+        help="verify the EPP's certificate against this CA file (the EPP's server.tls)",
+    )
+    parser.add_argument(
+        "--epp-sni",
         "--epp-tls-server-name",
-        help="the name the EPP's certificate must carry (default: --epp-host)",
+        dest="epp_tls_server_name",
+        metavar="NAME",
+        help="with --epp-ca-file: the name the EPP's certificate must carry, sent as SNI "
+        "when it is a host name (default: --epp-host)",
     )
     parser.add_argument("--epp-tls-cert", help="Envoy's client certificate (EPP with mTLS)")
     parser.add_argument("--epp-tls-key", help="the key of --epp-tls-cert")
@@ -545,7 +610,9 @@ def main(argv: list[str]) -> int:
     if (args.epp_tls_cert is None) != (args.epp_tls_key is None):
         parser.error("--epp-tls-cert and --epp-tls-key go together")
     if args.epp_tls_ca is None and (args.epp_tls_cert or args.epp_tls_server_name):
-        parser.error("the --epp-tls-* options need --epp-tls-ca")
+        parser.error("--epp-sni and --epp-tls-cert/--epp-tls-key need --epp-ca-file")
+    if args.epp_plaintext and args.epp_tls_ca is not None:
+        parser.error("--epp-plaintext and --epp-ca-file exclude each other")
     epp_tls = None
     if args.epp_tls_ca is not None:
         epp_tls = EppTls(
@@ -570,6 +637,7 @@ def main(argv: list[str]) -> int:
             strip_headers=args.strip_header,
             epp_tls=epp_tls,
             epp_addresses=args.epp_address,
+            epp_plaintext=args.epp_plaintext,
         ),
         end="",
     )

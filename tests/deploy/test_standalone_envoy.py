@@ -86,6 +86,22 @@ def test_it_asks_every_epp_replica_by_the_headless_name_and_dials_the_pod_it_nam
     assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 8080}
 
 
+@pytest.mark.parametrize("path", sorted(OUTPUTS), ids=lambda p: p.name)
+def test_it_dials_the_epp_as_the_epp_serves_by_default(path):
+    """The EPP serves TLS with a self-signed certificate unless told otherwise
+    (server.secure_serving): every standalone config dials TLS without verification, and
+    lifts Envoy's 1,024-request circuit breakers on the EPP and the pods."""
+    config = yaml.safe_load(OUTPUTS[path])
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    tls = clusters["epp"]["transport_socket"]
+    assert tls["name"] == "envoy.transport_sockets.tls"
+    assert "validation_context" not in tls["typed_config"]["common_tls_context"]
+    assert tls["typed_config"]["common_tls_context"]["alpn_protocols"] == ["h2"]
+    for name in ("epp", "pods"):
+        [limits] = clusters[name]["circuit_breakers"]["thresholds"]
+        assert min(limits[k] for k in ("max_connections", "max_pending_requests")) > 1024
+
+
 def _routing_filter(text: str) -> dict:
     config = yaml.safe_load(text)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][

@@ -6,6 +6,9 @@ be listed), adapted in two ways `epp envoy-config` cannot express yet:
 
 - the admin interface listens on 127.0.0.1 only, while the listener takes 0.0.0.0.
 
+Envoy dials the EPP over TLS without verifying its certificate: the EPP's default
+(server.secure_serving) is TLS with a certificate it generates at start.
+
 The EPP is reached through the headless Service `<epp>-peers` (`--epp-address`, a name:
 a STRICT_DNS cluster of every EPP replica's address, health-checked on `readiness`,
 least request, a routing stream retried on another replica when one dies), not through
