@@ -49,7 +49,12 @@ from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointListener, EndpointStore
-from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
+from epp.extproc.server import (
+    ExternalProcessor,
+    HealthState,
+    build_grpc_server,
+    build_health_server,
+)
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
@@ -62,6 +67,7 @@ from epp.tls import TlsError
 from epp.tokenization import TokenizerRegistry
 from epp.tokenization.engine import EngineTokenizer
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
+from epp.upstream_flags import FlagError, UpstreamArgs, read_config_source, translate
 
 log = structlog.get_logger("epp.app")
 
@@ -202,6 +208,7 @@ class EppService:
         self.metrics.watch_discovery(lambda: self.discovery.state() if self.discovery else None)
         self.health = HealthState()
         self.grpc_port = 0
+        self.grpc_health_port = 0  # the health-only server's (server.grpc_health_port)
         self.metrics_port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._web_runner: web.AppRunner | None = None
@@ -259,6 +266,10 @@ class EppService:
         self.routing_streams = processor.streams  # what drain() waits on
         self._grpc, self.grpc_port = build_grpc_server(processor, self.health, self.config.server)
         await self._grpc.start()
+        self._health_grpc, self.grpc_health_port = build_health_server(
+            self.health, self.config.server
+        )
+        await self._health_grpc.start()
         self._web_runner = web.AppRunner(self._web_app(), access_log=None)
         await self._web_runner.setup()
         site = web.TCPSite(
@@ -273,6 +284,7 @@ class EppService:
         log.info(
             "epp_started",
             grpc=f"{self.config.server.grpc_host}:{self.grpc_port}",
+            grpc_health=f"{self.config.server.grpc_host}:{self.grpc_health_port}",
             metrics=f"{self.config.server.metrics_host}:{self.metrics_port}",
             endpoints=len(self.store),
             weights=self.scheduler.weights,
@@ -313,6 +325,7 @@ class EppService:
         await self.scraper.stop()
         await self.precise.close()
         await self._grpc.stop(grace_s)
+        await self._health_grpc.stop(None)
         if self.router.engine_tokenizer is not None:
             await self.router.engine_tokenizer.close()  # after the last routed stream
         if self.replicas is not None:
@@ -476,6 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epp serve",
         description="Serve the endpoint picker: Envoy ext_proc over gRPC, Prometheus metrics over HTTP.",
+        epilog="The upstream EPP's flags (GIE, llm-d router: -poolName, --pool-group, -v 4, "
+        "--zap-encoder, --config-file, --secure-serving, --tracing, ...) are accepted in Go's "
+        "flag syntax: the supported ones are mapped, the others named in one warning "
+        '(README, "epp serve flags").',
+        allow_abbrev=False,  # a prefix of a flag is not that flag: upstream's never are
     )
     parser.add_argument("--config", type=Path, help="YAML configuration (see README)")
     parser.add_argument(
@@ -492,31 +510,66 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--grpc-host")
     parser.add_argument("--grpc-port", type=int)
+    parser.add_argument(
+        "--grpc-health-port", type=int, help="gRPC health, plaintext (default 9003; 0: any free)"
+    )
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument(
         "--log-level",
         choices=["trace", "debug", "info", "warning", "error"],
-        default=os.environ.get("EPP_LOG_LEVEL"),
         help="default: info, or EPP_LOG_LEVEL",
     )
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> EppConfig:
+def our_flag_names(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The parser's long flags without their dashes (what `translate` passes through)."""
+    return frozenset(
+        opt[2:] for action in parser._actions for opt in action.option_strings if opt[:2] == "--"
+    )
+
+
+def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, UpstreamArgs]:
+    """`epp serve`'s arguments: ours, and the upstream EPP's (epp/upstream_flags.py).
+    Raises FlagError for a malformed upstream flag; argparse exits on anything unknown."""
+    parser = build_parser()
+    upstream = translate(argv, our_flag_names(parser))
+    return parser.parse_args(upstream.ours), upstream
+
+
+def _merged(base: dict, top: dict) -> dict:
+    """`top` over `base`, section by section (the config's sections are mappings)."""
+    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in base.items()}
+    for section, values in top.items():
+        if isinstance(values, dict) and isinstance(merged.get(section), dict):
+            merged[section].update(values)
+        else:
+            merged[section] = values
+    return merged
+
+
+def config_from_args(args: argparse.Namespace, upstream: UpstreamArgs | None = None) -> EppConfig:
+    """The configuration: the file (--config, or an upstream --config-file/--config-text in
+    our format), then the upstream flags, then ours; EPP_LOG_LEVEL when no flag sets it."""
+    upstream = upstream or UpstreamArgs()
     server = {
         key: value
         for key, value in (
             ("grpc_host", args.grpc_host),
             ("grpc_port", args.grpc_port),
+            ("grpc_health_port", args.grpc_health_port),
             ("metrics_host", args.metrics_host),
             ("metrics_port", args.metrics_port),
         )
         if value is not None
     }
-    overrides: dict = {"server": server} if server else {}
-    if args.log_level:
-        overrides["log_level"] = args.log_level
+    ours: dict = {"server": server} if server else {}
+    level = args.log_level or upstream.log_level or os.environ.get("EPP_LOG_LEVEL")
+    if level:
+        ours["log_level"] = level
+    if upstream.log_format:
+        ours["log_format"] = upstream.log_format
     discovery = {
         key: value
         for key, value in (
@@ -527,23 +580,38 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         if value is not None
     }
     if discovery:
-        overrides["discovery"] = discovery
+        ours["discovery"] = discovery
     if args.endpoints is not None:
-        overrides["endpoints_file"] = args.endpoints.absolute()
-    config = load_config(args.config, overrides)
+        ours["endpoints_file"] = args.endpoints.absolute()
+    overrides = _merged(upstream.overrides, ours)
+    path: Path | None = args.config
+    data, upstream.unapplied_config = read_config_source(upstream)
+    if data is not None:
+        if args.config is not None:
+            raise ValueError(
+                "--config and --config-file/--config-text both give a configuration: keep one"
+            )
+        if upstream.config_file is None:  # --config-text: its content is the base
+            overrides = _merged(data, overrides)
+        path = upstream.config_file
+    config = load_config(path, overrides)
     if config.endpoints_file is not None:
         load_endpoints_file(config.endpoints_file)  # a bad file fails now, with its path
     return config
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        config = config_from_args(args)
+        args, upstream = parse_serve_args(argv)
+        config = config_from_args(args, upstream)
+    except FlagError as exc:
+        print(f"epp serve: {exc}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"epp serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, fmt=config.log_format)
+    upstream.report(log)
     runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop

@@ -203,6 +203,10 @@ class TlsConfig(Strict):
 class ServerConfig(Strict):
     grpc_host: str = "0.0.0.0"
     grpc_port: int = Field(9002, ge=0, le=65535)
+    # gRPC health (plaintext, on grpc_host) as the upstream EPP serves it: GKE and the
+    # upstream charts' probes ask it for `inference-extension`. Health stays on grpc_port
+    # too. 0: a free port chosen at start (EppService.grpc_health_port, logged).
+    grpc_health_port: int = Field(9003, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9090, ge=0, le=65535)
     max_grpc_message_bytes: int = Field(64 * 1024 * 1024, ge=4 * 1024 * 1024)
@@ -267,6 +271,11 @@ class DiscoveryConfig(Strict):
     pool_name: str | None = Field(None, min_length=1)
     # Default: the EPP pod's own namespace (its service account's), else "default".
     pool_namespace: str | None = Field(None, min_length=1)
+    # The pool's API group (--pool-group): v1 `inference.networking.k8s.io`, or the older
+    # v1alpha2 `inference.networking.x-k8s.io`.
+    pool_group: Literal["inference.networking.k8s.io", "inference.networking.x-k8s.io"] = (
+        "inference.networking.k8s.io"
+    )
     # Outside a cluster: the kubeconfig to use (default: $KUBECONFIG or ~/.kube/config).
     kubeconfig: Path | None = None
     # Read InferenceModel / InferenceObjective objects of the pool when their CRDs exist.
@@ -282,7 +291,8 @@ class ReplicasConfig(Strict):
     # headless Service) stands for all of them, re-resolved every `resolve_s`.
     peers: list[str] = Field(default_factory=list)
     listen_host: str = "0.0.0.0"
-    listen_port: int = Field(9003, ge=0, le=65535)
+    # Not 9003: the upstream EPP's gRPC health port (server.grpc_health_port).
+    listen_port: int = Field(9010, ge=0, le=65535)
     resolve_s: float = Field(5.0, gt=0.0)
     # Frames waiting per peer (a slow or absent peer loses the oldest, routing never waits).
     queue_size: int = Field(4096, ge=1)
@@ -426,6 +436,8 @@ class EppConfig(Strict):
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     endpoints_file: Path | None = None
     log_level: Literal["trace", "debug", "info", "warning", "error"] = "info"
+    # Log lines as JSON (default) or as zap's `console` text (--zap-encoder console).
+    log_format: Literal["json", "console"] = "json"
 
     @model_validator(mode="after")
     def _keepalive_covers_the_wait(self) -> EppConfig:

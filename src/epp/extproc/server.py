@@ -237,9 +237,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             log.exception("complete_failed", status=completion.status)
 
 
+# The upstream EPP's health name (its charts' and GIE's conformance probes ask for it).
+UPSTREAM_HEALTH_SERVICE = "inference-extension"
+# Names that follow readiness: SERVING once endpoints are known, NOT_SERVING while
+# draining. "" is a load balancer's overall check, as upstream answers it.
+READY_SERVICES = ("readiness", "", UPSTREAM_HEALTH_SERVICE, EXT_PROC_SERVICE)
+
+
 class HealthState:
-    """liveness: the process serves; readiness and the ext_proc service: endpoints known
-    (and not draining)."""
+    """liveness: the process serves; READY_SERVICES: endpoints known (and not draining).
+    One servicer, registered on the ext_proc server and on the health-only server."""
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
@@ -248,9 +255,29 @@ class HealthState:
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         await self.servicer.set("liveness", serving if live else not_serving)
-        await self.servicer.set("", serving if live else not_serving)
-        for service in ("readiness", EXT_PROC_SERVICE):
+        for service in READY_SERVICES:
             await self.servicer.set(service, serving if ready else not_serving)
+
+
+def build_health_server(
+    health_state: HealthState, config: ServerConfig
+) -> tuple[grpc.aio.Server, int]:
+    """gRPC health alone, plaintext, on grpc_host:grpc_health_port (the upstream EPP's
+    9003, where GKE and the upstream charts' probes ask): probes carry no certificate.
+    Port 0 picks a free one; the bound port is returned."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
+    address = f"{config.grpc_host}:{config.grpc_health_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind": a port in use
+        port = 0
+    if port == 0:
+        raise OSError(
+            f"cannot listen on {address} for gRPC health (server.grpc_health_port, "
+            "--grpc-health-port): is the port in use?"
+        )
+    return server, port
 
 
 def build_grpc_server(

@@ -1,4 +1,5 @@
-"""structlog set up once at start: JSON lines to stderr, level from config/env.
+"""structlog set up once at start: JSON lines (or console text) to stderr, level from
+config/env.
 
 Request logs carry ids, pods, scores and token counts; never prompt text.
 
@@ -44,8 +45,9 @@ def _trace_level(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mutab
     return event_dict
 
 
-def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
-    """JSON lines to `stream` (default: stderr) at `level` (one of LEVELS)."""
+def configure_logging(level: str = "info", stream: TextIO | None = None, fmt: str = "json") -> None:
+    """JSON lines (`fmt` "json") or zap-console-like text lines ("console", for
+    --zap-encoder console) to `stream` (default: stderr) at `level` (one of LEVELS)."""
     global _trace_on
     level = level.lower()
     _trace_on = level == "trace"
@@ -55,8 +57,15 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
             structlog.processors.add_log_level,
             _trace_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=_dumps),
+            # The console renderer formats exceptions itself (and warns if they already are).
+            *(
+                (
+                    structlog.processors.format_exc_info,
+                    structlog.processors.JSONRenderer(serializer=_dumps),
+                )
+                if fmt == "json"
+                else (structlog.dev.ConsoleRenderer(colors=False),)
+            ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
