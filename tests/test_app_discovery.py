@@ -75,7 +75,12 @@ async def service(standin: KubeStandIn) -> AsyncIterator[EppService]:
     config = EppConfig.model_validate(
         {
             "discovery": {"pool_name": "pool", "pool_namespace": NS},
-            "server": {"grpc_port": 0, "metrics_port": 0, "grpc_host": "127.0.0.1"},
+            "server": {
+                "grpc_port": 0,
+                "grpc_health_port": 0,
+                "metrics_port": 0,
+                "grpc_host": "127.0.0.1",
+            },
         }
     )
     svc = EppService(config, kube_client=k8s.ApiClient(k8s.Configuration(host=standin.url)))
@@ -182,7 +187,12 @@ async def test_the_endpoints_file_is_watched(tmp_path: Path) -> None:
         {
             "endpoints_file": str(file),
             "discovery": {"file_poll_s": 0.02},
-            "server": {"grpc_port": 0, "metrics_port": 0, "grpc_host": "127.0.0.1"},
+            "server": {
+                "grpc_port": 0,
+                "grpc_health_port": 0,
+                "metrics_port": 0,
+                "grpc_host": "127.0.0.1",
+            },
         }
     )
     svc = EppService(config)

@@ -403,6 +403,7 @@ class LocalStack:
             sys.executable, "-m", "epp", "serve",
             "--endpoints", str(endpoints_path),
             "--grpc-host", HOST, "--grpc-port", str(grpc_port),
+            "--grpc-health-port", "0",  # any free port: several stacks run side by side
             "--metrics-host", HOST, "--metrics-port", str(metrics_port),
             "--log-level", self.log_level,
         ]  # fmt: skip

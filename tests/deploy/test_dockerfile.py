@@ -222,6 +222,7 @@ def test_image_install_steps(tmp_path):
             str(venv / "bin" / "epp"), "serve", "--endpoints", str(endpoints),
             "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--grpc-health-port", "0",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -162,6 +162,7 @@ class Rig:
             "--endpoints", str(self.work / "endpoints.yaml"),
             "--grpc-host", HOST, "--grpc-port", str(self.epp_grpc_port),
             "--metrics-host", HOST, "--metrics-port", str(self.epp_metrics_port),
+            "--grpc-health-port", "0",  # any free port: tests run side by side
         ]  # fmt: skip
         self.epp = Proc("epp", argv, self.work / "epp.log").start()
         self.procs.append(self.epp)

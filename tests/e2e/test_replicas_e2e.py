@@ -127,6 +127,7 @@ class Fleet:
             "--endpoints", str(self.r.work / "endpoints.yaml"),
             "--grpc-host", HOST, "--grpc-port", str(replica.grpc_port),
             "--metrics-host", HOST, "--metrics-port", str(replica.metrics_port),
+            "--grpc-health-port", "0",  # any free port: the replicas share one host
         ]  # fmt: skip
         log = self.r.work / f"epp-{replica.index}.log"
         replica.proc = Proc(f"epp-{replica.index}", argv, log).start()

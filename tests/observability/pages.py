@@ -128,7 +128,7 @@ def service_page() -> str:
                 {"name": "pod-b", "address": "10.0.0.2:8000", "model": "m"},
             ],
             "adapters": {"sql-lora": "m"},
-            "server": {"grpc_port": 0, "metrics_port": 0},
+            "server": {"grpc_port": 0, "grpc_health_port": 0, "metrics_port": 0},
         }
     )
     service = EppService(config)

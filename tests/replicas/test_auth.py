@@ -203,7 +203,7 @@ def test_epp_serve_refuses_to_start_with_a_bad_secret_file(tmp_path):
     config = tmp_path / "epp.yaml"
     config.write_text(
         "endpoints: [{name: a, address: '127.0.0.1:8001'}]\n"
-        "server: {grpc_port: 0, metrics_port: 0}\n"
+        "server: {grpc_port: 0, grpc_health_port: 0, metrics_port: 0}\n"
         f"replicas: {{peers: ['127.0.0.1:1'], listen_port: 0, secret_file: '{secret}'}}\n"
     )
     done = subprocess.run(

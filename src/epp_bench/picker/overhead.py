@@ -309,7 +309,7 @@ def scraping(pods: int, seconds: float, interval_ms: float = 50.0) -> ScrapeCost
         process = subprocess.Popen(
             [sys.executable, "-m", "epp", "serve", "--config", f"{tmp}/epp.yaml", "--endpoints", f"{tmp}/endpoints.yaml",
              "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port), "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(metrics_port), "--log-level", "warning"],
+             "--metrics-port", str(metrics_port), "--grpc-health-port", "0", "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:

@@ -222,6 +222,7 @@ class Stack:
             "--config", str(config), "--endpoints", str(self.work / "endpoints.yaml"),
             "--grpc-host", HOST, "--grpc-port", str(replica.grpc_port),
             "--metrics-host", HOST, "--metrics-port", str(replica.metrics_port),
+            "--grpc-health-port", "0",  # any free port: the replicas share one host
             "--log-level", "warning",
         ]  # fmt: skip
         replica.proc = self._spawn(f"epp-{index}", argv)
