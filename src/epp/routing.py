@@ -45,6 +45,15 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.flow_metrics import FlowMetrics
 from epp.observability.logs import TRACE, effective_level, trace
 from epp.observability.metrics import EppMetrics
+from epp.observability.upstream import (
+    DISPATCHED,
+    EVICTED_CANCELLED,
+    EVICTED_TTL,
+    NOT_YET_FINALIZED,
+    REJECTED_CAPACITY,
+    REJECTED_OTHER,
+    RequestLabels,
+)
 from epp.prefix.blocks import PromptBlocks, prompt_blocks
 from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
@@ -97,6 +106,7 @@ class RoutedRequest:
     # The body to forward instead of the client's: set when the model table (an
     # InferenceModel's targetModels) serves the request as another model.
     body: bytes | None = None
+    upstream: RequestLabels | None = None  # the upstream series' labels (observability)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -133,6 +143,7 @@ class PreparedRequest:
     served_model: str | None = None
     body: bytes | None = None
     log_level: int = logging.INFO  # decided once per request, in prepare
+    upstream: RequestLabels | None = None  # the upstream series' labels (observability)
 
 
 class Router:
@@ -187,6 +198,13 @@ class Router:
         # `source: engine`): `route` then asks a pod for those models' ids. route_now
         # (benchmarks, tests) keeps the local path.
         self.engine_tokenizer: EngineTokenizer | None = None
+        # The upstream series (observability/upstream.py) read open requests at scrape time.
+        metrics.upstream.configure(
+            pool=config.discovery.pool_name,
+            namespace=config.discovery.pool_namespace,
+            flow_enabled=flow.enabled,
+        )
+        metrics.upstream.watch(open_requests=self._open_labels, prefix_size=lambda: index.nodes)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -286,10 +304,14 @@ class Router:
                 priority=priority,
                 body_bytes=len(body),
             )
-        return PreparedRequest(
+        prepared = PreparedRequest(
             request_id, request, base, adapter, blocks.hashes, blocks.prompt_tokens, subset,
             priority, len(body), started, served, rewritten, level,
         )  # fmt: skip
+        prepared.upstream = self._metrics.upstream.request(
+            request.model, served, priority, headers or {}, request.stream, started
+        )
+        return prepared
 
     def dispatch(self, prepared: PreparedRequest) -> RoutedRequest:
         """Choose the pod now and reserve it. Raises Saturated when every candidate is
@@ -308,9 +330,11 @@ class Router:
             block_size=self._block_size,
             now=self._store.now(),
         )
+        schedule_start = time.perf_counter()
         try:
             decision = self._scheduler.schedule(sched_request, self._store.all())
         except SchedulingError as exc:
+            self._metrics.upstream.schedule_failed(prepared.upstream)
             kind = Saturated if exc.reason == SATURATED else RequestRejected
             raise kind(
                 exc.status,
@@ -336,15 +360,21 @@ class Router:
             self._scheduler.observe(event)
             routed = RoutedRequest(
                 prepared.request_id, decision, request, prepared.prompt_tokens, token, seq,
-                prepared.priority, body=prepared.body,
+                prepared.priority, body=prepared.body, upstream=prepared.upstream,
             )  # fmt: skip
             self._open[token] = routed
         except BaseException:
             self._store.completed(chosen, None, seq)  # nothing may leak a reservation
             raise
         try:
-            elapsed_us = (time.perf_counter() - prepared.started) * 1e6
+            now = time.perf_counter()
+            elapsed_us = (now - prepared.started) * 1e6
             self._observe(prepared, sched_request, decision, elapsed_us, seq)
+            self._metrics.upstream.routed(
+                prepared.upstream, chosen, size=prepared.size,
+                prompt_tokens=prepared.prompt_tokens, uncached_tokens=uncached,
+                schedule_s=now - schedule_start, best_match=self._best_match(sched_request),
+            )  # fmt: skip
         except Exception:  # metrics or logging must never cost a routed request
             with contextlib.suppress(Exception):
                 log.exception("observe_failed", request_id=prepared.request_id)
@@ -402,12 +432,15 @@ class Router:
             prepared = await self._prepare_with_engine(
                 engine, path, body, request_id, subset, headers
             )
+        admitted = time.perf_counter()
         try:
             if len(self._waiting) and self._others_wait(prepared):
                 # Requests of this model wait already: no overtaking them unless this one
                 # ranks higher. (Another model's backlog does not hold this one back.)
                 raise Saturated(429, "requests are waiting for capacity", reason=SATURATED)
-            return self.dispatch(prepared)
+            routed = self.dispatch(prepared)
+            self._metrics.upstream.admission(prepared.upstream, DISPATCHED, admitted)
+            return routed
         except Saturated as exc:
             return await self._admit(prepared, exc)
         except RequestRejected as exc:
@@ -449,8 +482,10 @@ class Router:
     async def _admit(self, prepared: PreparedRequest, saturated: Saturated) -> RoutedRequest:
         flow = self._flow
         outcomes = self._flow_metrics.outcomes
+        upstream, labels, admitted = self._metrics.upstream, prepared.upstream, time.perf_counter()
         if not flow.enabled or prepared.priority < 0:
             outcomes.labels("rejected-saturated").inc()
+            upstream.admission(labels, REJECTED_CAPACITY, admitted)
             raise self._refuse(
                 prepared, "every endpoint is saturated; retry later", SATURATED
             ) from None
@@ -467,10 +502,14 @@ class Router:
         )
         if not self._waiting.push(waiting):
             outcomes.labels("rejected-saturated").inc()
+            upstream.admission(labels, REJECTED_CAPACITY, admitted)
             raise self._refuse(
                 prepared, "every endpoint is saturated and the EPP's queue is full", SATURATED
             ) from None
+        upstream.admission(labels, NOT_YET_FINALIZED, admitted)
+        upstream.waiting(labels, prepared.size, +1)
         self._update_queue_gauges()
+        outcome = REJECTED_OTHER
         try:
             try:
                 routed = await asyncio.wait_for(asyncio.shield(future), flow.ttl_s)
@@ -479,6 +518,7 @@ class Router:
                     raise
                 routed = future.result()  # dispatched at the very moment the TTL ran out
         except TimeoutError:
+            outcome = EVICTED_TTL
             outcomes.labels("rejected-ttl-expired").inc()
             self._flow_metrics.wait_seconds.observe(loop.time() - now)
             raise self._refuse(
@@ -487,15 +527,20 @@ class Router:
                 "rejected-ttl-expired",
             ) from None
         except asyncio.CancelledError:
+            outcome = EVICTED_CANCELLED
             outcomes.labels("cancelled").inc()
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.complete(future.result().token, None)  # routed, but nobody will send it
             raise
+        else:
+            outcome = DISPATCHED
         finally:
             self._waiting.remove(waiting)
             if not future.done():
                 future.cancel()
             self._update_queue_gauges()
+            upstream.waiting(labels, prepared.size, -1)
+            upstream.finished(labels, outcome, admitted)
         routed.waited_s = loop.time() - now
         self._flow_metrics.wait_seconds.observe(routed.waited_s)
         outcomes.labels("dispatched").inc()
@@ -516,6 +561,7 @@ class Router:
         self._release_pending = False
         released = 0
         blocked: set[str] = set()
+        cycle_start = time.perf_counter()
         for waiting in list(self._waiting.candidates()):
             prepared, future = waiting.item
             if future.done():
@@ -536,6 +582,8 @@ class Router:
             future.set_result(routed)
             released += 1
         self._update_queue_gauges()
+        if len(self._waiting) or released:
+            self._metrics.upstream.dispatch_cycle(time.perf_counter() - cycle_start)
         return released
 
     def _update_queue_gauges(self) -> None:
@@ -548,6 +596,10 @@ class Router:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def _open_labels(self) -> list[RequestLabels]:
+        """The upstream labels of the requests routed and not yet ended (scrape time)."""
+        return [r.upstream for r in self._open.values() if r.upstream is not None]
+
     def tick(self) -> None:
         """Periodic upkeep: retry the queue, forget reservations the store dropped."""
         if len(self._waiting):
@@ -558,9 +610,16 @@ class Router:
 
     # -- completion -----------------------------------------------------------------
     def complete(
-        self, token: str | RoutedRequest, status: int | None, served_address: str | None = None
+        self,
+        token: str | RoutedRequest,
+        status: int | None,
+        served_address: str | None = None,
+        first_byte_at: float | None = None,
+        response_bytes: int | None = None,
     ) -> None:
-        """The response finished (or the stream ended): release the reservation once."""
+        """The response finished (or the stream ended): release the reservation once.
+        `first_byte_at` (time.perf_counter() at the response headers) and `response_bytes`
+        (its content-length), when the observer saw them, feed the upstream series."""
         if isinstance(token, RoutedRequest):
             token = token.token
         routed = self._open.pop(token, None)
@@ -574,6 +633,8 @@ class Router:
             return
         routed.done = True
         endpoint = routed.endpoint
+        with contextlib.suppress(Exception):  # metrics never cost the bookkeeping
+            self._metrics.upstream.completed(routed.upstream, status, first_byte_at, response_bytes)
         if self.completion_listeners:
             now = self._store.now()
             for listener in self.completion_listeners:
@@ -597,6 +658,8 @@ class Router:
     # -- observation -----------------------------------------------------------------
     def _count_rejection(self, prepared: PreparedRequest, exc: RequestRejected) -> None:
         self._metrics.decisions.labels(self._model_label(prepared), exc.reason).inc()
+        # The ext_proc server counts the answer; the request's model labels go with it.
+        self._metrics.upstream.tag(exc, prepared.upstream)
         if prepared.log_level > logging.DEBUG:
             return  # the ext_proc server logs every answer at INFO (request_answered)
         log.debug(
@@ -606,6 +669,13 @@ class Router:
             status=exc.status,
             reason=exc.reason,
         )
+
+    @staticmethod
+    def _best_match(sched: SchedulingRequest) -> float:
+        """The longest prefix any pod holds, over the prompt's blocks."""
+        if not sched.total_blocks:
+            return 0.0
+        return max(sched.prefix_match.values(), default=0) / sched.total_blocks
 
     @staticmethod
     def _model_label(prepared: PreparedRequest) -> str:

@@ -146,5 +146,12 @@ class FakeRouter:
         token = f"token-{next(self._ids)}"
         return FakeRouted(token, request_id, _Decision([_Endpoint(a) for a in self.addresses]))
 
-    def complete(self, token: str, status: int | None, served_address: str | None = None) -> None:
+    def complete(
+        self,
+        token: str,
+        status: int | None,
+        served_address: str | None = None,
+        first_byte_at: float | None = None,
+        response_bytes: int | None = None,
+    ) -> None:
         self.completed.append((token, status, served_address))

@@ -80,7 +80,14 @@ class RoutingService(Protocol):
         headers: Mapping[str, str],
     ) -> Routed: ...
 
-    def complete(self, token: str, status: int | None, served_address: str | None = None) -> None:
+    def complete(
+        self,
+        token: str,
+        status: int | None,
+        served_address: str | None = None,
+        first_byte_at: float | None = None,
+        response_bytes: int | None = None,
+    ) -> None:
         """Idempotent; unknown tokens are ignored; status None: ended without a response."""
 
 

@@ -16,6 +16,7 @@ and `end` return the completion to report, at most once per stream.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -38,6 +39,9 @@ class Completion:
     token: str
     status: int | None  # None: the stream ended without response headers
     served_address: str | None
+    # time.perf_counter() at the response headers, and their content-length (metrics).
+    first_byte_at: float | None = None
+    response_bytes: int | None = None
 
 
 class ObserverStream:
@@ -45,6 +49,8 @@ class ObserverStream:
         self.token: str | None = None
         self._status: int | None = None
         self._served: str | None = None
+        self._first_byte_at: float | None = None
+        self._response_bytes: int | None = None
         self._reported = False
 
     def feed(self, message: pb.ProcessingRequest) -> Completion | None:
@@ -54,8 +60,12 @@ class ObserverStream:
             self.token = headers.get(messages.ROUTE_TOKEN_HEADER) or self.token
         elif kind == "response_headers":
             self.token = self.token or messages.attribute(message, messages.TOKEN_ATTRIBUTE)
-            status = messages.header_values(message.response_headers).get(":status", "")
+            self._first_byte_at = time.perf_counter()
+            headers = messages.header_values(message.response_headers)
+            status = headers.get(":status", "")
             self._status = int(status) if status.isdigit() else None
+            length = headers.get("content-length", "")
+            self._response_bytes = int(length) if length.isdigit() else None
             self._served = (
                 messages.attribute(message, messages.UPSTREAM_ADDRESS_ATTRIBUTE)
                 or messages.served_endpoint(message)
@@ -84,4 +94,6 @@ class ObserverStream:
         if self._reported or self.token is None:
             return None
         self._reported = True
-        return Completion(self.token, self._status, self._served)
+        return Completion(
+            self.token, self._status, self._served, self._first_byte_at, self._response_bytes
+        )

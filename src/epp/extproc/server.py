@@ -151,6 +151,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                         self._metrics.answers.answered(
                             stream.request_id, 500, "internal-error", "internal error"
                         )
+                        self._metrics.upstream.answered(500)
                         yield messages.immediate(
                             500, INTERNAL_ERROR_BODY, "internal-error", stream.request_id
                         )
@@ -160,6 +161,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                     self._metrics.answers.answered(
                         stream.request_id, answer.status, answer.reason, answer.message
                     )
+                    self._metrics.upstream.answered(answer.status, answer)
                 for reply in step.replies:
                     yield reply
                 if step.finish:
@@ -232,7 +234,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
 
     def _complete(self, completion: Completion) -> None:
         try:
-            self._router.complete(completion.token, completion.status, completion.served_address)
+            self._router.complete(
+                completion.token,
+                completion.status,
+                completion.served_address,
+                completion.first_byte_at,
+                completion.response_bytes,
+            )
         except Exception:  # bookkeeping must never fail a stream
             log.exception("complete_failed", status=completion.status)
 

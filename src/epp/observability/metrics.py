@@ -29,6 +29,7 @@ from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
 from epp.observability.logs import trace, trace_enabled
 from epp.observability.loop_lag import LoopLagMonitor
 from epp.observability.stale import StaleCacheTracker
+from epp.observability.upstream import UpstreamMetrics
 
 if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
@@ -232,6 +233,8 @@ class EppMetrics:
         # Answers the EPP gives itself (counted and logged by the ext_proc server).
         self.answers = Answers(r)
         self.stale = StaleCacheTracker(r)
+        # The reference EPP's series (llm_d_epp_*, inference_*), what upstream dashboards read.
+        self.upstream = UpstreamMetrics(r, self.models, client_label_limit)
 
         # Sampling starts with `loop_lag.start()` on the running loop (EppService.start).
         self.loop_lag = LoopLagMonitor(r)
@@ -240,6 +243,7 @@ class EppMetrics:
         """The configured limits the alert rules compare with (deploy/prometheus)."""
         self.max_queue.set(max_queue)
         self.health_threshold.set(health_threshold)
+        self.upstream.watch(max_queue=max_queue)
 
     def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
         """Export discovery's state (`EppService.discovery`), read at each scrape."""
@@ -277,6 +281,7 @@ class EppMetrics:
     ) -> None:
         self._endpoints = endpoints
         self.registry.register(_PodCollector(endpoints, index_blocks))
+        self.upstream.watch(endpoints=endpoints)
 
     def model_label(self, model: str | None) -> str:
         """The `model` label value for a client's model name (bounded)."""
