@@ -19,8 +19,11 @@ versions), `drop_watches()` (the connection is cut mid-stream, without the final
 `fail_next()` (the next requests get an error status). Every request is recorded in
 `requests`, so tests can check that the client asked only for what its RBAC allows.
 
-It is not a real API server: no authentication, no admission or schema validation, no
-pagination, one global resourceVersion counter, writes only through its Python methods.
+It is not a real API server: no authentication, no admission, no pagination, one global
+resourceVersion counter, writes only through its Python methods. Schema validation is
+the caller's: `admitted(obj)` checks a custom resource against its upstream CRD's
+`openAPIV3Schema` (tests/fixtures/upstream/*/crd) and applies the schema's defaults, as
+the API server would before storing it; tests serve what it returns.
 """
 
 from __future__ import annotations
@@ -33,9 +36,14 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+import jsonschema
+import yaml
 
 from epp.datalayer.kubernetes_resources import WATCHED_RESOURCES, WatchedResource
 
@@ -256,11 +264,14 @@ class KubeStandIn:
 
     def seen(self, resource: WatchedResource, *, watch: bool | None = None) -> list[Seen]:
         """Requests for a resource's collection (lists and watches, or one kind)."""
+        base = f"/apis/{resource.group}/" if resource.group else "/api/"
         suffix = f"/{resource.resource}"
         return [
             s
             for s in list(self.requests)
-            if s.path.endswith(suffix) and (watch is None or s.watch == watch)
+            if s.path.startswith(f"{base}{resource.version}/")
+            and s.path.endswith(suffix)
+            and (watch is None or s.watch == watch)
         ]
 
     # --- HTTP ---------------------------------------------------------------------------
@@ -463,6 +474,8 @@ def running(*args: Any, **kwargs: Any) -> Iterator[KubeStandIn]:
 
 def pool(name: str, selector: dict[str, str], ports: Iterable[int], **spec: Any) -> Obj:
     return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
         "metadata": {"name": name},
         "spec": {
             "selector": {"matchLabels": dict(selector)},
@@ -490,3 +503,112 @@ def pod(
     if terminating:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"metadata": metadata, "spec": {"containers": [{"name": "vllm"}]}, "status": status}
+
+
+# --- custom resources as the API server admits them -----------------------------------
+
+UPSTREAM = Path(__file__).resolve().parent / "fixtures" / "upstream"
+
+# The CEL rules (`x-kubernetes-validations`) of the inference CRDs, as Python on the
+# defaulted value; jsonschema ignores `x-kubernetes-*` keywords, so these run besides it.
+# A rule without a translation fails `admitted` (a new CRD version is not checked blind).
+CEL_RULES: dict[str, Any] = {
+    "self.kind != 'Service' || has(self.port)": lambda v: v.get("kind") != "Service" or "port" in v,
+    "self.all(p1, self.exists_one(p2, p1.number==p2.number))": lambda v: (
+        len([p.get("number") for p in v]) == len({p.get("number") for p in v})
+    ),
+    "self.all(model, has(model.weight)) || self.all(model, !has(model.weight))": lambda v: (
+        all("weight" in m for m in v) or not any("weight" in m for m in v)
+    ),
+    "self == oldSelf": lambda v: True,  # a transition rule: a create has no old object
+}
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], tuple[str, Obj]]:
+    """(apiVersion, kind) -> (fixture path, openAPIV3Schema) of every served version."""
+    schemas: dict[tuple[str, str], tuple[str, Obj]] = {}
+    for path in sorted(UPSTREAM.glob("*/crd/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = doc["spec"]
+            for version in spec["versions"]:
+                if version.get("served"):
+                    key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                    schema = version["schema"]["openAPIV3Schema"]
+                    schemas[key] = (str(path.relative_to(UPSTREAM)), schema)
+    return schemas
+
+
+def _strict(schema: Obj) -> Obj:
+    """The schema with unknown fields refused (kubectl's strict field validation)."""
+    out = {k: _strict(v) if isinstance(v, dict) else v for k, v in schema.items()}
+    if "items" in out and isinstance(out["items"], dict):
+        out["items"] = _strict(out["items"])
+    if "properties" in out:
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+        if "additionalProperties" not in out and not out.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            out["additionalProperties"] = False
+    return out
+
+
+def _defaulted(schema: Obj, value: Any) -> Any:
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = _defaulted(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for name in value:
+                if name not in (schema.get("properties") or {}):
+                    value[name] = _defaulted(extra, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_defaulted(schema["items"], item) for item in value]
+    return value
+
+
+def _cel(schema: Obj, value: Any, where: str) -> None:
+    for rule in schema.get("x-kubernetes-validations") or ():
+        check = CEL_RULES.get(rule["rule"])
+        if check is None:
+            raise AssertionError(f"{where}: CEL rule without a translation: {rule['rule']!r}")
+        if not check(value):
+            raise jsonschema.ValidationError(f"{where}: {rule.get('message', rule['rule'])}")
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name in value:
+                _cel(sub, value[name], f"{where}.{name}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            _cel(schema["items"], item, f"{where}[{i}]")
+
+
+def admitted(obj: Obj) -> Obj:
+    """`obj` (apiVersion, kind, metadata.name, spec) checked against its upstream CRD and
+    defaulted, as the API server stores it; jsonschema.ValidationError if it would be
+    refused, KeyError if no fixture CRD serves its apiVersion and kind."""
+    source, schema = crd_schemas()[(obj["apiVersion"], obj["kind"])]
+    value = _defaulted(schema, copy.deepcopy(obj))
+    where = f"{obj['kind']}/{obj.get('metadata', {}).get('name')} ({source})"
+    try:
+        jsonschema.validate(value, _strict(schema))
+    except jsonschema.ValidationError as exc:
+        raise jsonschema.ValidationError(f"{where}: {exc.message}") from None
+    _cel(schema, value, where)
+    return value
+
+
+def upstream_objects(path: str, kind: str | None = None) -> list[Obj]:
+    """The Kubernetes objects in an upstream fixture (YAML, or the ```yaml blocks of a
+    Markdown page), optionally of one kind."""
+    text = (UPSTREAM / path).read_text()
+    if path.endswith(".md"):
+        blocks = text.split("```yaml")[1:]
+        text = "\n---\n".join(block.split("```")[0] for block in blocks)
+    docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict) and "kind" in d]
+    return [d for d in docs if kind is None or d["kind"] == kind]

@@ -1,18 +1,33 @@
-"""Pool + pods -> endpoints, table-driven: readiness, terminating, IPs, selector, ranks."""
+"""Pool + pods -> endpoints, table-driven: readiness, terminating, IPs, selector, ranks;
+every field of the upstream pools (GIE v1.6.0's conformance pools, the v1alpha2 pool of
+GIE v0.5.0's manifests), admitted through their upstream CRDs first."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from kube_standin import pod, pool
+from kube_standin import admitted, pod, pool, upstream_objects
 
 from epp.datalayer.discovery.pool import (
+    EndpointPickerRef,
     InvalidPool,
     endpoints_for_pool,
+    parse_alpha_pool,
     parse_pool,
     pod_serves,
 )
+
+CONFORMANCE = "gie-v1.6.0/conformance/base.yaml"
+
+
+def conformance_pool(name: str) -> dict[str, Any]:
+    """One of GIE v1.6.0's conformance InferencePools, as the API server stores it."""
+    (obj,) = [
+        p for p in upstream_objects(CONFORMANCE, "InferencePool") if p["metadata"]["name"] == name
+    ]
+    return admitted(obj)
+
 
 VLLM = {"app": "vllm"}
 
@@ -110,13 +125,92 @@ def test_endpoint_fields_come_from_the_pod() -> None:
 
 
 def test_parse_pool_reads_selector_ports_and_picker_ref() -> None:
-    ref = {"name": "epp", "port": {"number": 9002}, "failureMode": "FailClose"}
-    spec = parse_pool(pool("p", {"b": "2", "a": "1"}, [8000, 8001], endpointPickerRef=ref))
+    ref = {"name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"}
+    obj = admitted(pool("p", {"b": "2", "a": "1"}, [8000, 8001], endpointPickerRef=ref))
+    spec = parse_pool(obj)
     assert spec.name == "p"
     assert spec.label_selector == "a=1,b=2"
     assert spec.target_ports == (8000, 8001)
-    assert spec.endpoint_picker_ref == ref
-    assert parse_pool(pool("p", VLLM, [8000])).endpoint_picker_ref is None  # optional in v1
+    assert spec.endpoint_picker_ref == EndpointPickerRef("epp", "Service", "", 9002, "FailOpen")
+    assert spec.app_protocol == "http"  # the CRD's default
+    assert parse_pool(admitted(pool("p", VLLM, [8000]))).endpoint_picker_ref is None  # optional
+
+
+@pytest.mark.parametrize(
+    ("name", "selector", "ports", "app_protocol", "picker"),
+    [
+        (
+            "primary-inference-pool",
+            "app=primary-inference-model-server",
+            (3000,),
+            "http",  # omitted: the CRD's default, HTTP/1.1
+            EndpointPickerRef("primary-endpoint-picker-svc", "Service", "", 9002, "FailClose"),
+        ),
+        (
+            "secondary-inference-pool",
+            "app=secondary-inference-model-server",
+            (3000,),
+            "http",
+            EndpointPickerRef("secondary-endpoint-picker-svc", "Service", "", 9002, "FailOpen"),
+        ),
+        (
+            "appprotocol-h2c-inference-pool",
+            "app=appprotocol-inference-model-server",
+            (3001,),
+            "kubernetes.io/h2c",
+            EndpointPickerRef(
+                "appprotocol-h2c-endpoint-picker-svc", "Service", "", 9002, "FailClose"
+            ),
+        ),
+        (
+            "dp-inference-pool",
+            "app=dp-inference-model-server",
+            (3000, 3002, 3004),
+            "http",
+            EndpointPickerRef("dp-endpoint-picker-svc", "Service", "", 9002, "FailClose"),
+        ),
+    ],
+)
+def test_the_conformance_pools_every_field(
+    name: str, selector: str, ports: tuple[int, ...], app_protocol: str, picker: EndpointPickerRef
+) -> None:
+    spec = parse_pool(conformance_pool(name))
+    assert (spec.name, spec.label_selector, spec.target_ports) == (name, selector, ports)
+    assert spec.app_protocol == app_protocol
+    assert spec.endpoint_picker_ref == picker
+    # Both appProtocols are cleartext: the pods' scheme and their metrics URL are http.
+    assert spec.scheme == "http"
+    [first, *_] = endpoints_for_pool(spec, [pod("m", dict(spec.selector), "10.0.0.7")])
+    assert first.metrics_url == f"http://10.0.0.7:{ports[0]}/metrics"
+
+
+def test_an_app_protocol_the_crd_does_not_define_makes_the_pool_invalid() -> None:
+    obj = conformance_pool("appprotocol-h2c-inference-pool")
+    obj["spec"]["appProtocol"] = "kubernetes.io/wss"
+    with pytest.raises(InvalidPool, match="appProtocol"):
+        parse_pool(obj)
+
+
+def test_the_v1alpha2_pool_of_gie_v0_5_0() -> None:
+    (obj,) = upstream_objects("gie-v0.5.0/manifests/inferencepool-resources.yaml", "InferencePool")
+    spec = parse_alpha_pool(admitted(obj))  # against GIE v1.4.0's v1alpha2 CRD
+    assert spec.name == "vllm-llama3-8b-instruct"
+    assert spec.label_selector == "app=vllm-llama3-8b-instruct"
+    assert spec.target_ports == (8000,)
+    assert spec.app_protocol == "http"
+    assert spec.endpoint_picker_ref == EndpointPickerRef(
+        "vllm-llama3-8b-instruct-epp", "Service", "", None, "FailClose"
+    )
+    assert [
+        (e.name, e.address)
+        for e in endpoints_for_pool(spec, [pod("a", dict(spec.selector), "10.0.0.1")])
+    ] == [("a", "10.0.0.1:8000")]
+    with pytest.raises(InvalidPool):
+        parse_alpha_pool(
+            {"metadata": {"name": "p"}, "spec": {"selector": {}, "targetPortNumber": 8000}}
+        )
+    with pytest.raises(InvalidPool):
+        parse_alpha_pool({"metadata": {"name": "p"}, "spec": {"selector": VLLM}})
 
 
 @pytest.mark.parametrize(

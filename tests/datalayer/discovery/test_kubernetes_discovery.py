@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_standin import KubeStandIn, Seen, pod, pool, running
+from kube_standin import KubeStandIn, Seen, admitted, pod, pool, running, upstream_objects
 from kubernetes import client as k8s
 
 from epp.config import EndpointConfig
@@ -33,8 +33,13 @@ from epp.datalayer.discovery.kubernetes import (
 from epp.datalayer.discovery.reflector import WatchSettings
 from epp.datalayer.kubernetes_resources import (
     INFERENCE_MODEL,
+    INFERENCE_MODEL_REWRITE,
     INFERENCE_OBJECTIVE,
     INFERENCE_POOL,
+    INFERENCE_POOL_V1ALPHA2,
+    LLMD_INFERENCE_MODEL_REWRITE,
+    LLMD_INFERENCE_OBJECTIVE,
+    MODEL_RESOURCES,
     POD,
     VERBS,
     WATCHED_RESOURCES,
@@ -395,7 +400,9 @@ async def test_stop_ends_the_threads_while_watches_are_open(
     rec = Recorder()
     d = await discovery_factory(rec)
     await asyncio.wait_for(d.synced.wait(), WAIT_S)
-    await until(lambda: standin.open_watches() == 4, "four open watches")
+    # The pool, its pods, InferenceModel, and InferenceObjective and InferenceModelRewrite
+    # in both groups.
+    await until(lambda: standin.open_watches() == 7, "seven open watches")
     # The watches would run for a minute or more (FAST.watch_timeout_s): only cutting the
     # connection can end the threads within the join timeout.
     await d.stop(timeout_s=5.0)
@@ -428,7 +435,7 @@ async def test_models_from_inference_model_and_objective(
         NS,
     )
     standin.apply(
-        INFERENCE_OBJECTIVE,
+        LLMD_INFERENCE_OBJECTIVE,
         {"metadata": {"name": "batch"}, "spec": {"priority": -1, "poolRef": {"name": "pool"}}},
         NS,
     )
@@ -455,17 +462,17 @@ async def test_models_from_inference_model_and_objective(
     )
     await until(lambda: "summarize" in rec.models[-1].models, "summarize")
     assert rec.models[-1].priorities() == {"chat": 1, "summarize": -1}
-    standin.delete(INFERENCE_OBJECTIVE, "batch", NS)
+    standin.delete(LLMD_INFERENCE_OBJECTIVE, "batch", NS)
     await until(lambda: not rec.models[-1].objectives, "batch deleted")
     assert d.models == rec.models[-1]
     crds = {r.resource: r.present for r in d.state().resources}
-    assert crds["inferencemodels"] is True and crds["inferenceobjectives"] is True
+    assert crds[INFERENCE_MODEL.key] is True and crds[LLMD_INFERENCE_OBJECTIVE.key] is True
 
 
 async def test_absent_model_crds_are_not_an_error_and_are_found_once_installed(
     discovery_factory: Callable[..., Any], standin: KubeStandIn
 ) -> None:
-    standin.uninstall(INFERENCE_MODEL, INFERENCE_OBJECTIVE)
+    standin.uninstall(*MODEL_RESOURCES)
     standin.apply(INFERENCE_POOL, pool("pool", VLLM, [8000]), NS)
     step(standin, pod("a", VLLM, "10.0.0.1"))
     rec = Recorder()
@@ -476,16 +483,12 @@ async def test_absent_model_crds_are_not_an_error_and_are_found_once_installed(
     assert rec.last == [("a", "10.0.0.1:8000")]  # endpoints unaffected
     state = d.state()
     assert state.errors == 0 and state.last_sync_ok
-    assert {
-        r.resource: r.present
-        for r in state.resources
-        if r.resource.startswith("inference") and r.resource != "inferencepools"
-    } == {
-        "inferencemodels": False,
-        "inferenceobjectives": False,
+    optional = {r.key for r in MODEL_RESOURCES}
+    assert {r.resource: r.present for r in state.resources if r.resource in optional} == {
+        key: False for key in optional
     }
     # Only API discovery was asked, never the absent collections.
-    assert standin.seen(INFERENCE_MODEL) == [] and standin.seen(INFERENCE_OBJECTIVE) == []
+    assert [r for m in MODEL_RESOURCES for r in standin.seen(m)] == []
     assert any(r.path == "/apis/inference.networking.x-k8s.io/v1alpha2" for r in standin.requests)
 
     # The CRD is installed later: found on the next recheck.
@@ -501,7 +504,7 @@ async def test_absent_model_crds_are_not_an_error_and_are_found_once_installed(
     await until(lambda: "m" in rec.models[-1].models, "m once the CRD is installed")
 
     # And removed again: the table empties, still not an error.
-    standin.uninstall(INFERENCE_MODEL, INFERENCE_OBJECTIVE)
+    standin.uninstall(*MODEL_RESOURCES)
     await until(lambda: not rec.models[-1].models, "the table empties")
     assert d.state().errors == 0
 
@@ -539,3 +542,154 @@ def test_backoff_grows_with_jitter_up_to_the_cap() -> None:
     assert len(set(delays)) == len(delays)  # jittered
     backoff.reset()
     assert 0.25 <= backoff.next() <= 0.5
+
+
+# --- the current CRDs, served as the API server admits them (validated against the
+# upstream CRDs, defaults applied: kube_standin.admitted) ------------------------------
+
+
+def upstream(path: str, kind: str, name: str, api_version: str | None = None) -> dict[str, Any]:
+    """An upstream example object, for our pool ("pool"), admitted."""
+    (obj,) = [o for o in upstream_objects(path, kind) if o["metadata"]["name"] == name][:1]
+    obj = {**obj, "metadata": {"name": name}}
+    if api_version is not None:
+        obj["apiVersion"] = api_version
+    if "poolRef" in obj.get("spec", {}):
+        obj["spec"] = {**obj["spec"], "poolRef": {**obj["spec"]["poolRef"], "name": "pool"}}
+    return admitted(obj)
+
+
+GIE_OBJECTIVES = "gie-v1.5.0/manifests/inferenceobjective.yaml"
+LLMD_OBJECTIVES = "llm-d-router-v0.10.0/manifests/inferenceobjective.yaml"
+HERMETIC = "llm-d-router-v0.10.0/testdata/inferencepool-with-model-hermetic.yaml"
+ROLLOUT = "gie-v1.5.0/docs/adapter-rollout.md"
+
+
+async def test_objectives_and_rewrites_from_both_groups_llm_d_ai_first(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.uninstall(LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE)
+    standin.apply(INFERENCE_POOL, admitted(pool("pool", VLLM, [8000])), NS)
+    # GIE's group only, as a GIE v1.5 cluster has it: its objects are read.
+    gie_objective = upstream(GIE_OBJECTIVES, "InferenceObjective", "small-segment-lora")
+    standin.apply(INFERENCE_OBJECTIVE, gie_objective, NS)
+    (_, canary) = upstream_objects(ROLLOUT, "InferenceModelRewrite")
+    canary["spec"]["poolRef"]["name"] = "pool"
+    standin.apply(INFERENCE_MODEL_REWRITE, admitted(canary), NS)
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await until(lambda: bool(rec.models) and rec.models[-1].objectives, "GIE's objective")
+    table = rec.models[-1]
+    assert dict(table.objectives) == {"small-segment-lora": 1}
+    assert {table.target("small-segment-lora", u / 10) for u in range(10)} == {
+        "small-segment-lora-v1",
+        "small-segment-lora-v2",
+    }
+
+    # The llm-d router's CRDs installed too (its chart does): only llm-d.ai counts now,
+    # GIE's objects are ignored, as the reference EPP does.
+    standin.install(LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE)
+    standin.apply(
+        LLMD_INFERENCE_OBJECTIVE, upstream(LLMD_OBJECTIVES, "InferenceObjective", "base-model"), NS
+    )
+    standin.apply(
+        LLMD_INFERENCE_MODEL_REWRITE,
+        upstream(HERMETIC, "InferenceModelRewrite", "rewrite-test"),
+        NS,
+    )
+    await until(
+        lambda: (
+            "base-model" in rec.models[-1].objectives
+            and "model-to-be-rewritten" in rec.models[-1].rewrites
+        ),
+        "llm-d.ai's objective and rewrite",
+    )
+    table = rec.models[-1]
+    assert dict(table.objectives) == {"base-model": 2}
+    assert table.target("model-to-be-rewritten", 0.5) == "rewritten-model"
+    assert table.target("small-segment-lora", 0.5) == "small-segment-lora"  # GIE's: ignored
+    for r in (LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE):
+        assert [s.query.get("watch") for s in standin.seen(r)][-1] == "true"  # read
+
+    # llm-d.ai's CRDs removed again: back to GIE's objects.
+    standin.uninstall(LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE)
+    await until(
+        lambda: (
+            "small-segment-lora" in rec.models[-1].objectives
+            and "small-segment-lora" in rec.models[-1].rewrites
+        ),
+        "back to GIE's",
+    )
+    assert rec.models[-1].target("small-segment-lora", 0.0) == "small-segment-lora-v1"
+    assert d.state().errors == 0
+
+
+async def test_a_v1alpha2_pool_with_pool_group_x_k8s_io(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    (alpha,) = upstream_objects(
+        "gie-v0.5.0/manifests/inferencepool-resources.yaml", "InferencePool"
+    )
+    alpha["metadata"]["name"] = "pool"
+    standin.apply(INFERENCE_POOL_V1ALPHA2, admitted(alpha), NS)
+    # A v1 pool of the same name: not the one asked for.
+    standin.apply(INFERENCE_POOL, admitted(pool("pool", {"app": "other"}, [9000])), NS)
+    labels = alpha["spec"]["selector"]
+    step(standin, pod("a", labels, "10.0.0.1"))
+    step(standin, pod("b", {"app": "other"}, "10.0.0.2"))
+    rec = Recorder()
+    d = await discovery_factory(rec, pool_group="inference.networking.x-k8s.io")
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.last == [("a", "10.0.0.1:8000")]
+    assert standin.seen(INFERENCE_POOL) == []  # the v1 pool is never read
+    state = d.state()
+    assert state.pool_api == "inference.networking.x-k8s.io/v1alpha2"
+    assert state.endpoint_picker_ref == {
+        "name": "vllm-llama3-8b-instruct-epp",
+        "kind": "Service",
+        "group": "",
+        "port": None,
+        "failure_mode": "FailClose",
+    }
+    # An edit of the alpha pool's single port follows.
+    alpha["spec"]["targetPortNumber"] = 8001
+    standin.apply(INFERENCE_POOL_V1ALPHA2, admitted(alpha), NS)
+    await until(lambda: rec.last == [("a", "10.0.0.1:8001")], "the new port")
+
+
+def test_an_unknown_pool_group_is_refused(standin: KubeStandIn) -> None:
+    with pytest.raises(ValueError, match="pool group"):
+        KubernetesDiscovery(api_client(standin), "pool", NS, lambda e: None, pool_group="x.io")
+
+
+async def test_the_pools_app_protocol_and_picker_ref_are_exposed(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    (h2c,) = [
+        p
+        for p in upstream_objects("gie-v1.6.0/conformance/base.yaml", "InferencePool")
+        if p["spec"].get("appProtocol") == "kubernetes.io/h2c"
+    ]
+    h2c["metadata"]["name"] = "pool"
+    standin.apply(INFERENCE_POOL, admitted(h2c), NS)
+    step(standin, pod("a", h2c["spec"]["selector"]["matchLabels"], "10.0.0.1"))
+    rec = Recorder()
+    d = await discovery_factory(rec, read_models=False)
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    state = d.state()
+    assert state.app_protocol == "kubernetes.io/h2c" and d.pool is not None
+    assert d.pool.scheme == "http"  # h2c is cleartext
+    assert state.endpoint_picker_ref == {
+        "name": "appprotocol-h2c-endpoint-picker-svc",
+        "kind": "Service",
+        "group": "",
+        "port": 9002,
+        "failure_mode": "FailClose",
+    }
+    assert [(e.address, e.metrics_url) for e in rec.endpoints[-1]] == [
+        ("10.0.0.1:3001", "http://10.0.0.1:3001/metrics")
+    ]
+    # appProtocol edited to HTTP/1.1: the spec follows.
+    h2c["spec"]["appProtocol"] = "http"
+    standin.apply(INFERENCE_POOL, admitted(h2c), NS)
+    await until(lambda: d.state().app_protocol == "http", "appProtocol http")

@@ -1,16 +1,21 @@
-"""Kubernetes discovery: an InferencePool's Ready pods -> endpoints; InferenceModel and
-InferenceObjective -> the model table.
+"""Kubernetes discovery: an InferencePool's Ready pods -> endpoints; InferenceModel,
+InferenceObjective and InferenceModelRewrite -> the model table.
 
-One watch thread per resource in `kubernetes_resources.WATCHED_RESOURCES` (the pool, its
-pods, and the two optional model CRDs), each a `Reflector` (list, then watch). Their
+One watch thread per resource read (the pool of `pool_group`, its pods, and the optional
+model CRDs: InferenceModel, and InferenceObjective and InferenceModelRewrite in both
+`llm-d.ai` and `inference.networking.x-k8s.io`), each a `Reflector` (list, then watch).
+Of a kind served in both groups only the `llm-d.ai` objects count, as in the reference
+EPP (llm-d router v0.10.0 `server/controller_config.go`: "prefer the new group and
+IGNORE legacy resources"); that is decided on every change, so installing or removing
+either CRD later is followed. Their
 results move onto the asyncio loop with `call_soon_threadsafe` (bursts coalesce into one
 call), where the pure functions of `pool.py` and `models.py` turn them into
 
 - `on_endpoints(list[EndpointConfig])`: the pool's endpoints, called with the whole new
   list whenever it changes (first when the pool and its pods are listed), so a pod that
   is deleted, stops being Ready, starts terminating or loses its IP leaves at once;
-- `on_models(ModelTable)`: when either model CRD's objects for this pool change (first
-  once both are listed or known absent).
+- `on_models(ModelTable)`: when a model CRD's objects for this pool change (first once
+  every one is listed or known absent).
 
 Both run on the loop thread. The sync `kubernetes` client blocks, hence the threads:
 JSON decoding of a large pod list then yields the GIL every few milliseconds instead of
@@ -35,7 +40,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,7 +51,13 @@ from kubernetes.client.exceptions import ApiException
 
 from epp.config import EndpointConfig
 from epp.datalayer.discovery.models import ModelTable, build_model_table
-from epp.datalayer.discovery.pool import InvalidPool, PoolSpec, endpoints_for_pool, parse_pool
+from epp.datalayer.discovery.pool import (
+    InvalidPool,
+    PoolSpec,
+    endpoints_for_pool,
+    parse_alpha_pool,
+    parse_pool,
+)
 from epp.datalayer.discovery.reflector import (
     ListCall,
     Reflector,
@@ -57,10 +68,14 @@ from epp.datalayer.discovery.reflector import (
 from epp.datalayer.discovery.state import DiscoveryState
 from epp.datalayer.kubernetes_resources import (
     INFERENCE_MODEL,
-    INFERENCE_OBJECTIVE,
-    INFERENCE_POOL,
+    INFERENCE_POOL_V1ALPHA2,
+    MODEL_RESOURCES,
+    OBJECTIVES,
     POD,
+    POOL_GROUP,
+    REWRITES,
     WatchedResource,
+    pool_resource,
 )
 
 log = structlog.get_logger("epp.discovery")
@@ -153,8 +168,17 @@ class _View:
     pool: PoolSpec | None = None
     pool_problem: str | None = None
     pods: Snapshot | None = None
-    inference_models: Snapshot | None = None
-    inference_objectives: Snapshot | None = None
+    models: dict[str, Snapshot] = field(default_factory=dict)  # WatchedResource.key ->
+
+
+def served(snapshots: Mapping[str, Snapshot], kinds: tuple[WatchedResource, ...]) -> Snapshot:
+    """Of one kind's CRDs in order of preference, the first one served (its objects);
+    none served: an empty absent snapshot."""
+    for resource in kinds:
+        snapshot = snapshots.get(resource.key)
+        if snapshot is not None and snapshot.present:
+            return snapshot
+    return Snapshot({}, None, present=False)
 
 
 class KubernetesDiscovery:
@@ -175,10 +199,16 @@ class KubernetesDiscovery:
         *,
         settings: WatchSettings | None = None,
         read_models: bool = True,
+        pool_group: str = POOL_GROUP,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool_name = pool_name
+        self.pool_group = pool_group
+        self.pool_resource = pool_resource(pool_group)  # ValueError for an unknown group
+        self._parse_pool = (
+            parse_alpha_pool if self.pool_resource == INFERENCE_POOL_V1ALPHA2 else parse_pool
+        )
         self.namespace = namespace
         self._on_endpoints = on_endpoints
         self._on_models = on_models
@@ -202,17 +232,18 @@ class KubernetesDiscovery:
             return Reflector(
                 resource,
                 _list_call(api_client, resource, namespace),
-                lambda snapshot: self._post(resource.resource, snapshot),
+                lambda snapshot: self._post(resource.key, snapshot),
                 settings=s,
                 rng=random.Random(rng.random()),
                 **kwargs,
             )
 
-        self._pool = reflector(INFERENCE_POOL, field_selector=f"metadata.name={pool_name}")
+        self._pool = reflector(self.pool_resource, field_selector=f"metadata.name={pool_name}")
         self._pods = reflector(POD, needs_label_selector=True)
         self._reflectors = [self._pool, self._pods]
+        self._both_served_logged: set[str] = set()
         if read_models:
-            for resource in (INFERENCE_MODEL, INFERENCE_OBJECTIVE):
+            for resource in MODEL_RESOURCES:
                 self._reflectors.append(
                     reflector(
                         resource,
@@ -229,6 +260,7 @@ class KubernetesDiscovery:
             "discovery_started",
             mode="kubernetes",
             pool=self.pool_name,
+            pool_api=self.pool_resource.api_version,
             namespace=self.namespace,
             models=self._read_models,
         )
@@ -246,8 +278,14 @@ class KubernetesDiscovery:
         if not await asyncio.to_thread(join):
             log.warning("discovery_stop_timeout", timeout_s=timeout_s)
 
+    @property
+    def pool(self) -> PoolSpec | None:
+        """The pool's last valid spec (selector, ports, appProtocol, endpointPickerRef)."""
+        return self._view.pool
+
     def state(self) -> DiscoveryState:
         stats = tuple(r.stats.copy() for r in self._reflectors)
+        pool = self._view.pool
         return DiscoveryState(
             mode="kubernetes",
             last_sync_ok=all(s.last_sync_ok for s in stats) and self._view.pool is not None,
@@ -257,8 +295,15 @@ class KubernetesDiscovery:
             watch_restarts=sum(s.watch_restarts for s in stats),
             errors=sum(s.errors for s in stats),
             resources=stats,
-            pool_found=self._view.pool is not None,
+            pool_found=pool is not None,
             problems=(self._view.pool_problem,) if self._view.pool_problem else (),
+            pool_api=self.pool_resource.api_version,
+            app_protocol=pool.app_protocol if pool is not None else None,
+            endpoint_picker_ref=(
+                pool.endpoint_picker_ref.as_dict()
+                if pool is not None and pool.endpoint_picker_ref is not None
+                else None
+            ),
         )
 
     # --- from the watch threads ---------------------------------------------------------
@@ -282,14 +327,13 @@ class KubernetesDiscovery:
             pending, self._pending = self._pending, {}
             self._scheduled = False
         view = self._view
-        if (snapshot := pending.get(INFERENCE_POOL.resource)) is not None:
+        if (snapshot := pending.get(self.pool_resource.key)) is not None:
             self._apply_pool(snapshot)
-        if (snapshot := pending.get(POD.resource)) is not None:
+        if (snapshot := pending.get(POD.key)) is not None:
             view.pods = snapshot
-        if (snapshot := pending.get(INFERENCE_MODEL.resource)) is not None:
-            view.inference_models = snapshot
-        if (snapshot := pending.get(INFERENCE_OBJECTIVE.resource)) is not None:
-            view.inference_objectives = snapshot
+        for resource in MODEL_RESOURCES:
+            if (snapshot := pending.get(resource.key)) is not None:
+                view.models[resource.key] = snapshot
         self._update_endpoints()
         self._update_models()
 
@@ -307,7 +351,7 @@ class KubernetesDiscovery:
             self._pods.set_label_selector(None)
             return
         try:
-            pool = parse_pool(obj)
+            pool = self._parse_pool(obj)
         except InvalidPool as exc:
             if str(exc) != view.pool_problem:
                 log.error("discovery_pool_invalid", error=str(exc), keeping=old is not None)
@@ -320,7 +364,11 @@ class KubernetesDiscovery:
                 pool=pool.name,
                 selector=pool.label_selector,
                 target_ports=list(pool.target_ports),
-                endpoint_picker_ref=dict(pool.endpoint_picker_ref or {}) or None,
+                app_protocol=pool.app_protocol,
+                scheme=pool.scheme,
+                endpoint_picker_ref=(
+                    pool.endpoint_picker_ref.as_dict() if pool.endpoint_picker_ref else None
+                ),
             )
         self._pods.set_label_selector(pool.label_selector)
 
@@ -352,16 +400,31 @@ class KubernetesDiscovery:
             log.exception("discovery_on_endpoints_failed")
         self.synced.set()
 
+    def _chosen(self, kinds: tuple[WatchedResource, ...]) -> Snapshot:
+        snapshots = self._view.models
+        if all(snapshots.get(r.key, Snapshot({}, None, False)).present for r in kinds):
+            kind = kinds[0].kind
+            if kind not in self._both_served_logged:
+                self._both_served_logged.add(kind)
+                log.warning(
+                    "discovery_crd_in_two_groups",
+                    kind=kind,
+                    used=kinds[0].api_version,
+                    ignored=[r.api_version for r in kinds[1:]],
+                )
+        return served(snapshots, kinds)
+
     def _update_models(self) -> None:
         view = self._view
-        if not self._read_models or view.inference_models is None:
-            return
-        if view.inference_objectives is None:
-            return
+        if not self._read_models or any(r.key not in view.models for r in MODEL_RESOURCES):
+            return  # every model CRD listed or known absent first
+        objectives, rewrites = self._chosen(OBJECTIVES), self._chosen(REWRITES)
         table = build_model_table(
-            view.inference_models.objects.values(),
-            view.inference_objectives.objects.values(),
+            view.models[INFERENCE_MODEL.key].objects.values(),
+            objectives.objects.values(),
             self.pool_name,
+            rewrites=rewrites.objects.values(),
+            pool_group=self.pool_group,
         )
         if self._delivered_models and table == self.models:
             return
@@ -374,6 +437,8 @@ class KubernetesDiscovery:
             "discovery_models",
             models=sorted(table.models),
             objectives=sorted(table.objectives),
+            rewrites=sorted(table.rewrites),
+            generic_rewrite=table.generic_rewrite.source if table.generic_rewrite else None,
         )
         if self._on_models is not None:
             try:

@@ -1,20 +1,38 @@
-"""InferenceModel and InferenceObjective objects -> the model table. Pure: no I/O.
+"""InferenceModel, InferenceObjective and InferenceModelRewrite objects -> the model
+table. Pure: no I/O.
 
-Both are `inference.networking.x-k8s.io/v1alpha2` and read only when their CRD is
-installed; only objects whose `spec.poolRef.name` is our pool count.
+Read only when their CRD is installed. Which group's InferenceObjective and
+InferenceModelRewrite objects are passed in is the caller's choice (`llm-d.ai` when it is
+served, else `inference.networking.x-k8s.io`, as the reference EPP chooses). Only
+objects whose `spec.poolRef` names our pool count: its `name`, and for objectives and
+rewrites its `group` too (default `inference.networking.k8s.io`, the CRDs' default), as
+the reference EPP matches them. InferenceModel predates pool groups: its name alone.
 
+- **InferenceModelRewrite** (`spec.rules[{matches[{model{type: Exact, value}}],
+  targets[{modelRewrite, weight}]}]`): a request whose `model` a rule matches is served
+  as one of the rule's targets, chosen at random by weight, and the body's `model` is
+  rewritten to it before Envoy forwards the request. Precedence, as the reference EPP
+  (llm-d router v0.10.0, `datastore/modelrewritestore.go`) applies it: a rule naming the
+  model exactly beats a generic rule (no `matches`: every model); among equals the oldest
+  object (creationTimestamp, then name) wins, and within one object the first rule in
+  list order. Weights: targets without a weight are never chosen when another target has
+  one; none weighted: equal shares. A rule without targets is skipped (reported).
 - **InferenceModel** (`spec.modelName`, `spec.criticality`, `spec.targetModels[{name,
   weight}]`, `spec.poolRef`): requests for `modelName` are served as one of the target
-  models, chosen by weight (e.g. a traffic split between two LoRA adapter versions); no
-  targets means `modelName` itself. Criticality becomes a priority: Critical 1,
-  Standard 0, Sheddable -1 (sheddable = priority < 0, as in flow control). Two objects
-  claiming one modelName: the oldest (creationTimestamp, then name) wins, as in the
-  reference implementation.
+  models, chosen by weight; no targets means `modelName` itself. Criticality becomes a
+  priority: Critical 1, Standard 0, Sheddable -1 (sheddable = priority < 0, as in flow
+  control). Two objects claiming one modelName: the oldest wins.
 - **InferenceObjective** (`spec.priority` int, default 0; `spec.poolRef`): a request
-  names its objective in the `x-gateway-inference-objective` header (the object's
-  name). Clients can send any header: the gateway must strip it from untrusted traffic.
-  An interim version of the object also carried `modelName`/`criticality`; such an
-  object also gives that model a priority unless an InferenceModel already does.
+  names its objective in the `x-llm-d-inference-objective` header, or the older
+  `x-gateway-inference-objective` (the object's name). Clients can send any header: the
+  gateway must strip them from untrusted traffic. An interim version of the object also
+  carried `modelName`/`criticality`; such an object also gives that model a priority
+  unless an InferenceModel already does.
+
+The model served (`ModelTable.target`): an exact rewrite rule, else an InferenceModel's
+targets, else a generic rewrite rule, else the `x-llm-d-model-name-rewrite` (or
+`x-gateway-model-name-rewrite`) request header, else the model as the client named it.
+The reference EPP takes the header first and lets any rewrite rule override it.
 """
 
 from __future__ import annotations
@@ -25,7 +43,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+OLD_OBJECTIVE_HEADER = "x-gateway-inference-objective"
+OBJECTIVE_HEADERS = (OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER)  # the first one present wins
+MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
+DEFAULT_POOL_GROUP = "inference.networking.k8s.io"  # poolRef.group's default in the CRDs
 CRITICALITY_PRIORITY: Mapping[str, int] = {"Critical": 1, "Standard": 0, "Sheddable": -1}
 
 Obj = Mapping[str, Any]
@@ -57,19 +79,56 @@ class ModelRoute:
 
 
 @dataclass(frozen=True, slots=True)
+class RewriteRule:
+    """One InferenceModelRewrite rule: weighted targets (weight 0: unweighted)."""
+
+    targets: tuple[TargetModel, ...]  # never empty
+    source: str  # "InferenceModelRewrite/<name>#<rule index>", for logs and metrics
+
+    def pick(self, u: float) -> str:
+        return ModelRoute("", self.targets, None, self.source).pick(u)
+
+
+def _header(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelTable:
     models: Mapping[str, ModelRoute] = field(default_factory=dict)
     objectives: Mapping[str, int] = field(default_factory=dict)  # objective name -> priority
     problems: tuple[str, ...] = ()  # objects skipped, and why (logged by the caller)
+    rewrites: Mapping[str, RewriteRule] = field(default_factory=dict)  # exact model -> rule
+    generic_rewrite: RewriteRule | None = None  # the rule for every other model
 
-    def target(self, model: str, u: float) -> str:
-        """The model name to serve a request for `model` with (itself when not listed)."""
+    def rule(self, model: str) -> RewriteRule | ModelRoute | None:
+        """What decides the model served for `model`, by precedence; None: nothing."""
+        exact = self.rewrites.get(model)
+        if exact is not None:
+            return exact
         route = self.models.get(model)
-        return route.pick(u) if route is not None else model
+        if route is not None and route.targets:
+            return route
+        return self.generic_rewrite
+
+    def target(self, model: str, u: float, headers: Mapping[str, str] | None = None) -> str:
+        """The model name to serve a request for `model` with, for a uniform draw u in
+        [0, 1): a rewrite rule or an InferenceModel's targets, else the rewrite header,
+        else `model` itself."""
+        rule = self.rule(model)
+        if rule is not None:
+            return rule.pick(u)
+        if headers:
+            return _header(headers, MODEL_REWRITE_HEADERS) or model
+        return model
 
     def priority(self, model: str | None, headers: Mapping[str, str]) -> int | None:
         """The objective named in the header, else the model's criticality; None: unknown."""
-        objective = headers.get(OBJECTIVE_HEADER)
+        objective = _header(headers, OBJECTIVE_HEADERS)
         if objective is not None and objective in self.objectives:
             return self.objectives[objective]
         route = self.models.get(model) if model is not None else None
@@ -84,10 +143,13 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _refers_to(spec: Obj, pool_name: str) -> bool:
+def _refers_to(spec: Obj, pool_name: str, pool_group: str | None = None) -> bool:
+    """spec.poolRef names our pool; with `pool_group`, its group (defaulted) must match."""
     ref = _mapping(spec.get("poolRef"))
     kind = ref.get("kind", "InferencePool")
-    return ref.get("name") == pool_name and kind in ("InferencePool", "", None)
+    if ref.get("name") != pool_name or kind not in ("InferencePool", "", None):
+        return False
+    return pool_group is None or (ref.get("group") or DEFAULT_POOL_GROUP) == pool_group
 
 
 def _age_key(obj: Obj) -> tuple[str, str]:
@@ -126,8 +188,79 @@ def _targets(spec: Obj, source: str, problems: list[str]) -> tuple[TargetModel, 
     return tuple(targets)
 
 
+def _rewrite_targets(raw: Any, source: str, problems: list[str]) -> tuple[TargetModel, ...]:
+    targets: list[TargetModel] = []
+    for entry in raw if isinstance(raw, list) else ():
+        entry = _mapping(entry)
+        name = entry.get("modelRewrite")
+        weight = entry.get("weight")
+        if not isinstance(name, str) or not name:
+            problems.append(f"{source}: a target has no modelRewrite; rule skipped")
+            return ()
+        if weight is None:
+            weight = 0  # unweighted: chosen only when no target has a weight
+        elif isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            problems.append(f"{source}: target {name!r} has a bad weight {weight!r}; rule skipped")
+            return ()
+        targets.append(TargetModel(name, weight))
+    if not targets:
+        problems.append(f"{source}: no targets; rule skipped")
+    return tuple(targets)
+
+
+def _exact_models(rule: Obj, source: str, problems: list[str]) -> list[str] | None:
+    """The model names a rule matches exactly; [] for a generic rule; None: unusable."""
+    raw = rule.get("matches") or []
+    if not isinstance(raw, list):
+        problems.append(f"{source}: matches must be a list; rule skipped")
+        return None
+    names: list[str] = []
+    for match in raw:
+        model = _mapping(_mapping(match).get("model"))
+        kind = model.get("type") or "Exact"
+        value = model.get("value")
+        if kind != "Exact" or not isinstance(value, str) or not value:
+            problems.append(f"{source}: unsupported match {match!r}; rule skipped")
+            return None
+        names.append(value)
+    return names
+
+
+def build_rewrites(
+    rewrites: Iterable[Obj], pool_name: str, pool_group: str, problems: list[str]
+) -> tuple[dict[str, RewriteRule], RewriteRule | None]:
+    """InferenceModelRewrite objects -> (exact model -> its rule, the generic rule)."""
+    exact: dict[str, RewriteRule] = {}
+    generic: RewriteRule | None = None
+    for obj in sorted(rewrites, key=_age_key):  # oldest first: the first rule set wins
+        spec = _mapping(obj.get("spec"))
+        name = _age_key(obj)[1]
+        if not _refers_to(spec, pool_name, pool_group):
+            continue
+        rules = spec.get("rules")
+        for index, rule in enumerate(rules if isinstance(rules, list) else ()):
+            source = f"InferenceModelRewrite/{name}#{index}"
+            models = _exact_models(_mapping(rule), source, problems)
+            if models is None:
+                continue
+            targets = _rewrite_targets(_mapping(rule).get("targets"), source, problems)
+            if not targets:
+                continue
+            parsed = RewriteRule(targets, source)
+            if not models:
+                generic = generic or parsed
+            for model in models:
+                exact.setdefault(model, parsed)
+    return exact, generic
+
+
 def build_model_table(
-    inference_models: Iterable[Obj], inference_objectives: Iterable[Obj], pool_name: str
+    inference_models: Iterable[Obj],
+    inference_objectives: Iterable[Obj],
+    pool_name: str,
+    *,
+    rewrites: Iterable[Obj] = (),
+    pool_group: str = DEFAULT_POOL_GROUP,
 ) -> ModelTable:
     problems: list[str] = []
     models: dict[str, ModelRoute] = {}
@@ -155,7 +288,7 @@ def build_model_table(
         spec = _mapping(obj.get("spec"))
         name = _age_key(obj)[1]
         source = f"InferenceObjective/{name}"
-        if not _refers_to(spec, pool_name) or not name:
+        if not _refers_to(spec, pool_name, pool_group) or not name:
             continue
         priority = spec.get("priority", 0)
         if priority is None:
@@ -168,4 +301,5 @@ def build_model_table(
         if isinstance(model, str) and model and model not in models:
             level = priority if "priority" in spec else _criticality(spec, source, problems)
             models[model] = ModelRoute(model, (), level, source)
-    return ModelTable(models, objectives, tuple(problems))
+    exact, generic = build_rewrites(rewrites, pool_name, pool_group, problems)
+    return ModelTable(models, objectives, tuple(problems), exact, generic)

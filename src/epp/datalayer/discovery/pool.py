@@ -9,8 +9,19 @@ Ready=True), is not terminating (no `metadata.deletionTimestamp`) and has a
     name     <pod>            with one target port
              <pod>-rank-<i>   with several (i = the port's index in targetPorts)
     address  podIP:port       ([podIP]:port for IPv6)
-    metrics  http://address/metrics
+    metrics  <scheme>://address/metrics
     labels   the pod's labels
+
+`spec.appProtocol` ("http", default: HTTP/1.1; "kubernetes.io/h2c": HTTP/2 cleartext) is
+what the gateway speaks to the pods; neither value is TLS, so the scheme of the pods and
+of their metrics URL is `http` for both (`SCHEME`). Any other value makes the pool
+invalid (the CRD's enum admits only these two). `spec.endpointPickerRef` (optional in v1:
+name, kind, group, port, failureMode) is the gateway's, not ours: parsed with its CRD
+defaults and reported.
+
+The older `inference.networking.x-k8s.io/v1alpha2` pool (`parse_alpha_pool`): a flat
+`spec.selector` map, one `spec.targetPortNumber`, and `spec.extensionRef`
+(name, portNumber, failureMode); it has no appProtocol (HTTP/1.1).
 
 Objects are the API server's JSON (dicts), as listed or watched.
 """
@@ -32,12 +43,44 @@ class InvalidPool(ValueError):
     """The pool object cannot be used (no selector, bad ports): no endpoints until fixed."""
 
 
+APP_PROTOCOL_HTTP = "http"
+APP_PROTOCOL_H2C = "kubernetes.io/h2c"
+# appProtocol -> the URL scheme of the pods and of their metrics: both are cleartext.
+SCHEME: Mapping[str, str] = {APP_PROTOCOL_HTTP: "http", APP_PROTOCOL_H2C: "http"}
+FAILURE_MODES = ("FailOpen", "FailClose")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPickerRef:
+    """The pool's reference to its EPP (the gateway dials it; we only report it)."""
+
+    name: str
+    kind: str = "Service"
+    group: str = ""
+    port: int | None = None
+    failure_mode: str = "FailClose"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "group": self.group,
+            "port": self.port,
+            "failure_mode": self.failure_mode,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     name: str
     selector: tuple[tuple[str, str], ...]  # matchLabels, sorted
     target_ports: tuple[int, ...]
-    endpoint_picker_ref: Mapping[str, Any] | None = None  # optional in v1; logged only
+    endpoint_picker_ref: EndpointPickerRef | None = None  # optional in v1
+    app_protocol: str = APP_PROTOCOL_HTTP
+
+    @property
+    def scheme(self) -> str:
+        return SCHEME[self.app_protocol]
 
     @property
     def label_selector(self) -> str:
@@ -52,20 +95,53 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _port(name: str, entry: Any, what: str) -> int:
+    number = _mapping(entry).get("number") if isinstance(entry, Mapping) else entry
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
+        raise InvalidPool(f"pool {name!r}: bad {what} {entry!r}")
+    return number
+
+
+def _selector(name: str, match_labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    if not match_labels:
+        # An empty selector would select every pod in the namespace.
+        raise InvalidPool(f"pool {name!r}: the pod selector is empty")
+    if not all(isinstance(v, str) for v in match_labels.values()):
+        raise InvalidPool(f"pool {name!r}: selector label values must be strings")
+    return tuple(sorted((str(k), v) for k, v in match_labels.items()))
+
+
+def _picker_ref(name: str, ref: Any, port_key: str) -> EndpointPickerRef | None:
+    if ref is None:
+        return None
+    ref = _mapping(ref)
+    ref_name = ref.get("name")
+    if not isinstance(ref_name, str) or not ref_name:
+        raise InvalidPool(f"pool {name!r}: the endpoint picker reference has no name")
+    failure_mode = ref.get("failureMode") or "FailClose"
+    if failure_mode not in FAILURE_MODES:
+        raise InvalidPool(f"pool {name!r}: unknown failureMode {failure_mode!r}")
+    raw_port = ref.get(port_key)
+    port = None if raw_port is None else _port(name, raw_port, "endpoint picker port")
+    return EndpointPickerRef(
+        name=ref_name,
+        kind=str(ref.get("kind") or "Service"),
+        group=str(ref.get("group") or ""),
+        port=port,
+        failure_mode=str(failure_mode),
+    )
+
+
 def parse_pool(obj: Obj) -> PoolSpec:
-    """The parts of an InferencePool discovery uses; `InvalidPool` says what is wrong."""
+    """The v1 pool's fields (`inference.networking.k8s.io/v1`); `InvalidPool` says what
+    is wrong."""
     metadata = _mapping(obj.get("metadata"))
     name = str(metadata.get("name", ""))
     spec = _mapping(obj.get("spec"))
     selector = _mapping(spec.get("selector"))
-    match_labels = _mapping(selector.get("matchLabels"))
     if selector.get("matchExpressions"):
         raise InvalidPool(f"pool {name!r}: selector.matchExpressions is not supported")
-    if not match_labels:
-        # An empty selector would select every pod in the namespace.
-        raise InvalidPool(f"pool {name!r}: spec.selector.matchLabels is empty")
-    if not all(isinstance(v, str) for v in match_labels.values()):
-        raise InvalidPool(f"pool {name!r}: selector.matchLabels values must be strings")
+    labels = _selector(name, _mapping(selector.get("matchLabels")))
     raw_ports = spec.get("targetPorts")
     if not isinstance(raw_ports, list) or not 1 <= len(raw_ports) <= MAX_TARGET_PORTS:
         raise InvalidPool(
@@ -74,18 +150,40 @@ def parse_pool(obj: Obj) -> PoolSpec:
         )
     ports: list[int] = []
     for entry in raw_ports:
-        number = _mapping(entry).get("number")
-        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
+        if not isinstance(entry, Mapping):
             raise InvalidPool(f"pool {name!r}: bad target port {entry!r}")
+        number = _port(name, entry, "target port")
         if number in ports:
             raise InvalidPool(f"pool {name!r}: target port {number} is listed twice")
         ports.append(number)
-    ref = spec.get("endpointPickerRef")
+    app_protocol = spec.get("appProtocol") or APP_PROTOCOL_HTTP
+    if app_protocol not in SCHEME:
+        raise InvalidPool(
+            f"pool {name!r}: unknown appProtocol {app_protocol!r} (supported: {', '.join(SCHEME)})"
+        )
     return PoolSpec(
         name=name,
-        selector=tuple(sorted((str(k), v) for k, v in match_labels.items())),
+        selector=labels,
         target_ports=tuple(ports),
-        endpoint_picker_ref=ref if isinstance(ref, Mapping) else None,
+        endpoint_picker_ref=_picker_ref(name, spec.get("endpointPickerRef"), "port"),
+        app_protocol=app_protocol,
+    )
+
+
+def parse_alpha_pool(obj: Obj) -> PoolSpec:
+    """The older pool (`inference.networking.x-k8s.io/v1alpha2`): `spec.selector` is the
+    label map itself, one `spec.targetPortNumber`, `spec.extensionRef`."""
+    metadata = _mapping(obj.get("metadata"))
+    name = str(metadata.get("name", ""))
+    spec = _mapping(obj.get("spec"))
+    labels = _selector(name, _mapping(spec.get("selector")))
+    port = _port(name, spec.get("targetPortNumber"), "spec.targetPortNumber")
+    ref = spec.get("extensionRef")
+    return PoolSpec(
+        name=name,
+        selector=labels,
+        target_ports=(port,),
+        endpoint_picker_ref=_picker_ref(name, ref, "portNumber"),
     )
 
 
@@ -141,7 +239,7 @@ def endpoints_for_pool(pool: PoolSpec, pods: Iterable[Obj]) -> list[EndpointConf
                 EndpointConfig(
                     name=f"{name}-rank-{rank}" if several else name,
                     address=address,
-                    metrics_url=f"http://{address}/metrics",
+                    metrics_url=f"{pool.scheme}://{address}/metrics",
                     labels=labels,
                 )
             )

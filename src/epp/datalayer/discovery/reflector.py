@@ -147,7 +147,7 @@ class Reflector:
         rng: random.Random | None = None,
     ) -> None:
         self.resource = resource
-        self.stats = ResourceStats(resource.resource)
+        self.stats = ResourceStats(resource.key)
         self._call = call
         self._publish = publish
         self._settings = settings
@@ -166,7 +166,7 @@ class Reflector:
         self._absent_logged = False
         self._watched = False  # a watch was opened since the last list
         self._thread = threading.Thread(
-            target=self._run, name=f"epp-discovery-{resource.resource}", daemon=True
+            target=self._run, name=f"epp-discovery-{resource.key}", daemon=True
         )
 
     # --- control, from any thread -------------------------------------------------------
@@ -240,7 +240,7 @@ class Reflector:
             except _Gone:
                 self.stats.gone += 1
                 self.stats.resource_version = None
-                log.info("discovery_relist", resource=self.resource.resource, reason="410 Gone")
+                log.info("discovery_relist", resource=self.resource.key, reason="410 Gone")
             except _Absent:
                 self.stats.resource_version = None
                 self._mark_absent()
@@ -254,7 +254,7 @@ class Reflector:
                 delay = self._backoff.next()
                 log.warning(
                     "discovery_error",
-                    resource=self.resource.resource,
+                    resource=self.resource.key,
                     error=self.stats.last_error,
                     retry_in_s=round(delay, 3),
                     then="watch" if self.stats.resource_version is not None else "list",
@@ -266,7 +266,7 @@ class Reflector:
         present = self._present()
         if present:
             if self.stats.present is False:
-                log.info("discovery_crd_found", resource=self.resource.resource)
+                log.info("discovery_crd_found", resource=self.resource.key)
             self.stats.present = True
             self._absent_logged = False
             return True
@@ -281,7 +281,7 @@ class Reflector:
             r = self.resource
             log.info(
                 "discovery_crd_absent",
-                resource=r.resource,
+                resource=r.key,
                 api=f"{r.group}/{r.version}",
                 detail="not installed; the feature is off until it is",
             )
@@ -333,7 +333,7 @@ class Reflector:
         rv = _resource_version(doc) if isinstance(doc, Mapping) else None
         items = doc.get("items") if isinstance(doc, Mapping) else None
         if rv is None or not isinstance(items, list):
-            raise ValueError(f"list of {self.resource.resource}: no resourceVersion or items")
+            raise ValueError(f"list of {self.resource.key}: no resourceVersion or items")
         self._objects = {
             name: item for item in items if isinstance(item, Mapping) and (name := _name(item))
         }
@@ -382,10 +382,10 @@ class Reflector:
 
     def _apply(self, event: Any, selector: str | None) -> None:
         if not isinstance(event, Mapping):
-            raise WatchError(f"watch of {self.resource.resource}: not an event: {event!r}"[:300])
+            raise WatchError(f"watch of {self.resource.key}: not an event: {event!r}"[:300])
         kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, Mapping):
-            raise WatchError(f"watch of {self.resource.resource}: {kind} without an object")
+            raise WatchError(f"watch of {self.resource.key}: {kind} without an object")
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise _Gone()
@@ -396,13 +396,13 @@ class Reflector:
             return
         name = _name(obj)
         if name is None:
-            raise WatchError(f"watch of {self.resource.resource}: {kind} of an unnamed object")
+            raise WatchError(f"watch of {self.resource.key}: {kind} of an unnamed object")
         self.stats.events += 1
         if kind in ("ADDED", "MODIFIED"):
             self._objects[name] = obj
         elif kind == "DELETED":
             self._objects.pop(name, None)
         else:
-            raise WatchError(f"watch of {self.resource.resource}: unknown event type {kind!r}")
+            raise WatchError(f"watch of {self.resource.key}: unknown event type {kind!r}")
         self.stats.resource_version = rv or self.stats.resource_version
         self._emit(selector)

@@ -4,7 +4,9 @@ the capped exponential backoff with jitter its retries use."""
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -12,7 +14,7 @@ class ResourceStats:
     """One watched resource's list/watch history. Written by its watch thread; readers
     take a copy (`DiscoveryState`), a torn read of two ints is harmless."""
 
-    resource: str
+    resource: str  # WatchedResource.key: "pods", "inferencepools.inference.networking.k8s.io"
     present: bool | None = None  # optional CRDs: None until API discovery answered
     synced: bool = False  # listed at least once (or found absent)
     last_sync_ok: bool = False  # the latest list or watch request succeeded
@@ -43,6 +45,11 @@ class DiscoveryState:
     pool_found: bool | None = None  # kubernetes: the pool object exists and is valid
     reloads: int = 0  # file: good reloads after the first load
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # kubernetes: the pool CRD read, and its last valid spec's appProtocol and
+    # endpointPickerRef (name, kind, group, port, failure_mode).
+    pool_api: str | None = None
+    app_protocol: str | None = None
+    endpoint_picker_ref: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)
