@@ -105,6 +105,9 @@ def test_every_alert_expression_names_only_exported_metrics(names):
         "EppScoringLatencyHigh",
         "EppPodUnhealthy",
         "EppNoHealthyPods",
+        "EppAbsent",
+        "EppErrorRateHigh",
+        "EppDiscoveryNotSynced",
     }
 
 
