@@ -20,7 +20,7 @@ events (EndpointStore.on_change) to their readers, in this order:
 and discovery's deliveries to their readers:
 
     discovery --endpoints--> store.sync (added/removed events follow)
-    discovery --models-----> router.set_model_table (InferenceModel/InferenceObjective)
+    discovery --models-----> router.set_model_table (InferenceModel/Objective/ModelRewrite)
 
 and, with `replicas.peers`, the router's decisions to the peer replicas and theirs to the
 index, the store and the scheduler here (epp/replicas: ReplicaSync).
@@ -243,6 +243,7 @@ class EppService:
                 on_endpoints=self.store.sync,
                 on_models=self.router.set_model_table,
                 read_models=config.read_models,
+                pool_group=config.pool_group,
             )
         if self.config.endpoints_file is not None:
             return EndpointsFileWatcher(
@@ -516,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        default=None,
+        help="serve the gRPC port without TLS (server.secure_serving: false); the default is "
+        "TLS, with a self-signed certificate unless server.tls gives one",
+    )
+    parser.add_argument(
         "--log-level",
         choices=["trace", "debug", "info", "warning", "error"],
         help="default: info, or EPP_LOG_LEVEL",
@@ -564,6 +572,8 @@ def config_from_args(args: argparse.Namespace, upstream: UpstreamArgs | None = N
         )
         if value is not None
     }
+    if args.plaintext:
+        server["secure_serving"] = False
     ours: dict = {"server": server} if server else {}
     level = args.log_level or upstream.log_level or os.environ.get("EPP_LOG_LEVEL")
     if level:

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,10 +143,14 @@ class Rig:
             wait_for(lambda a=address: http(f"http://{a}/health", timeout=1)[0] == 200)
 
     def start_epp(
-        self, config: dict | None = None, labels_for: Callable[[int], dict] | None = None
+        self,
+        config: dict | None = None,
+        labels_for: Callable[[int], dict] | None = None,
+        args: Sequence[str] = (),
     ) -> Proc:
         """`epp serve` on fixed ports (the same ones again after a restart); `labels_for(i)`:
-        pod i's endpoint labels."""
+        pod i's endpoint labels; `args`: more command-line flags (e.g. --plaintext). The
+        gRPC port serves the default transport, TLS with a self-signed certificate."""
         if not self.epp_grpc_port:
             self.epp_grpc_port, self.epp_metrics_port = free_ports(2)
         endpoints = [
@@ -163,6 +167,7 @@ class Rig:
             "--grpc-host", HOST, "--grpc-port", str(self.epp_grpc_port),
             "--metrics-host", HOST, "--metrics-port", str(self.epp_metrics_port),
             "--grpc-health-port", "0",  # any free port: tests run side by side
+            *args,
         ]  # fmt: skip
         self.epp = Proc("epp", argv, self.work / "epp.log").start()
         self.procs.append(self.epp)

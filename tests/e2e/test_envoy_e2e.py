@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import epp_channel_credentials
 
 from epp_harness.stack import LocalStack
 from vllm_sim.tokenizer import SimTokenizer
@@ -166,7 +167,11 @@ def test_prometheus_metrics_and_grpc_health(stack):
     assert (
         "epp_scoring_latency_us_bucket" in page and 'epp_pod_health_score{pod="pod-0"} 1.0' in page
     )
-    with grpc.insecure_channel(f"127.0.0.1:{stack.epp_grpc_port}") as channel:
+    # The stack's EPP runs with the default transport: TLS with a self-signed certificate,
+    # which this client trusts after reading it from a handshake (gRPC cannot skip checks).
+    assert stack.epp_grpc_port is not None
+    credentials = epp_channel_credentials("127.0.0.1", stack.epp_grpc_port)
+    with grpc.secure_channel(f"127.0.0.1:{stack.epp_grpc_port}", credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)

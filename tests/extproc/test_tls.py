@@ -35,6 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import served_certificate
 from pydantic import ValidationError
 
+from epp.app import config_from_args, parse_serve_args
 from epp.config import ServerConfig, TlsConfig
 from epp.extproc.server import ExternalProcessor, HealthState, build_grpc_server
 from epp.observability.metrics import EppMetrics
@@ -453,3 +454,20 @@ def test_the_content_decides_not_the_mtime(tmp_path, leaves):
     os.utime(config.cert_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     now[0] += 1.0
     assert files.current() == (new, 1)
+
+
+def test_the_plaintext_flag_is_secure_serving_false(tmp_path, leaves):
+    """`epp serve --plaintext` (ours) and upstream's `--secure-serving=false`: plaintext;
+    with certificate files in the config it is an error naming both keys."""
+    for flags in (["--plaintext"], ["--secure-serving=false"]):
+        args, upstream = parse_serve_args(flags)
+        assert config_from_args(args, upstream).server.secure_serving is False
+    args, upstream = parse_serve_args([])
+    assert config_from_args(args, upstream).server.secure_serving is True
+    tls = install(tmp_path, leaves["server1"])
+    (tmp_path / "epp.yaml").write_text(
+        f"server: {{tls: {{cert_file: {tls.cert_file}, key_file: {tls.key_file}}}}}\n"
+    )
+    args, upstream = parse_serve_args(["--config", str(tmp_path / "epp.yaml"), "--plaintext"])
+    with pytest.raises(ValidationError, match=r"server\.secure_serving.*server\.tls"):
+        config_from_args(args, upstream)
