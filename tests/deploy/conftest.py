@@ -24,6 +24,7 @@ STATIC = ROOT / "deploy" / "kubernetes"
 HERE = Path(__file__).resolve().parent
 VALUES_ALL = HERE / "values-all.yaml"
 VALUES_STATIC = HERE / "values-static.yaml"
+VALUES_UPSTREAM = HERE / "values-upstream.yaml"
 
 GO_PACKAGES = "golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev"
 INSTALL_HINT = f"apt-get install -y {GO_PACKAGES}"
@@ -71,6 +72,21 @@ def static_objects() -> list[dict]:
     """deploy/kubernetes/ as `kubectl apply -k` would send it (namespace set)."""
     kustomization = yaml.safe_load((STATIC / "kustomization.yaml").read_text())
     objects = [doc for path in static_files() for doc in load_documents(path.read_text())]
+    for obj in objects:
+        if obj["kind"] != "GatewayClass":
+            obj["metadata"]["namespace"] = kustomization["namespace"]
+    return objects
+
+
+def example_objects() -> list[dict]:
+    """deploy/kubernetes/examples/: a Gateway (and its class), an InferenceObjective and an
+    InferenceModelRewrite, not applied by default (namespace as the kustomization's)."""
+    kustomization = yaml.safe_load((STATIC / "kustomization.yaml").read_text())
+    objects = [
+        doc
+        for path in sorted((STATIC / "examples").glob("*.yaml"))
+        for doc in load_documents(path.read_text())
+    ]
     for obj in objects:
         if obj["kind"] != "GatewayClass":
             obj["metadata"]["namespace"] = kustomization["namespace"]

@@ -2,20 +2,29 @@
 
 - Built-in kinds: the Kubernetes OpenAPI schemas shipped by `kubernetes-validate`
   (strict: unknown fields are errors).
-- CRD kinds (InferencePool, InferenceModel, Gateway, GatewayClass, HTTPRoute,
-  ServiceMonitor): small JSON schemas written HERE, for this test, from the CRDs' published
-  fields and their required ones. They are not the upstream CRDs: they check the fields
-  these manifests use, their types and enums, and reject fields the CRDs do not have.
+- Custom kinds with an upstream CRD among tests/fixtures/upstream (InferencePool,
+  InferenceObjective and InferenceModelRewrite in both groups, InferenceModel, Gateway,
+  GatewayClass, HTTPRoute, ServiceMonitor, Istio's DestinationRule): that CRD's own
+  openAPIV3Schema, closed to unknown fields (crd_schemas.py). CEL rules are evaluated for
+  the inference CRDs only; the others' are returned as unevaluated.
+- GKE's HealthCheckPolicy and GCPBackendPolicy (`networking.gke.io/v1`): GKE installs
+  these CRDs itself and publishes no CRD file to test against, so they are checked only
+  against the small structural schemas written HERE from GKE's documented fields
+  (`OUR_SCHEMAS`), not against an upstream file.
+- Any other kind fails: there is nothing to check it against.
 - Wiring: the names that tie the objects together resolve (Service -> Deployment pods,
   InferencePool -> EPP Service port, HTTPRoute -> pool, volumes -> ConfigMaps, ...).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+
+from deploy.crd_schemas import validate_custom
 
 BUILTIN_KINDS = {
     "ConfigMap",
@@ -28,299 +37,161 @@ BUILTIN_KINDS = {
     "ServiceAccount",
 }
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": 253}
-_DNS_LABEL = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
-_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
-_GROUP = {
-    "type": "string",
-    "pattern": r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-}
 
-
-def _object(properties: dict, required: list[str], *, closed: bool = True) -> dict:
+def _object(properties: dict, required: list[str]) -> dict:
     schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    if closed:
-        schema["additionalProperties"] = False
+    schema["additionalProperties"] = False
     return schema
 
 
-def _resource(api_version: str, kind: str, spec: dict) -> dict:
+_TARGET_REF = _object(
+    {
+        "group": {"type": "string"},
+        "kind": {"type": "string", "minLength": 1},
+        "name": {"type": "string", "minLength": 1},
+        "namespace": {"type": "string"},
+    },
+    ["group", "kind", "name"],
+)
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+_PORT_SPEC = {"enum": ["USE_FIXED_PORT", "USE_NAMED_PORT", "USE_SERVING_PORT"]}
+
+
+def _gke_policy(kind: str, default: dict) -> dict:
     return _object(
         {
-            "apiVersion": {"const": api_version},
+            "apiVersion": {"const": "networking.gke.io/v1"},
             "kind": {"const": kind},
-            "metadata": _object(
-                {
-                    "name": _DNS_LABEL,
-                    "namespace": _DNS_LABEL,
-                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-                },
-                ["name"],
-            ),
-            "spec": spec,
+            "metadata": {"type": "object"},
+            "spec": _object({"default": default, "targetRef": _TARGET_REF}, ["targetRef"]),
         },
         ["apiVersion", "kind", "metadata", "spec"],
     )
 
 
-# inference.networking.k8s.io/v1 InferencePool (GIE v1): selector.matchLabels (1-64
-# labels), targetPorts 1-8 unique ports, endpointPickerRef optional but, for a Service,
-# with a port; failureMode FailOpen | FailClose.
-INFERENCE_POOL = _resource(
-    "inference.networking.k8s.io/v1",
-    "InferencePool",
-    _object(
-        {
-            "selector": _object(
-                {
-                    "matchLabels": {
-                        "type": "object",
-                        "minProperties": 1,
-                        "maxProperties": 64,
-                        "additionalProperties": {"type": "string", "maxLength": 63},
-                    }
-                },
-                ["matchLabels"],
-            ),
-            "targetPorts": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": 8,
-                "uniqueItems": True,
-                "items": _object({"number": _PORT}, ["number"]),
-            },
-            "endpointPickerRef": _object(
-                {
-                    "group": _GROUP,
-                    "kind": {"type": "string", "minLength": 1, "maxLength": 63},
-                    "name": _NAME,
-                    "port": _object({"number": _PORT}, ["number"]),
-                    "failureMode": {"enum": ["FailOpen", "FailClose"]},
-                },
-                ["name", "port"],
-            ),
-            "appProtocol": {"enum": ["http", "kubernetes.io/h2c"]},
-        },
-        ["selector", "targetPorts"],
-    ),
-)
-
-# inference.networking.x-k8s.io/v1alpha2 InferenceModel: modelName and poolRef required;
-# criticality Critical | Standard | Sheddable; at most 10 targetModels with weights 1-1e6,
-# weights on all of them or none.
-INFERENCE_MODEL = _resource(
-    "inference.networking.x-k8s.io/v1alpha2",
-    "InferenceModel",
-    _object(
-        {
-            "modelName": {"type": "string", "minLength": 1, "maxLength": 256},
-            "criticality": {"enum": ["Critical", "Standard", "Sheddable"]},
-            "poolRef": _object(
-                {
-                    "group": _GROUP,
-                    "kind": {"type": "string", "minLength": 1, "maxLength": 63},
-                    "name": _NAME,
-                },
-                ["name"],
-            ),
-            "targetModels": {
-                "type": "array",
-                "maxItems": 10,
-                "items": _object(
+# From GKE's documentation of the two policies (Gateway API on GKE: "Configure Gateway
+# resources using Policies"); only the fields documented there, types and enums.
+OUR_SCHEMAS = {
+    "HealthCheckPolicy": _gke_policy(
+        "HealthCheckPolicy",
+        _object(
+            {
+                "checkIntervalSec": {"type": "integer", "minimum": 1, "maximum": 300},
+                "timeoutSec": {"type": "integer", "minimum": 1, "maximum": 300},
+                "healthyThreshold": {"type": "integer", "minimum": 1, "maximum": 10},
+                "unhealthyThreshold": {"type": "integer", "minimum": 1, "maximum": 10},
+                "logConfig": _object({"enabled": {"type": "boolean"}}, []),
+                "config": _object(
                     {
-                        "name": _NAME,
-                        "weight": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-                    },
-                    ["name"],
-                ),
-                "anyOf": [
-                    {"items": {"required": ["weight"]}},
-                    {"items": {"not": {"required": ["weight"]}}},
-                ],
-            },
-        },
-        ["modelName", "poolRef"],
-    ),
-)
-
-GATEWAY_CLASS = _resource(
-    "gateway.networking.k8s.io/v1",
-    "GatewayClass",
-    _object(
-        {
-            "controllerName": {
-                "type": "string",
-                "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$",
-            }
-        },
-        ["controllerName"],
-    ),
-)
-
-GATEWAY = _resource(
-    "gateway.networking.k8s.io/v1",
-    "Gateway",
-    _object(
-        {
-            "gatewayClassName": _NAME,
-            "listeners": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": 64,
-                "items": _object(
-                    {
-                        "name": _DNS_LABEL,
-                        "hostname": {"type": "string"},
-                        "port": _PORT,
-                        "protocol": {"enum": ["HTTP", "HTTPS", "TLS", "TCP", "UDP"]},
-                    },
-                    ["name", "port", "protocol"],
-                ),
-            },
-        },
-        ["gatewayClassName", "listeners"],
-    ),
-)
-
-_BACKEND_REF = _object(
-    {
-        "group": _GROUP,
-        "kind": {"type": "string", "minLength": 1},
-        "name": _NAME,
-        "port": _PORT,
-        "weight": {"type": "integer", "minimum": 0},
-    },
-    ["name"],
-)
-
-HTTP_ROUTE = _resource(
-    "gateway.networking.k8s.io/v1",
-    "HTTPRoute",
-    _object(
-        {
-            "parentRefs": {
-                "type": "array",
-                "minItems": 1,
-                "items": _object(
-                    {
-                        "group": _GROUP,
-                        "kind": {"type": "string"},
-                        "name": _NAME,
-                        "namespace": _DNS_LABEL,
-                        "sectionName": _DNS_LABEL,
-                    },
-                    ["name"],
-                ),
-            },
-            "hostnames": {"type": "array", "items": {"type": "string"}},
-            "rules": {
-                "type": "array",
-                "minItems": 1,
-                "items": _object(
-                    {
-                        "matches": {
-                            "type": "array",
-                            "items": _object(
-                                {
-                                    "path": _object(
-                                        {
-                                            "type": {
-                                                "enum": ["Exact", "PathPrefix", "RegularExpression"]
-                                            },
-                                            "value": {"type": "string", "pattern": "^/"},
-                                        },
-                                        ["type", "value"],
-                                    )
-                                },
-                                [],
-                            ),
-                        },
-                        "backendRefs": {"type": "array", "minItems": 1, "items": _BACKEND_REF},
-                        "timeouts": _object(
+                        "type": {"enum": ["TCP", "HTTP", "HTTPS", "HTTP2", "GRPC"]},
+                        "httpHealthCheck": _object(
                             {
-                                "request": {
-                                    "type": "string",
-                                    "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
-                                },
-                                "backendRequest": {"type": "string"},
+                                "portSpecification": _PORT_SPEC,
+                                "port": _PORT,
+                                "portName": {"type": "string"},
+                                "host": {"type": "string"},
+                                "requestPath": {"type": "string", "pattern": "^/"},
+                                "response": {"type": "string"},
+                                "proxyHeader": {"enum": ["NONE", "PROXY_V1"]},
+                            },
+                            [],
+                        ),
+                        "grpcHealthCheck": _object(
+                            {
+                                "portSpecification": _PORT_SPEC,
+                                "port": _PORT,
+                                "portName": {"type": "string"},
+                                "grpcServiceName": {"type": "string"},
                             },
                             [],
                         ),
                     },
-                    ["backendRefs"],
+                    ["type"],
                 ),
             },
-        },
-        ["parentRefs", "rules"],
+            [],
+        ),
     ),
-)
-
-SERVICE_MONITOR = _resource(
-    "monitoring.coreos.com/v1",
-    "ServiceMonitor",
-    _object(
-        {
-            "selector": _object(
-                {"matchLabels": {"type": "object", "minProperties": 1}}, ["matchLabels"]
-            ),
-            "endpoints": {
-                "type": "array",
-                "minItems": 1,
-                "items": _object(
+    "GCPBackendPolicy": _gke_policy(
+        "GCPBackendPolicy",
+        _object(
+            {
+                "timeoutSec": {"type": "integer", "minimum": 1, "maximum": 86400},
+                "logging": _object(
                     {
-                        "port": {"type": "string"},
-                        "path": {"type": "string", "pattern": "^/"},
-                        "interval": {
-                            "type": "string",
-                            "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
-                        },
-                        "honorLabels": {"type": "boolean"},
+                        "enabled": {"type": "boolean"},
+                        "sampleRate": {"type": "integer", "minimum": 0, "maximum": 1000000},
                     },
-                    ["port"],
+                    [],
                 ),
+                "connectionDraining": _object(
+                    {"drainingTimeoutSec": {"type": "integer", "minimum": 0, "maximum": 3600}},
+                    [],
+                ),
+                "securityPolicy": {"type": "string"},
             },
-        },
-        ["selector", "endpoints"],
+            [],
+        ),
     ),
-)
-
-CRD_SCHEMAS = {
-    "InferencePool": INFERENCE_POOL,
-    "InferenceModel": INFERENCE_MODEL,
-    "GatewayClass": GATEWAY_CLASS,
-    "Gateway": GATEWAY,
-    "HTTPRoute": HTTP_ROUTE,
-    "ServiceMonitor": SERVICE_MONITOR,
 }
 
 
-def validate_objects(objects: list[dict], kube_version: str) -> list[str]:
-    """Every object against its schema; returns the failures (empty when all pass)."""
-    errors = []
+@dataclass
+class Report:
+    errors: list[str] = field(default_factory=list)
+    # "Kind name: rule" for CEL rules of non-inference CRDs that applied and were not run.
+    unevaluated: list[str] = field(default_factory=list)
+    # kinds checked only against OUR_SCHEMAS, not an upstream CRD
+    ours_only: set[str] = field(default_factory=set)
+
+
+def validation_report(objects: list[dict], kube_version: str) -> Report:
+    """Every object against its schema (see the module docstring)."""
+    report = Report()
     for obj in objects:
         kind, name = obj.get("kind"), obj.get("metadata", {}).get("name")
-        try:
-            if kind in BUILTIN_KINDS:
+        if kind in BUILTIN_KINDS:
+            try:
                 kubernetes_validate.validate(obj, kube_version, strict=True)
-            elif kind in CRD_SCHEMAS:
-                jsonschema.validate(obj, CRD_SCHEMAS[kind])
-            else:
-                errors.append(f"{kind} {name}: no schema to check it against")
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(f"{kind} {name}: {exc.message} at {list(exc.path)}")
-        except jsonschema.ValidationError as exc:
-            errors.append(f"{kind} {name}: {exc.message} at {list(exc.absolute_path)}")
-    return errors
+            except kubernetes_validate.ValidationError as exc:
+                report.errors.append(f"{kind} {name}: {exc.message} at {list(exc.path)}")
+            continue
+        custom = validate_custom(obj, kube_version)
+        if custom is not None:
+            report.errors += [f"{kind} {name}: {e}" for e in custom.errors]
+            report.unevaluated += [f"{kind} {name}: {r}" for r in custom.unevaluated]
+        elif kind in OUR_SCHEMAS:
+            report.ours_only.add(kind)
+            try:
+                jsonschema.validate(obj, OUR_SCHEMAS[kind])
+            except jsonschema.ValidationError as exc:
+                report.errors.append(f"{kind} {name}: {exc.message} at {list(exc.absolute_path)}")
+        else:
+            report.errors.append(
+                f"{obj.get('apiVersion')} {kind} {name}: no schema to check it against"
+            )
+    return report
+
+
+def validate_objects(objects: list[dict], kube_version: str) -> list[str]:
+    """The failures of validation_report (empty when every object passes)."""
+    return validation_report(objects, kube_version).errors
 
 
 def _by(objects: list[dict], kind: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
-def check_wiring(objects: list[dict], *, external_pool: str | None = None) -> list[str]:
+def check_wiring(
+    objects: list[dict],
+    *,
+    external_pool: str | None = None,
+    external_gateways: frozenset[str] | set[str] = frozenset(),
+) -> list[str]:
     """Names that connect the objects resolve within the set. `external_pool` is the name
-    of an InferencePool that exists outside the set (the chart's pool.create=false)."""
+    of an InferencePool that exists outside the set (the chart's pool.create=false);
+    `external_gateways` are the "namespace/name" of Gateways that exist outside it (the
+    chart attaches its HTTPRoute to an existing Gateway by default)."""
     problems = []
     deployments, services = _by(objects, "Deployment"), _by(objects, "Service")
     config_maps = _by(objects, "ConfigMap")
@@ -378,17 +249,39 @@ def check_wiring(objects: list[dict], *, external_pool: str | None = None) -> li
             )
     for name, route in _by(objects, "HTTPRoute").items():
         for parent in route["spec"]["parentRefs"]:
-            if parent["name"] not in gateways:
-                problems.append(f"HTTPRoute {name}: parent Gateway {parent['name']} not in the set")
+            namespace = parent.get("namespace", route["metadata"].get("namespace"))
+            inside = (
+                parent["name"] in gateways
+                and gateways[parent["name"]]["metadata"].get("namespace") == namespace
+            )
+            if not inside and f"{namespace}/{parent['name']}" not in external_gateways:
+                problems.append(
+                    f"HTTPRoute {name}: parent Gateway {namespace}/{parent['name']} "
+                    "neither in the set nor expected outside it"
+                )
         for rule in route["spec"]["rules"]:
             for backend in rule["backendRefs"]:
                 if backend.get("kind") == "InferencePool" and backend["name"] not in pools:
                     problems.append(f"HTTPRoute {name}: InferencePool {backend['name']} missing")
-    for name, model in _by(objects, "InferenceModel").items():
-        if model["spec"]["poolRef"]["name"] not in pools:
-            problems.append(
-                f"InferenceModel {name}: pool {model['spec']['poolRef']['name']} missing"
-            )
+    for kind in ("InferenceModel", "InferenceObjective", "InferenceModelRewrite"):
+        for name, model in _by(objects, kind).items():
+            ref = model["spec"]["poolRef"]
+            if ref["name"] not in pools or ref.get("group") != "inference.networking.k8s.io":
+                problems.append(f"{kind} {name}: pool {ref} missing")
+    for name, rule in _by(objects, "DestinationRule").items():
+        host = rule["spec"]["host"]
+        svc_name, _, rest = host.partition(".")
+        svc = services.get(svc_name)
+        if svc is None or not rest.startswith(f"{svc['metadata'].get('namespace')}.svc"):
+            problems.append(f"DestinationRule {name}: host {host} is no Service of the set")
+    for kind in ("HealthCheckPolicy", "GCPBackendPolicy"):
+        for name, policy in _by(objects, kind).items():
+            ref = policy["spec"]["targetRef"]
+            targets = services if ref["kind"] == "Service" else _by(objects, ref["kind"])
+            if ref["kind"] == "InferencePool":
+                targets = {p: None for p in pools}
+            if ref["name"] not in targets:
+                problems.append(f"{kind} {name}: target {ref['kind']} {ref['name']} missing")
     roles = _by(objects, "Role")
     for name, binding in _by(objects, "RoleBinding").items():
         if binding["roleRef"]["name"] not in roles:

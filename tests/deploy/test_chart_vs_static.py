@@ -13,16 +13,11 @@ import copy
 
 import yaml
 
-from deploy.conftest import CHART, standalone_envoy_objects, static_objects
+from deploy.conftest import CHART, example_objects, standalone_envoy_objects, static_objects
 
 HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/version"}
 # (kind, name) in deploy/kubernetes/ but not in the default render, and why.
-DOCUMENTED = {
-    (
-        "GatewayClass",
-        "envoy-gateway",
-    ): "cluster-scoped: the chart creates it only with gateway.createClass=true",
-}
+DOCUMENTED: dict[tuple[str, str], str] = {}
 
 
 def normalise(obj: dict) -> dict:
@@ -73,11 +68,30 @@ def test_default_render_matches_deploy_kubernetes(render_chart):
     assert {k: v for k, v in problems.items() if v} == {}
 
 
-def test_gateway_class_matches_when_the_chart_creates_it(render_chart):
-    static = by_key(static_objects())
-    chart = by_key(render_chart(set=["gateway.createClass=true"]).objects)
-    key = ("GatewayClass", "envoy-gateway")
-    assert diff(static[key], chart[key]) == []
+def test_examples_match_the_chart_with_the_same_values(render_chart):
+    """deploy/kubernetes/examples/ (a Gateway and its class, an objective, a rewrite) are
+    what the chart renders when asked for them."""
+    examples = by_key(example_objects())
+    rendered = render_chart(
+        set=[
+            "gateway.create=true",
+            "gateway.className=envoy-gateway",
+            "gateway.createClass=true",
+            "gateway.controllerName=gateway.envoyproxy.io/gatewayclass-controller",
+        ],
+        extra_args=[],
+    )
+    chart = by_key(rendered.objects)
+    for key in [("Gateway", "inference-gateway"), ("GatewayClass", "envoy-gateway")]:
+        assert diff(examples[key], chart[key]) == []
+    for kind in ("InferenceObjective", "InferenceModelRewrite"):
+        (example,) = [o for k, o in examples.items() if k[0] == kind]
+        assert example["apiVersion"].startswith("llm-d.ai/")  # the chart's default group
+        assert example["spec"]["poolRef"] == {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": chart[("InferencePool", "vllm-llama3-8b-instruct")]["metadata"]["name"],
+        }
 
 
 def test_standalone_envoy_render_matches_deploy_kubernetes(render_chart):
@@ -91,6 +105,7 @@ def test_standalone_envoy_render_matches_deploy_kubernetes(render_chart):
 def test_differences_are_documented_in_the_chart_readme():
     readme = (CHART / "README.md").read_text()
     assert "## Differences from deploy/kubernetes" in readme
+    assert "examples/" in readme
     for kind, name in DOCUMENTED:
         assert f"{kind} `{name}`" in readme
     for label in HELM_ONLY_LABELS:

@@ -1,6 +1,6 @@
 """The static manifests (deploy/kubernetes/) and the chart's renders: valid against the
-Kubernetes schemas (built-in kinds) or the CRDs' fields (our own small schemas, see
-k8s_checks.py), wired together, and carrying a configuration the EPP accepts."""
+Kubernetes schemas (built-in kinds) or the upstream CRDs' schemas (k8s_checks.py,
+crd_schemas.py), wired together, and carrying a configuration the EPP accepts."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from deploy.conftest import (
     KUBE_VERSION,
     VALUES_ALL,
     VALUES_STATIC,
+    VALUES_UPSTREAM,
     RenderError,
+    example_objects,
     standalone_envoy_objects,
     static_files,
     static_objects,
@@ -31,51 +33,70 @@ from deploy.k8s_checks import (
     validate_objects,
 )
 from epp.app import build_parser
-from epp.config import EppConfig, ServerConfig, load_endpoints_file
+from epp.config import EppConfig, load_endpoints_file
 from epp.extproc.server import HealthState
 
 RENDERS = {
     "defaults": (),
     "values-all": (VALUES_ALL,),
     "values-static": (VALUES_STATIC,),
+    "values-upstream": (VALUES_UPSTREAM,),
 }
 # Kinds each render must contain: every option in the values files shows up as objects.
 EXPECTED_KINDS = {
     "defaults": {
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-        "InferencePool", "InferenceModel", "Gateway", "HTTPRoute",
+        "InferencePool", "HTTPRoute",
     },
     "values-all": {
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-        "PodDisruptionBudget", "InferencePool", "InferenceModel", "GatewayClass", "Gateway",
-        "HTTPRoute", "ServiceMonitor", "Secret",
+        "PodDisruptionBudget", "InferencePool", "InferenceObjective", "InferenceModelRewrite",
+        "InferenceModel", "GatewayClass", "Gateway", "HTTPRoute", "ServiceMonitor", "Secret",
+        "DestinationRule",
     },
     "values-static": {"ConfigMap", "Service", "Deployment", "PodDisruptionBudget"},
+    "values-upstream": {
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+        "PodDisruptionBudget", "InferencePool", "InferenceObjective", "HTTPRoute",
+        "DestinationRule",
+    },
 }  # fmt: skip
-
-
-def _server_config_has_tls() -> bool:
-    return "tls" in ServerConfig.model_fields
+# Gateways each render's HTTPRoute attaches to without creating them (namespace "llm").
+EXISTING_GATEWAYS = {
+    "defaults": {"llm/inference-gateway"},
+    "values-all": set(),
+    "values-static": set(),
+    "values-upstream": {"llm-d-infra/infra-inference-gateway"},
+}
 
 
 # --- the static manifests ---------------------------------------------------------------
 
 
 def test_every_static_file_is_listed_in_the_kustomization():
+    # examples/ is a folder of its own, not applied by default.
     on_disk = {p.name for p in (static_files()[0].parent).glob("*.yaml")} - {"kustomization.yaml"}
     assert on_disk == {p.name for p in static_files()}
 
 
 @pytest.mark.parametrize("version", [KUBE_VERSION, "1.37.0"])
 def test_static_manifests_validate(version):
-    objects = static_objects() + standalone_envoy_objects()
+    objects = static_objects() + standalone_envoy_objects() + example_objects()
     assert validate_objects(objects, version) == []
     assert {o["kind"] for o in objects} >= BUILTIN_KINDS - {"Secret", "PodDisruptionBudget"}
+    assert {o["kind"] for o in example_objects()} == {
+        "Gateway", "GatewayClass", "InferenceObjective", "InferenceModelRewrite",
+    }  # fmt: skip
 
 
 def test_static_manifests_are_wired():
-    assert check_wiring(static_objects()) == []
-    assert check_wiring(standalone_envoy_objects() + static_objects()) == []
+    existing = {"default/inference-gateway"}
+    assert check_wiring(static_objects(), external_gateways=existing) == []
+    assert (
+        check_wiring(standalone_envoy_objects() + static_objects(), external_gateways=existing)
+        == []
+    )
+    assert check_wiring(static_objects() + example_objects()) == []
 
 
 def test_static_config_is_a_valid_epp_config():
@@ -93,7 +114,8 @@ def test_chart_renders_and_validates(render_chart, render_id):
     assert kinds == EXPECTED_KINDS[render_id]
     assert validate_objects(rendered.objects, KUBE_VERSION) == []
     external = None if render_id != "values-static" else "existing-pool"
-    assert check_wiring(rendered.objects, external_pool=external) == []
+    gateways = EXISTING_GATEWAYS[render_id]
+    assert check_wiring(rendered.objects, external_pool=external, external_gateways=gateways) == []
     for obj in rendered.objects:
         if obj["kind"] != "GatewayClass":
             assert obj["metadata"]["namespace"] == "llm", obj["metadata"]["name"]
@@ -103,8 +125,8 @@ def test_chart_renders_and_validates(render_chart, render_id):
 def test_rendered_config_is_a_valid_epp_config(render_chart, render_id):
     rendered = render_chart(*RENDERS[render_id])
     config = yaml.safe_load(epp_config_text(rendered.objects))
-    if "tls" in config.get("server", {}) and not _server_config_has_tls():
-        config["server"].pop("tls")  # test_tls_config_keys_are_epp_config_keys reports it
+    # Every key as rendered: a key EppConfig lacks (server.tls, server.grpc_health_port,
+    # server.secure_serving) fails here, it is not dropped.
     EppConfig.model_validate(config)
 
 
@@ -130,12 +152,14 @@ def test_values_reach_the_config(render_chart):
 
 def test_tls_config_keys_are_epp_config_keys(render_chart):
     config = yaml.safe_load(epp_config_text(render_chart(VALUES_ALL).objects))
-    if not _server_config_has_tls():
-        pytest.skip(
-            "src/epp/config.py has no server.tls yet (cert_file, key_file, client_ca_file): "
-            "the chart renders them with tls.enabled"
-        )
-    EppConfig.model_validate(config)
+    parsed = EppConfig.model_validate(config)
+    assert parsed.server.tls is not None and parsed.server.secure_serving is True
+    plaintext = yaml.safe_load(
+        epp_config_text(render_chart(set=["tls.secureServing=false"]).objects)
+    )
+    assert EppConfig.model_validate(plaintext).server.secure_serving is False
+    default = EppConfig.model_validate(yaml.safe_load(epp_config_text(render_chart().objects)))
+    assert default.server.secure_serving is True and default.server.tls is None
 
 
 def test_static_discovery_file_is_an_endpoints_file(render_chart, tmp_path):
@@ -187,22 +211,33 @@ async def _served_health_names(names: list[str]) -> dict[str, int]:
 
 
 def test_probes_ask_the_health_names_the_server_registers(render_chart):
+    """gRPC probes on the plaintext health port (9003, server.grpc_health_port) as the
+    upstream chart probes: `inference-extension` with one replica, `readiness` with
+    several; liveness asks `liveness` (see the Deployment template for why)."""
     static = _probe_services(epp_container(static_objects()))
     chart = _probe_services(epp_container(render_chart().objects))
-    assert static == chart == {"livenessProbe": "liveness", "readinessProbe": "readiness"}
-    for probes in (epp_container(static_objects()), epp_container(render_chart().objects)):
-        assert probes["livenessProbe"]["grpc"]["port"] == 9002
-        assert probes["readinessProbe"]["grpc"]["port"] == 9002
-    answers = asyncio.run(_served_health_names(sorted(set(static.values()))))
-    assert answers == dict.fromkeys(static.values(), health_pb2.HealthCheckResponse.SERVING)
+    several = _probe_services(epp_container(render_chart(set=["replicaCount=3"]).objects))
+    assert static == chart == {"livenessProbe": "liveness", "readinessProbe": "inference-extension"}
+    assert several == {"livenessProbe": "liveness", "readinessProbe": "readiness"}
+    for objects in (static_objects(), render_chart().objects):
+        container = epp_container(objects)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
+        config = EppConfig.model_validate(yaml.safe_load(epp_config_text(objects)))
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["grpc"]["port"] == config.server.grpc_health_port == 9003
+    names = sorted({*static.values(), *several.values()})
+    answers = asyncio.run(_served_health_names(names))
+    assert answers == dict.fromkeys(names, health_pb2.HealthCheckResponse.SERVING)
 
 
-def test_tls_probes_use_http_on_the_metrics_port(render_chart):
+def test_tls_secret_is_mounted_as_a_directory(render_chart):
     container = epp_container(render_chart(VALUES_ALL).objects)
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
     assert mount["mountPath"] == "/etc/epp/tls" and "subPath" not in mount
+    # No Secret: the EPP makes its own certificate; nothing mounted.
+    default = epp_container(render_chart().objects)
+    assert not [m for m in default["volumeMounts"] if m["name"] == "tls"]
 
 
 def test_epp_serve_knows_the_flags_the_manifests_pass(render_chart):
@@ -279,10 +314,11 @@ def test_failure_mode_and_pool_values(render_chart):
     assert all_pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]
     assert all_pool["spec"]["selector"]["matchLabels"] == {"app": "vllm-qwen3-32b", "tier": "gpu"}
     assert all_pool["spec"]["endpointPickerRef"]["name"] == "llm-epp"
-    models = render_chart(VALUES_ALL).of_kind("InferenceModel")
-    assert [m["spec"]["modelName"] for m in models] == ["Qwen/Qwen3-32B", "sql-assistant", "plain"]
-    assert [m["spec"].get("criticality") for m in models] == ["Critical", "Sheddable", None]
-    assert all(m["spec"]["poolRef"]["name"] == "qwen3-32b" for m in models)
+    assert all_pool["spec"]["appProtocol"] == "http"
+    objectives = render_chart(VALUES_ALL).of_kind("InferenceObjective")
+    assert [o["apiVersion"] for o in objectives] == ["inference.networking.x-k8s.io/v1alpha2"] * 3
+    assert [o["spec"].get("priority") for o in objectives] == [10, -1, None]
+    assert all(o["spec"]["poolRef"]["name"] == "qwen3-32b" for o in objectives)
 
 
 def test_existing_pool_is_referenced_not_created(render_chart):
@@ -291,7 +327,10 @@ def test_existing_pool_is_referenced_not_created(render_chart):
     assert "--pool-name=shared-pool" in epp_container(rendered.objects)["args"]
     (backend,) = rendered.one("HTTPRoute")["spec"]["rules"][0]["backendRefs"]
     assert backend["name"] == "shared-pool"
-    assert check_wiring(rendered.objects, external_pool="shared-pool") == []
+    gateway = {"default/inference-gateway"}
+    assert (
+        check_wiring(rendered.objects, external_pool="shared-pool", external_gateways=gateway) == []
+    )
     assert "endpointPickerRef must name Service epp" in rendered.notes
 
 
@@ -305,11 +344,20 @@ def test_existing_pool_is_referenced_not_created(render_chart):
         (["bodyMode=STREAMED"], "bodyMode must be"),
         (["failureMode=Open"], "failureMode must be"),
         (["discovery.mode=dns"], "discovery.mode must be"),
-        (["tls.enabled=true"], "tls.secretName is required"),
+        (["tls.enabled=true"], "tls.enabled is gone"),
+        (["tls.secureServing=false", "tls.secretName=x"], "needs tls.secureServing: true"),
+        (["tls.clientAuth=true"], "tls.clientAuth needs tls.secretName"),
         (
-            ["tls.enabled=true", "tls.secretName=x", "standaloneEnvoy.enabled=true"],
-            "does not speak TLS",
+            ["tls.secretName=x", "tls.clientAuth=true", "standaloneEnvoy.enabled=true"],
+            "standaloneEnvoy has no client certificate",
         ),
+        (["models.x=1"], "models: is gone"),
+        (["provider.name=nginx"], "provider.name must be"),
+        (["inferenceApiGroup=example.com"], "inferenceApiGroup must be"),
+        (["gateway.create=true"], "gateway.className is required"),
+        (["pool.appProtocol=grpc"], "pool.appProtocol must be"),
+        (["ports.grpcHealth=9002"], "ports must differ"),
+        (["replicaCount=2", "ports.peers=9003"], "ports must differ"),
         (["pool.name="], "pool.name is required"),
         (["pool.targetPorts=null"], "pool.targetPorts must list 1 to 8 ports"),
     ],
@@ -338,8 +386,16 @@ def test_values_files_match_values_schema():
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     for values in (defaults, _merged(defaults, yaml.safe_load(VALUES_ALL.read_text()))):
         jsonschema.validate(values, schema)
-    jsonschema.validate(_merged(defaults, yaml.safe_load(VALUES_STATIC.read_text())), schema)
-    for bad in ({"bodyMode": "STREAMED"}, {"replicas": 2}, {"tls": {"enabled": True}}):
+    for values in (VALUES_STATIC, VALUES_UPSTREAM):
+        jsonschema.validate(_merged(defaults, yaml.safe_load(values.read_text())), schema)
+    for bad in (
+        {"bodyMode": "STREAMED"},
+        {"replicas": 2},
+        {"tls": {"enabled": True}},
+        {"models": []},
+        {"provider": {"name": "nginx"}},
+        {"gateway": {"namespace": "Not_A_Namespace"}},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(_merged(defaults, bad), schema)
 

@@ -1,7 +1,9 @@
-"""EPP replicas find each other through a headless Service: in deploy/kubernetes/ and in
-the chart, that Service lists every EPP pod (ready or not) on the peers port, and the
-EPP's configuration names it as its peers and listens on that port. No RBAC: DNS needs
-none (tests/deploy/test_rbac.py keeps the grants to the watched resources).
+"""EPP replicas find each other through a headless Service: with replicaCount > 1 the
+chart's Service lists every EPP pod (ready or not) on the peers port (9010), and the
+EPP's configuration names it as its peers and listens on that port. One replica (the
+chart's default, and deploy/kubernetes/) has no peers port and no peers configuration.
+No RBAC: DNS needs none (tests/deploy/test_rbac.py keeps the grants to the watched
+resources).
 
 With `replicas.secret` the replicas share a secret (an existing Secret or one the chart
 creates), mounted as a directory and named in `replicas.secret_file`; without it the
@@ -48,31 +50,55 @@ def check_peers(objects: list[dict], fullname: str) -> None:
     assert config.server.grpc_port == container_ports["grpc"] == ports["grpc"]["port"]
 
 
-def test_static_manifests_wire_the_peers_service():
-    check_peers(static_objects(), "epp")
+def check_no_peers(objects: list[dict], fullname: str) -> None:
+    """One replica: no peers port anywhere, no replicas section in the config; the headless
+    Service stays (the standalone Envoy reaches the EPP through it) with its grpc port."""
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    assert [p["name"] for p in services[f"{fullname}-peers"]["spec"]["ports"]] == ["grpc"]
+    (container,) = [
+        c
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == fullname
+        for c in o["spec"]["template"]["spec"]["containers"]
+    ]
+    assert "peers" not in {p["name"] for p in container["ports"]}
+    config = yaml.safe_load(epp_config_text(objects))
+    assert "replicas" not in config
+    assert EppConfig.model_validate(config).replicas.peers == []
+
+
+def test_one_replica_has_no_peers(render_chart):
+    check_no_peers(static_objects(), "epp")
+    check_no_peers(render_chart().objects, "epp")
+    # A secret set for one replica is not mounted: there is no peers port to protect.
+    rendered = render_chart(set=[f"replicas.secret.value={SECRET_VALUE}"])
+    check_no_peers(rendered.objects, "epp")
+    assert rendered.of_kind("Secret") == []
 
 
 @pytest.mark.parametrize(
     ("values", "sets", "fullname"),
     [
-        (None, [], "epp"),
+        (None, ["replicaCount=2"], "epp"),
         (None, ["replicaCount=3", "ports.peers=9100", "fullnameOverride=picker"], "picker"),
         (VALUES_ALL, [], None),
     ],
-    ids=["default", "scaled", "values-all"],
+    ids=["two", "scaled", "values-all"],
 )
 def test_chart_wires_the_peers_service(render_chart, values, sets, fullname):
     rendered = render_chart(values, set=sets) if values else render_chart(set=sets)
     if fullname is None:
         fullname = rendered.one("Deployment")["metadata"]["name"]
     check_peers(rendered.objects, fullname)
+    if "ports.peers=9100" not in sets:
+        assert yaml.safe_load(epp_config_text(rendered.objects))["replicas"]["listen_port"] == 9010
 
 
 def test_extra_config_keeps_other_replicas_keys(render_chart):
-    rendered = render_chart(set=["extraConfig.replicas.history=100"])
+    rendered = render_chart(set=["extraConfig.replicas.history=100", "replicaCount=2"])
     config = yaml.safe_load(rendered.one("ConfigMap", "epp-config")["data"]["config.yaml"])
     assert config["replicas"]["history"] == 100
-    assert config["replicas"]["peers"] == ["epp-peers:9003"]
+    assert config["replicas"]["peers"] == ["epp-peers:9010"]
 
 
 # -- the peers' shared secret (replicas.secret_file) ------------------------------------
@@ -105,16 +131,21 @@ def check_secret_wiring(rendered, secret_name: str, key: str) -> None:
 
 
 def test_without_a_secret_the_peers_port_is_unauthenticated_and_the_notes_say_so(render_chart):
-    rendered = render_chart()
+    rendered = render_chart(set=["replicaCount=2"])
     _, volume, mount, secret_file = peers_secret(rendered)
     assert (volume, mount, secret_file) == (None, None, None)
     assert rendered.of_kind("Secret") == []
-    assert "the peers port 9003 is unauthenticated" in rendered.notes
+    assert "the peers port 9010 is unauthenticated" in rendered.notes
+    assert "unauthenticated" not in render_chart().notes  # one replica: no peers port
 
 
 def test_an_existing_secret_is_mounted_and_named_in_the_config(render_chart):
     rendered = render_chart(
-        set=["replicas.secret.existingSecret=fleet-peers", "replicas.secret.key=token"]
+        set=[
+            "replicaCount=2",
+            "replicas.secret.existingSecret=fleet-peers",
+            "replicas.secret.key=token",
+        ]
     )
     check_secret_wiring(rendered, "fleet-peers", "token")
     assert rendered.of_kind("Secret") == []  # the chart creates none
@@ -136,7 +167,7 @@ def test_changing_the_secret_does_not_roll_the_pods(render_chart):
     """The EPP re-reads the file (and accepts the previous secret meanwhile); a roll would
     start new pods knowing only the new one while the others still hold the old."""
     first, second = (
-        render_chart(set=[f"replicas.secret.value={value}"]).one("Deployment")
+        render_chart(set=["replicaCount=2", f"replicas.secret.value={value}"]).one("Deployment")
         for value in (SECRET_VALUE, "another-secret-of-32-characters!")
     )
     assert first == second

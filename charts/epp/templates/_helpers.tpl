@@ -32,6 +32,18 @@
 {{- required "pool.name is required" .Values.pool.name -}}
 {{- end -}}
 
+{{/* The EPP Service's in-cluster DNS name. */}}
+{{- define "epp.serviceHost" -}}
+{{- printf "%s.%s.svc.%s" (include "epp.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* "true" when the legacy InferenceModel objects are rendered (see values.yaml). */}}
+{{- define "epp.renderInferenceModels" -}}
+{{- if and .Values.legacyInferenceModels.models (or (eq .Values.legacyInferenceModels.render "always") (.Capabilities.APIVersions.Has "inference.networking.x-k8s.io/v1alpha2/InferenceModel")) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/*
 The Secret holding the replicas' shared secret: replicas.secret.existingSecret, or the one
 the chart creates from replicas.secret.value (templates/secret-peers.yaml); empty: none.
@@ -98,8 +110,48 @@ types and enums when Helm installs; these hold for any renderer).
 {{- if and .Values.pool.create (or (lt (len $ports) 1) (gt (len $ports) 8)) -}}
 {{- fail "pool.targetPorts must list 1 to 8 ports" -}}
 {{- end -}}
-{{- if and .Values.standaloneEnvoy.enabled .Values.tls.enabled -}}
-{{- fail "standaloneEnvoy does not speak TLS to the EPP: disable tls or standaloneEnvoy" -}}
+{{- if hasKey .Values "models" -}}
+{{- fail "models: is gone: it rendered InferenceModel, a CRD removed in the Gateway API Inference Extension v1.0. Use inferenceObjectives and modelRewrites (InferenceObjective, InferenceModelRewrite), or legacyInferenceModels.models for a cluster that still serves InferenceModel" -}}
+{{- end -}}
+{{- if hasKey .Values.tls "enabled" -}}
+{{- fail "tls.enabled is gone: TLS is on by default (tls.secureServing: true, a self-signed certificate unless tls.secretName names a Secret); tls.secureServing: false serves plaintext" -}}
+{{- end -}}
+{{- if not (has .Values.inferenceApiGroup (list "llm-d.ai" "inference.networking.x-k8s.io")) -}}
+{{- fail (printf "inferenceApiGroup must be llm-d.ai or inference.networking.x-k8s.io, got %v" .Values.inferenceApiGroup) -}}
+{{- end -}}
+{{- if not (has .Values.provider.name (list "none" "istio" "gke" "kgateway" "envoy-ai-gateway")) -}}
+{{- fail (printf "provider.name must be none, istio, gke, kgateway or envoy-ai-gateway, got %v" .Values.provider.name) -}}
+{{- end -}}
+{{- if not (has .Values.legacyInferenceModels.render (list "ifServed" "always")) -}}
+{{- fail (printf "legacyInferenceModels.render must be ifServed or always, got %v" .Values.legacyInferenceModels.render) -}}
+{{- end -}}
+{{- if not (has .Values.pool.appProtocol (list "" "http" "kubernetes.io/h2c")) -}}
+{{- fail (printf "pool.appProtocol must be empty, http or kubernetes.io/h2c, got %v" .Values.pool.appProtocol) -}}
+{{- end -}}
+{{- if and (not .Values.tls.secureServing) .Values.tls.secretName -}}
+{{- fail "tls.secretName needs tls.secureServing: true (a certificate for a plaintext port)" -}}
+{{- end -}}
+{{- if and .Values.tls.clientAuth (not .Values.tls.secretName) -}}
+{{- fail "tls.clientAuth needs tls.secretName (its ca.crt verifies the clients)" -}}
+{{- end -}}
+{{- if and .Values.standaloneEnvoy.enabled .Values.tls.clientAuth -}}
+{{- fail "standaloneEnvoy has no client certificate: disable tls.clientAuth or standaloneEnvoy" -}}
+{{- end -}}
+{{- if and .Values.gateway.create (not .Values.gateway.className) -}}
+{{- fail "gateway.className is required with gateway.create (a class whose controller supports InferencePool backends)" -}}
+{{- end -}}
+{{- if and .Values.gateway.create .Values.gateway.namespace (ne .Values.gateway.namespace .Release.Namespace) -}}
+{{- fail "gateway.create makes the Gateway in the release namespace: leave gateway.namespace empty" -}}
+{{- end -}}
+{{- if and .Values.gateway.createClass (not .Values.gateway.controllerName) -}}
+{{- fail "gateway.controllerName is required with gateway.createClass" -}}
+{{- end -}}
+{{- $ports := list (int .Values.ports.grpc) (int .Values.ports.grpcHealth) (int .Values.ports.metrics) -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+{{- $ports = append $ports (int .Values.ports.peers) -}}
+{{- end -}}
+{{- if ne (len $ports) (len (uniq $ports)) -}}
+{{- fail (printf "ports must differ, got %v" $ports) -}}
 {{- end -}}
 {{- with .Values.replicas.secret -}}
 {{- if and .existingSecret .value -}}
@@ -136,9 +188,11 @@ values still wins, unlike a merge).
 {{- $server = get $config "server" -}}
 {{- end -}}
 {{- $_ := set $server "grpc_port" .Values.ports.grpc -}}
+{{- $_ := set $server "grpc_health_port" .Values.ports.grpcHealth -}}
 {{- $_ := set $server "metrics_port" .Values.ports.metrics -}}
 {{- $_ := set $server "assumed_body_mode" .Values.bodyMode -}}
-{{- if .Values.tls.enabled -}}
+{{- $_ := set $server "secure_serving" .Values.tls.secureServing -}}
+{{- if .Values.tls.secretName -}}
 {{- $tls := dict "cert_file" "/etc/epp/tls/tls.crt" "key_file" "/etc/epp/tls/tls.key" -}}
 {{- if .Values.tls.clientAuth -}}
 {{- $_ := set $tls "client_ca_file" "/etc/epp/tls/ca.crt" -}}
@@ -146,7 +200,9 @@ values still wins, unlike a merge).
 {{- $_ := set $server "tls" $tls -}}
 {{- end -}}
 {{- $_ := set $config "server" $server -}}
-{{- /* Replicas find each other through the headless Service (templates/service-peers.yaml). */ -}}
+{{- /* Replicas find each other through the headless Service (templates/service-peers.yaml);
+one replica has no peers and listens on no peers port. */ -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
 {{- $replicas := dict -}}
 {{- if hasKey $config "replicas" -}}
 {{- $replicas = get $config "replicas" -}}
@@ -157,15 +213,23 @@ values still wins, unlike a merge).
 {{- $_ := set $replicas "secret_file" (printf "%s/secret" (include "epp.peersSecretDir" .)) -}}
 {{- end -}}
 {{- $_ := set $config "replicas" $replicas -}}
+{{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
 
-{{/* The chart file with the standalone Envoy configuration for bodyMode and failureMode. */}}
+{{/*
+The chart file with the standalone Envoy configuration for bodyMode and failureMode (and,
+for a plaintext EPP, its -plaintext variant when the chart ships one).
+*/}}
 {{- define "epp.envoyConfig" -}}
-{{- $file := printf "files/envoy-%s-%s.yaml" (.Values.bodyMode | lower | replace "_" "-") (ternary "fail-open" "fail-close" (eq .Values.failureMode "FailOpen")) -}}
+{{- $file := printf "files/envoy-%s-%s%s.yaml" (.Values.bodyMode | lower | replace "_" "-") (ternary "fail-open" "fail-close" (eq .Values.failureMode "FailOpen")) (ternary "" "-plaintext" .Values.tls.secureServing) -}}
 {{- $text := .Files.Get $file -}}
 {{- if not $text -}}
+{{- if .Values.tls.secureServing -}}
 {{- fail (printf "missing chart file %s" $file) -}}
+{{- else -}}
+{{- fail "standaloneEnvoy dials the EPP over TLS: it needs tls.secureServing: true" -}}
+{{- end -}}
 {{- end -}}
 {{- $text | replace "EPP_SERVICE_HOST" (include "epp.fullname" .) -}}
 {{- end -}}
