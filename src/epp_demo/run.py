@@ -62,7 +62,10 @@ def usage_text(stack: LocalStack) -> str:
         "",
     ]
     if stack.epp_metrics_url:
-        lines.append(f"EPP metrics:   {stack.epp_metrics_url}  (gRPC on {stack.epp_grpc_port})")
+        transport = "plaintext" if stack.epp_plaintext else "TLS, self-signed"
+        lines.append(
+            f"EPP metrics:   {stack.epp_metrics_url}  (gRPC on {stack.epp_grpc_port}, {transport})"
+        )
     lines.append(f"Envoy admin:   {stack.envoy_admin_url}")
     lines += [
         f"{pod.name}:         {pod.base_url}  (metrics {pod.metrics_url})" for pod in stack.pods

@@ -169,6 +169,10 @@ class LocalStack:
     With `kv_events=True` every pod publishes vLLM KV events on ports of its own
     (`--kv-events-port`, `--kv-replay-port`), and the EPP's endpoints file names them in
     each pod's labels, so the EPP (in `kv_events.mode` auto or precise) follows them.
+
+    The EPP serves its default transport, TLS with a self-signed certificate, and Envoy
+    dials it so (`epp envoy-config`'s default); `epp_plaintext=True` runs both in
+    plaintext (`epp serve --plaintext`, `--epp-plaintext`).
     """
 
     def __init__(
@@ -188,6 +192,7 @@ class LocalStack:
         envoy_concurrency: int = 1,
         log_level: str = "info",
         kv_events: bool = False,
+        epp_plaintext: bool = False,
     ) -> None:
         if pods < 1:
             raise ValueError(f"pods must be at least 1, got {pods}")
@@ -205,6 +210,7 @@ class LocalStack:
         self.envoy_concurrency = envoy_concurrency
         self.log_level = log_level
         self.kv_events = kv_events
+        self.epp_plaintext = epp_plaintext
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self._listen_port = listen_port
@@ -411,6 +417,8 @@ class LocalStack:
             config_path = self.work_dir / "epp-config.yaml"
             config_path.write_text(self.epp_config_yaml)
             argv += ["--config", str(config_path)]
+        if self.epp_plaintext:
+            argv.append("--plaintext")
         argv += self.epp_args
         child = self._spawn("epp", argv)
         base = f"http://{HOST}:{metrics_port}"
@@ -432,6 +440,7 @@ class LocalStack:
             epp_port=self.epp_grpc_port,
             pods=[p.address for p in self.pods],
             body_mode=self.body_mode,
+            epp_plaintext=self.epp_plaintext,
         )
         config_path = self.work_dir / "envoy.yaml"
         config_path.write_text(config)

@@ -101,8 +101,12 @@ def test_round_robin_stack_serves_kills_and_stops_cleanly() -> None:
     stack.stop()  # idempotent
 
 
-def test_epp_stack_routes_through_the_picker(tmp_path: Path) -> None:
-    with LocalStack(pods=2, mode="epp", work_dir=tmp_path / "stack") as stack:
+@pytest.mark.parametrize("plaintext", [False, True], ids=["default-tls", "plaintext"])
+def test_epp_stack_routes_through_the_picker(tmp_path: Path, plaintext: bool) -> None:
+    """The demo's stack runs the EPP's default transport (TLS, self-signed) unless told
+    to run plaintext; Envoy dials it the same way either way."""
+    stack_dir = tmp_path / "stack"
+    with LocalStack(pods=2, mode="epp", work_dir=stack_dir, epp_plaintext=plaintext) as stack:
         assert set(stack.pids) == {"pod-0", "pod-1", "epp", "envoy"}
         endpoints = (tmp_path / "stack" / "endpoints.yaml").read_text()
         assert all(pod.address in endpoints for pod in stack.pods)
@@ -115,7 +119,11 @@ def test_epp_stack_routes_through_the_picker(tmp_path: Path) -> None:
         pids = stack.pids
     assert not any(_alive(pid) for pid in pids.values())
     # A work directory the caller chose is kept, logs included.
-    assert (tmp_path / "stack" / "epp.log").exists()
+    log = (stack_dir / "epp.log").read_text().splitlines()
+    [transport] = [json.loads(line) for line in log if '"grpc_transport"' in line]
+    assert transport["mode"] == ("plaintext" if plaintext else "tls")
+    envoy = (stack_dir / "envoy.yaml").read_text()
+    assert ("envoy.transport_sockets.tls" in envoy) is not plaintext
 
 
 def test_failed_start_raises_with_log_tail_and_stops_the_rest(tmp_path: Path) -> None:
