@@ -16,6 +16,7 @@ import re
 import pytest
 from certs import CertAuthority, needs_openssl
 from e2e.harness import chat_body, http, rig, wait_for
+from helpers import served_certificate
 
 from epp.envoy_config import EppTls, render
 from epp_harness.stack import HOST, free_ports
@@ -94,3 +95,35 @@ def test_envoy_calls_the_epp_over_mutual_tls(tmp_path):
         assert [(e["mode"], e["subject"], e["issuer"]) for e in started] == [
             ("mtls", "CN=epp", "CN=epp-ca")
         ]
+
+
+def test_envoy_can_pin_the_default_epps_self_signed_certificate(tmp_path):
+    """The default EPP (no TLS settings): Envoy with --epp-ca-file set to the certificate
+    the EPP generated and --epp-sni localhost (a name it carries) verifies it and routes;
+    the same Envoy pinned to another certificate gets no decision."""
+    with rig(tmp_path) as r:
+        r.start_pods(2)
+        r.start_epp()
+        pem, _ = served_certificate(HOST, r.epp_grpc_port)
+        (tmp_path / "served.crt").write_bytes(pem)
+        listen, admin = free_ports(2)
+        r.start_envoy(
+            render(
+                mode="epp", listen_port=listen, admin_port=admin, epp_port=r.epp_grpc_port,
+                pods=r.pods, epp_tls=EppTls(str(tmp_path / "served.crt"), "localhost"),
+            ),
+            listen,
+        )  # fmt: skip
+        assert http(f"{r.envoy_url}/v1/chat/completions", chat_body("pinned"))[0] == 200
+        assert envoy_stat(admin, "cluster.epp.ssl.handshake") >= 1
+        other = CertAuthority(tmp_path / "other", "other-ca")
+        listen, admin = free_ports(2)
+        r.start_envoy(
+            render(
+                mode="epp", listen_port=listen, admin_port=admin, epp_port=r.epp_grpc_port,
+                pods=r.pods, epp_tls=EppTls(str(other.cert), "localhost"),
+            ),
+            listen,
+        )  # fmt: skip
+        assert http(f"{r.envoy_url}/v1/chat/completions", chat_body("other"))[0] >= 500
+        assert envoy_stat(admin, "cluster.epp.ssl.fail_verify_error") >= 1
