@@ -32,7 +32,8 @@ from deploy.k8s_checks import (
     epp_container,
     validate_objects,
 )
-from epp.app import build_parser
+from epp import upstream_flags
+from epp.app import build_parser, our_flag_names, parse_serve_args
 from epp.config import EppConfig, load_endpoints_file
 from epp.extproc.server import HealthState
 
@@ -68,6 +69,9 @@ EXISTING_GATEWAYS = {
     "values-static": set(),
     "values-upstream": {"llm-d-infra/infra-inference-gateway"},
 }
+
+
+OUR_FLAGS = our_flag_names(build_parser())  # long flags of `epp serve`, no dashes
 
 
 # --- the static manifests ---------------------------------------------------------------
@@ -240,20 +244,25 @@ def test_tls_secret_is_mounted_as_a_directory(render_chart):
     assert not [m for m in default["volumeMounts"] if m["name"] == "tls"]
 
 
-def test_epp_serve_knows_the_flags_the_manifests_pass(render_chart):
-    containers = [
-        epp_container(static_objects()),
-        epp_container(render_chart().objects),
-        epp_container(render_chart(VALUES_STATIC).objects),
-    ]
-    flags = {arg.split("=", 1)[0] for c in containers for arg in c["args"]}
-    known = {opt for action in build_parser()._actions for opt in action.option_strings}
-    missing = sorted(flags - known)
-    if missing:
-        pytest.skip(
-            f"`epp serve` does not accept {missing} yet (Kubernetes discovery is being built)"
-        )
-    assert flags <= known
+def test_epp_serve_knows_the_flags_the_manifests_pass(render_chart, capsys):
+    containers = {
+        "deploy/kubernetes": epp_container(static_objects()),
+        "chart": epp_container(render_chart().objects),
+        "chart, static values": epp_container(render_chart(VALUES_STATIC).objects),
+        "chart, all values": epp_container(render_chart(VALUES_ALL).objects),
+        "chart, upstream-style values": epp_container(render_chart(VALUES_UPSTREAM).objects),
+    }
+    honoured = set(OUR_FLAGS) | set(upstream_flags.MAPPED) | set(upstream_flags.HONOURED)
+    for where, container in containers.items():
+        args = container["args"]
+        try:
+            _, upstream = parse_serve_args(args)  # what `epp serve` runs on
+        except SystemExit:
+            pytest.fail(f"{where}: `epp serve` refuses {args}: {capsys.readouterr().err}")
+        # Our own manifests pass nothing that `epp serve` would only accept and ignore.
+        assert upstream.ignored == [], f"{where}: ignored flags {upstream.ignored}"
+        flags = {a.split("=", 1)[0].lstrip("-") for a in args if a.startswith("-")}
+        assert flags <= honoured, f"{where}: {sorted(flags - honoured)}"
 
 
 def test_log_level_env_is_what_epp_serve_reads(render_chart):
