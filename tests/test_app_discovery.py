@@ -2,6 +2,8 @@
 (tests/kube_standin.py: no real API server can run here), real simulated pods on
 loopback addresses, and the EPP's own router. Routing follows every step of the pool:
 add, ready, not ready, delete, a relist after 410, and an edit of the pool's selector.
+An InferenceModelRewrite (llm-d.ai, admitted through its upstream CRD) renames the model
+of a request a real Envoy forwards to a simulated pod that serves only the target name.
 Also: the endpoints file, watched and reloaded, and `epp serve`'s flags."""
 
 from __future__ import annotations
@@ -9,17 +11,27 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from kube_standin import KubeStandIn, pod, pool, running
+from kube_standin import KubeStandIn, admitted, pod, pool, running, upstream_objects
 from kubernetes import client as k8s
 
+from epp import envoy_config
 from epp.app import EppService, build_parser, config_from_args
 from epp.config import EppConfig
-from epp.datalayer.kubernetes_resources import INFERENCE_MODEL, INFERENCE_POOL, POD
+from epp.datalayer.kubernetes_resources import (
+    INFERENCE_MODEL,
+    INFERENCE_POOL,
+    LLMD_INFERENCE_MODEL_REWRITE,
+    POD,
+)
 from epp.request import RequestRejected
+from epp_harness.stack import envoy_binary, free_ports
 from vllm_sim.server import SimPodConfig, start_pod
 
 NS = "inference"
@@ -178,6 +190,81 @@ async def test_an_inference_models_target_is_what_the_pod_is_asked_for(
     prepared = service.router.prepare(path="/v1/completions", body=body, request_id="m")
     assert prepared.priority == -1
     assert prepared.body is not None and json.loads(prepared.body)["model"] == MODEL
+
+
+def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+    request.add_header("content-type", "application/json")
+    for key, value in headers.items():
+        request.add_header(key, value)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+async def test_a_model_rewrite_renames_the_model_envoy_forwards(
+    standin: KubeStandIn, pods: int, service: EppService, tmp_path: Path
+) -> None:
+    """The llm-d router's own test rewrite (`model-to-be-rewritten` -> `rewritten-model`),
+    retargeted at our pool and the simulated pods' model: the pods serve only MODEL and
+    answer 404 for any other name, so a 200 through Envoy means the body's model was
+    rewritten before Envoy forwarded it."""
+    vllm = {"app": "vllm"}
+    standin.apply(INFERENCE_POOL, admitted(pool("pool", vllm, [pods])), NS)
+    standin.apply(POD, pod("a", vllm, IPS[0]), NS)
+    (rewrite,) = upstream_objects(
+        "llm-d-router-v0.10.0/testdata/inferencepool-with-model-hermetic.yaml",
+        "InferenceModelRewrite",
+    )
+    rewrite["metadata"] = {"name": rewrite["metadata"]["name"]}
+    rewrite["spec"]["poolRef"]["name"] = "pool"
+    rewrite["spec"]["rules"][0]["targets"] = [{"modelRewrite": MODEL}]
+    standin.apply(LLMD_INFERENCE_MODEL_REWRITE, admitted(rewrite), NS)
+    await until(lambda: service.ready, "ready")
+    await until(lambda: "model-to-be-rewritten" in service.router._models.rewrites, "the rewrite")
+
+    listen, admin = free_ports(2)
+    config = envoy_config.render(
+        mode="epp",
+        listen_port=listen,
+        admin_port=admin,
+        epp_port=service.grpc_port,
+        pod_cluster="original_dst",
+    )
+    (tmp_path / "envoy.yaml").write_text(config)
+    log = (tmp_path / "envoy.log").open("wb")
+    envoy = subprocess.Popen(
+        [envoy_binary(), "-c", str(tmp_path / "envoy.yaml"), "--disable-hot-restart",
+         "--concurrency", "1", "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{listen}/v1/completions"
+
+        def ask(model: str) -> tuple[int, dict]:
+            return post(url, {"model": model, "prompt": "hello", "max_tokens": 2}, {})
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        status, answer = 0, {}
+        while loop.time() < deadline:
+            try:
+                status, answer = await asyncio.to_thread(ask, "model-to-be-rewritten")
+                break
+            except OSError:  # Envoy not listening yet
+                await asyncio.sleep(0.1)
+        assert status == 200, (status, answer, (tmp_path / "envoy.log").read_text()[-2000:])
+        assert answer["model"] == MODEL  # the pod saw the target's name
+        # A name no rule covers stays as it is: no pod serves it.
+        status, answer = await asyncio.to_thread(ask, "not-rewritten")
+        assert status == 404, answer
+    finally:
+        envoy.terminate()
+        envoy.wait(10)
+        log.close()
 
 
 async def test_the_endpoints_file_is_watched(tmp_path: Path) -> None:

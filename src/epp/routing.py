@@ -211,8 +211,9 @@ class Router:
         return self._scheduler
 
     def set_model_table(self, table: ModelTable) -> None:
-        """Models from InferenceModel / InferenceObjective objects (Kubernetes discovery):
-        priorities, and target models chosen by weight. Replaces the previous table."""
+        """Models from InferenceModel / InferenceObjective / InferenceModelRewrite objects
+        (Kubernetes discovery): priorities, and target models chosen by weight. Replaces
+        the previous table."""
         for problem in table.problems:
             log.warning("model_table_problem", problem=problem)
         self._models = table
@@ -242,16 +243,18 @@ class Router:
     ) -> PreparedRequest:
         """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
         started = time.perf_counter()
-        parsed = self._parse(path, body)
+        parsed = self._parse(path, body, headers)
         return self._prepared(parsed, body, request_id, subset, headers, started)
 
-    def _parse(self, path: str, body: bytes) -> _Parsed:
+    def _parse(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> _Parsed:
         request = parse_request(
             path, body, self._config.adapters, max_prompt_tokens=self._max_blocks * self._block_size
         )
         served, rewritten = request.model, None
-        if request.model is not None and request.model in self._models.models:
-            served = self._models.target(request.model, self._rng.random())
+        if request.model is not None:
+            # InferenceModelRewrite / InferenceModel targets / the rewrite header
+            # (ModelTable.target): the body's model is rewritten before Envoy forwards it.
+            served = self._models.target(request.model, self._rng.random(), headers)
             if served != request.model:
                 rewritten = with_model(body, served)
         base, adapter = resolve_model(served, self._config.adapters, self._store.all())
@@ -459,7 +462,7 @@ class Router:
         """`prepare`, with the prompt's ids asked of a pod first when the model's
         tokenizer is the engine (`source: engine`); the local path if that fails."""
         started = time.perf_counter()
-        parsed = self._parse(path, body)
+        parsed = self._parse(path, body, headers)
         model = parsed.base or parsed.served
         ids = None
         if model is not None and engine.wants(model):
