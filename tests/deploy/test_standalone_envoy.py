@@ -89,17 +89,21 @@ def test_it_asks_every_epp_replica_by_the_headless_name_and_dials_the_pod_it_nam
 @pytest.mark.parametrize("path", sorted(OUTPUTS), ids=lambda p: p.name)
 def test_it_dials_the_epp_as_the_epp_serves_by_default(path):
     """The EPP serves TLS with a self-signed certificate unless told otherwise
-    (server.secure_serving): every standalone config dials TLS without verification, and
-    lifts Envoy's 1,024-request circuit breakers on the EPP and the pods."""
+    (server.secure_serving): every standalone config dials TLS without verification (the
+    chart's -plaintext variants: plaintext, for tls.secureServing: false), and lifts
+    Envoy's 1,024-request circuit breakers on the EPP and the pods."""
     config = yaml.safe_load(OUTPUTS[path])
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    for name in ("epp", "pods"):
+        [limits] = clusters[name]["circuit_breakers"]["thresholds"]
+        assert min(limits[k] for k in ("max_connections", "max_pending_requests")) > 1024
+    if path.name.endswith("-plaintext.yaml"):
+        assert "transport_socket" not in clusters["epp"]
+        return
     tls = clusters["epp"]["transport_socket"]
     assert tls["name"] == "envoy.transport_sockets.tls"
     assert "validation_context" not in tls["typed_config"]["common_tls_context"]
     assert tls["typed_config"]["common_tls_context"]["alpn_protocols"] == ["h2"]
-    for name in ("epp", "pods"):
-        [limits] = clusters[name]["circuit_breakers"]["thresholds"]
-        assert min(limits[k] for k in ("max_connections", "max_pending_requests")) > 1024
 
 
 def _routing_filter(text: str) -> dict:
@@ -112,18 +116,23 @@ def _routing_filter(text: str) -> dict:
 
 @pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 @pytest.mark.parametrize("failure_mode", ["FailClose", "FailOpen"])
-def test_chart_picks_the_config_for_body_and_failure_mode(render_chart, body_mode, failure_mode):
+@pytest.mark.parametrize("secure", [True, False], ids=["tls", "plaintext"])
+def test_chart_picks_the_config_for_body_and_failure_mode(
+    render_chart, body_mode, failure_mode, secure
+):
     rendered = render_chart(
         set=[
             "standaloneEnvoy.enabled=true",
             f"bodyMode={body_mode}",
             f"failureMode={failure_mode}",
             "fullnameOverride=picker",
+            f"tls.secureServing={str(secure).lower()}",
         ]
     )
     text = rendered.one("ConfigMap", "picker-envoy")["data"]["envoy.yaml"]
     assert generate.PLACEHOLDER not in text
-    assert text == generate.standalone_config("picker", body_mode, failure_mode == "FailOpen")
+    fail_open = failure_mode == "FailOpen"
+    assert text == generate.standalone_config("picker", body_mode, fail_open, not secure)
     routing = _routing_filter(text)
     assert routing["processing_mode"]["request_body_mode"] == body_mode
     assert routing["failure_mode_allow"] is (failure_mode == "FailOpen")

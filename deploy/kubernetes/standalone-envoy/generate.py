@@ -19,7 +19,8 @@ Run from the repository root with the project's virtualenv:
     .venv/bin/python deploy/kubernetes/standalone-envoy/generate.py
 
 It writes deploy/kubernetes/standalone-envoy/envoy.yaml (the EPP Service `epp` in the
-same namespace) and the chart's four variants charts/epp/files/envoy-*.yaml, whose EPP
+same namespace) and the chart's variants charts/epp/files/envoy-*.yaml (body mode x
+failure mode, each also `-plaintext` for an EPP with tls.secureServing: false), whose EPP
 host is the placeholder EPP_SERVICE_HOST that the chart replaces with its Service name.
 tests/deploy/test_standalone_envoy.py checks that the committed files are this output.
 """
@@ -43,12 +44,17 @@ EPP_PORT = 9002
 BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
 
 
-def chart_file_name(body_mode: str, fail_open: bool) -> str:
-    return f"envoy-{body_mode.lower().replace('_', '-')}-{'fail-open' if fail_open else 'fail-close'}.yaml"
+def chart_file_name(body_mode: str, fail_open: bool, plaintext: bool = False) -> str:
+    failure = "fail-open" if fail_open else "fail-close"
+    suffix = "-plaintext" if plaintext else ""
+    return f"envoy-{body_mode.lower().replace('_', '-')}-{failure}{suffix}.yaml"
 
 
-def standalone_config(epp_host: str, body_mode: str, fail_open: bool) -> str:
+def standalone_config(
+    epp_host: str, body_mode: str, fail_open: bool, plaintext: bool = False
+) -> str:
     flags = f"--body-mode {body_mode}" + (" --fail-open" if fail_open else "")
+    flags += " --epp-plaintext" if plaintext else ""
     text = render(
         mode="epp",
         pod_cluster="original_dst",
@@ -58,6 +64,7 @@ def standalone_config(epp_host: str, body_mode: str, fail_open: bool) -> str:
         epp_addresses=[f"{epp_host}-peers:{EPP_PORT}"],
         body_mode=body_mode,  # type: ignore[arg-type]
         fail_open=fail_open,
+        epp_plaintext=plaintext,
     )
     config = yaml.safe_load(text)
     config["admin"]["address"]["socket_address"]["address"] = "127.0.0.1"
@@ -74,8 +81,9 @@ def outputs() -> dict[Path, str]:
     files = {STATIC_FILE: standalone_config("epp", "FULL_DUPLEX_STREAMED", False)}
     for body_mode in BODY_MODES:
         for fail_open in (False, True):
-            path = CHART_FILES / chart_file_name(body_mode, fail_open)
-            files[path] = standalone_config(PLACEHOLDER, body_mode, fail_open)
+            for plaintext in (False, True):
+                path = CHART_FILES / chart_file_name(body_mode, fail_open, plaintext)
+                files[path] = standalone_config(PLACEHOLDER, body_mode, fail_open, plaintext)
     return files
 
 
