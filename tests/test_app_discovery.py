@@ -311,3 +311,46 @@ def test_serve_flags_choose_the_source_of_endpoints(tmp_path: Path) -> None:
         config_from_args(build_parser().parse_args(["--endpoints", str(file)]))
     with pytest.raises(ValueError, match="exclusive"):
         config_from_args(build_parser().parse_args(["--endpoints", str(file), "--pool-name", "p"]))
+
+
+async def test_standalone_discovery_from_the_config(standin: KubeStandIn, pods: int) -> None:
+    """discovery.endpoint_selector + target_ports: the pods of a label selector, with no
+    InferencePool (upstream's --endpoint-selector / --endpoint-target-ports)."""
+    config = EppConfig.model_validate(
+        {
+            "discovery": {
+                "endpoint_selector": "app=vllm",
+                "target_ports": [pods],
+                "pool_namespace": NS,
+            },
+            "server": {
+                "grpc_port": 0,
+                "metrics_port": 0,
+                "grpc_health_port": 0,
+                "grpc_host": "127.0.0.1",
+            },
+        }
+    )
+    svc = EppService(config, kube_client=k8s.ApiClient(k8s.Configuration(host=standin.url)))
+    await svc.start()
+    try:
+        standin.apply(POD, pod("a", {"app": "vllm"}, IPS[0]), NS)
+        standin.apply(POD, pod("z", {"app": "other"}, IPS[1]), NS)
+        await until(lambda: names(svc) == {"a"} and svc.ready, "pod a, scraped")
+        assert pods_routed_to(svc) == {"a"}
+    finally:
+        await svc.stop(grace_s=0.1)
+
+
+@pytest.mark.parametrize(
+    ("discovery", "error"),
+    [
+        ({"target_ports": [8000]}, "needs discovery.endpoint_selector"),
+        ({"endpoint_selector": "app=x"}, "target ports"),
+        ({"endpoint_selector": "app in (x)", "target_ports": [8000]}, "key=value"),
+        ({"endpoint_selector": "app=x", "target_ports": [8000], "pool_name": "p"}, "exclusive"),
+    ],
+)
+def test_standalone_config_errors(discovery: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        EppConfig.model_validate({"discovery": discovery})

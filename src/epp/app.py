@@ -225,7 +225,7 @@ class EppService:
     def _discovery(self) -> Discovery | None:
         """Where endpoints come from; None: the static list in the config, fixed."""
         config = self.config.discovery
-        if config.pool_name:
+        if config.pool_name or config.endpoint_selector:
             # Imported here: the Kubernetes client loads only when a pool is configured.
             from epp.datalayer.discovery.kubernetes import (
                 KubernetesDiscovery,
@@ -236,14 +236,22 @@ class EppService:
             client = self.kube_client
             if client is None:
                 client = make_api_client(str(config.kubeconfig) if config.kubeconfig else None)
+            from epp.datalayer.discovery.pool import standalone_pool
+
+            standalone = None
+            if config.endpoint_selector:
+                standalone = standalone_pool(
+                    "standalone", config.endpoint_selector, config.target_ports
+                )
             return KubernetesDiscovery(
                 client,
-                config.pool_name,
+                config.pool_name or "standalone",
                 config.pool_namespace or default_namespace(),
                 on_endpoints=self.store.sync,
                 on_models=self.router.set_model_table,
                 read_models=config.read_models,
                 pool_group=config.pool_group,
+                standalone=standalone,
             )
         if self.config.endpoints_file is not None:
             return EndpointsFileWatcher(

@@ -265,8 +265,9 @@ class EndpointConfig(Strict):
 
 
 class DiscoveryConfig(Strict):
-    """Where the endpoints come from: an InferencePool (`pool_name`), or else the static
-    `endpoints` / `endpoints_file` (watched and reloaded)."""
+    """Where the endpoints come from: an InferencePool (`pool_name`), or the pods of a
+    label selector (`endpoint_selector` + `target_ports`, no InferencePool), or else the
+    static `endpoints` / `endpoints_file` (watched and reloaded)."""
 
     pool_name: str | None = Field(None, min_length=1)
     # Default: the EPP pod's own namespace (its service account's), else "default".
@@ -278,9 +279,36 @@ class DiscoveryConfig(Strict):
     )
     # Outside a cluster: the kubeconfig to use (default: $KUBECONFIG or ~/.kube/config).
     kubeconfig: Path | None = None
-    # Read InferenceModel / InferenceObjective objects of the pool when their CRDs exist.
+    # Read InferenceModel / InferenceObjective / InferenceModelRewrite objects of the pool
+    # when their CRDs exist.
     read_models: bool = True
     file_poll_s: float = Field(1.0, gt=0.0)
+    # Standalone, without an InferencePool (upstream's --endpoint-selector and
+    # --endpoint-target-ports): the Ready pods matching this label selector (`k=v,k2=v2`,
+    # equality terms only) in pool_namespace, one endpoint per target port (1 to 8). No
+    # model CRD is read then, as upstream.
+    endpoint_selector: str | None = Field(None, min_length=1)
+    target_ports: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _standalone(self) -> DiscoveryConfig:
+        if self.endpoint_selector is None:
+            if self.target_ports:
+                raise ValueError("discovery.target_ports needs discovery.endpoint_selector")
+            return self
+        if self.pool_name:
+            raise ValueError(
+                "discovery.pool_name and discovery.endpoint_selector are exclusive: an "
+                "InferencePool, or the pods of a label selector"
+            )
+        # Imported here: the discovery package imports this module.
+        from epp.datalayer.discovery.pool import InvalidPool, standalone_pool
+
+        try:
+            standalone_pool("standalone", self.endpoint_selector, self.target_ports)
+        except InvalidPool as exc:
+            raise ValueError(f"discovery.endpoint_selector/target_ports: {exc}") from None
+        return self
 
 
 class ReplicasConfig(Strict):
@@ -451,9 +479,11 @@ class EppConfig(Strict):
 
     @model_validator(mode="after")
     def _one_source_of_endpoints(self) -> EppConfig:
-        if self.discovery.pool_name and (self.endpoints or self.endpoints_file):
+        kubernetes = self.discovery.pool_name or self.discovery.endpoint_selector
+        if kubernetes and (self.endpoints or self.endpoints_file):
             raise ValueError(
-                "discovery.pool_name (Kubernetes) and endpoints/endpoints_file (static) are "
+                "discovery.pool_name or endpoint_selector (Kubernetes) and "
+                "endpoints/endpoints_file (static) are "
                 "exclusive: choose one source of endpoints"
             )
         return self

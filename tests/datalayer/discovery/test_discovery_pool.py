@@ -14,8 +14,10 @@ from epp.datalayer.discovery.pool import (
     InvalidPool,
     endpoints_for_pool,
     parse_alpha_pool,
+    parse_label_selector,
     parse_pool,
     pod_serves,
+    standalone_pool,
 )
 
 CONFORMANCE = "gie-v1.6.0/conformance/base.yaml"
@@ -249,3 +251,32 @@ def test_parse_pool_rejects(case: str, obj: dict[str, Any]) -> None:
 
 def test_eight_ports_is_the_limit() -> None:
     assert len(parse_pool(pool("p", VLLM, range(8000, 8008))).target_ports) == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "pairs"),
+    [
+        ("app=x", (("app", "x"),)),
+        ("tier=gpu, app==x", (("app", "x"), ("tier", "gpu"))),
+        ("app=x,app=x", (("app", "x"),)),
+    ],
+)
+def test_label_selector(text: str, pairs: tuple[tuple[str, str], ...]) -> None:
+    assert parse_label_selector(text) == pairs
+
+
+@pytest.mark.parametrize(
+    "text", ["app", "app!=x", "app in (x,y)", "app=x,app=y", "=x", "app=x,", "a b=x"]
+)
+def test_label_selector_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="label selector"):
+        parse_label_selector(text)
+
+
+def test_standalone_pool() -> None:
+    spec = standalone_pool("standalone", "app=vllm", [8000, 8001])
+    assert (spec.label_selector, spec.target_ports) == ("app=vllm", (8000, 8001))
+    assert spec.endpoint_picker_ref is None and spec.app_protocol == "http"
+    for ports in ([], [8000, 8000], list(range(8000, 8009)), [0]):
+        with pytest.raises(InvalidPool):
+            standalone_pool("standalone", "app=vllm", ports)

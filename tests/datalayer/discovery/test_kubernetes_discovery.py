@@ -30,6 +30,7 @@ from epp.datalayer.discovery.kubernetes import (
     crd_installed,
     default_namespace,
 )
+from epp.datalayer.discovery.pool import standalone_pool
 from epp.datalayer.discovery.reflector import WatchSettings
 from epp.datalayer.kubernetes_resources import (
     INFERENCE_MODEL,
@@ -693,3 +694,23 @@ async def test_the_pools_app_protocol_and_picker_ref_are_exposed(
     h2c["spec"]["appProtocol"] = "http"
     standin.apply(INFERENCE_POOL, admitted(h2c), NS)
     await until(lambda: d.state().app_protocol == "http", "appProtocol http")
+
+
+async def test_standalone_pods_of_a_label_selector_without_a_pool(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    standin.apply(INFERENCE_POOL, admitted(pool("pool", {"app": "other"}, [9000])), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    step(standin, pod("b", {"app": "other"}, "10.0.0.2"))
+    rec = Recorder()
+    d = await discovery_factory(rec, standalone=standalone_pool("standalone", "app=vllm", [8000]))
+    await asyncio.wait_for(d.synced.wait(), WAIT_S)
+    assert rec.last == [("a", "10.0.0.1:8000")]
+    step(standin, pod("c", VLLM, "10.0.0.3"))
+    await until(lambda: len(rec.last) == 2, "c")
+    # Only the pods were read: no pool, no model CRD (not even API discovery), as upstream.
+    assert {s.path for s in standin.requests} == {f"/api/v1/namespaces/{NS}/pods"}
+    assert standin.seen(POD)[0].query["labelSelector"] == "app=vllm"
+    state = d.state()
+    assert state.pool_found and state.pool_api is None and state.last_sync_ok
+    assert rec.models == []

@@ -187,6 +187,10 @@ class KubernetesDiscovery:
     `await start()` on the loop that should receive the callbacks; `await stop()` ends
     the threads (an open watch is cut at once). `synced` is set once the first endpoint
     list was delivered; `state()` is a snapshot of the counters for metrics.
+
+    `standalone` (a `pool.standalone_pool` spec): no InferencePool, the pods of that
+    label selector and ports (upstream's `--endpoint-selector`/`--endpoint-target-ports`);
+    as upstream, no model CRD is read then.
     """
 
     def __init__(
@@ -200,10 +204,12 @@ class KubernetesDiscovery:
         settings: WatchSettings | None = None,
         read_models: bool = True,
         pool_group: str = POOL_GROUP,
+        standalone: PoolSpec | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool_name = pool_name
+        self.standalone = standalone
         self.pool_group = pool_group
         self.pool_resource = pool_resource(pool_group)  # ValueError for an unknown group
         self._parse_pool = (
@@ -238,9 +244,17 @@ class KubernetesDiscovery:
                 **kwargs,
             )
 
-        self._pool = reflector(self.pool_resource, field_selector=f"metadata.name={pool_name}")
         self._pods = reflector(POD, needs_label_selector=True)
-        self._reflectors = [self._pool, self._pods]
+        self._reflectors = [self._pods]
+        if standalone is None:
+            self._reflectors.insert(
+                0,
+                reflector(self.pool_resource, field_selector=f"metadata.name={pool_name}"),
+            )
+        else:
+            self._view.pool, self._view.pool_synced = standalone, True
+            self._pods.set_label_selector(standalone.label_selector)
+            read_models = False
         self._both_served_logged: set[str] = set()
         if read_models:
             for resource in MODEL_RESOURCES:
@@ -260,7 +274,8 @@ class KubernetesDiscovery:
             "discovery_started",
             mode="kubernetes",
             pool=self.pool_name,
-            pool_api=self.pool_resource.api_version,
+            pool_api=None if self.standalone else self.pool_resource.api_version,
+            selector=self.standalone.label_selector if self.standalone else None,
             namespace=self.namespace,
             models=self._read_models,
         )
@@ -297,7 +312,7 @@ class KubernetesDiscovery:
             resources=stats,
             pool_found=pool is not None,
             problems=(self._view.pool_problem,) if self._view.pool_problem else (),
-            pool_api=self.pool_resource.api_version,
+            pool_api=None if self.standalone else self.pool_resource.api_version,
             app_protocol=pool.app_protocol if pool is not None else None,
             endpoint_picker_ref=(
                 pool.endpoint_picker_ref.as_dict()

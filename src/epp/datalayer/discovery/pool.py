@@ -187,6 +187,40 @@ def parse_alpha_pool(obj: Obj) -> PoolSpec:
     )
 
 
+def parse_label_selector(text: str) -> tuple[tuple[str, str], ...]:
+    """`k=v,k2=v2` (`==` too: equality terms only, as Kubernetes writes them) -> sorted
+    pairs; ValueError naming the term that is not one."""
+    pairs: dict[str, str] = {}
+    for term in (t.strip() for t in text.split(",")):
+        key, sep, value = term.replace("==", "=").partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or "!" in key or " " in key or "=" in value or " " in value:
+            raise ValueError(
+                f"label selector term {term!r}: only key=value terms are supported (in {text!r})"
+            )
+        if pairs.get(key, value) != value:
+            raise ValueError(f"label selector {text!r}: {key!r} is given two values")
+        pairs[key] = value
+    return tuple(sorted(pairs.items()))
+
+
+def standalone_pool(name: str, selector: str, target_ports: Iterable[int]) -> PoolSpec:
+    """The pods of a label selector without an InferencePool (upstream's
+    `--endpoint-selector` / `--endpoint-target-ports`), as a pool spec; `InvalidPool`."""
+    try:
+        labels = parse_label_selector(selector)
+    except ValueError as exc:
+        raise InvalidPool(str(exc)) from None
+    ports = list(target_ports)
+    if not 1 <= len(ports) <= MAX_TARGET_PORTS or len(set(ports)) != len(ports):
+        raise InvalidPool(f"target ports must be 1 to {MAX_TARGET_PORTS} distinct ports: {ports}")
+    return PoolSpec(
+        name=name,
+        selector=_selector(name, dict(labels)),
+        target_ports=tuple(_port(name, p, "target port") for p in ports),
+    )
+
+
 def pod_serves(pod: Obj) -> bool:
     """Ready=True, not terminating, and has an IP."""
     metadata = _mapping(pod.get("metadata"))
