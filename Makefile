@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo run test typecheck lint format clean deploy-configs bench bench-virtual bench-overhead bench-live vllm-setup
+.PHONY: setup demo run test typecheck lint format clean deploy-configs image-lock bench bench-virtual bench-overhead bench-live vllm-setup
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -66,6 +66,15 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format src tests
 	$(BIN)/ruff check --fix src tests
+
+# The image's locks (requirements/image.lock, requirements/image-build.lock): pyproject's
+# runtime dependencies and build requirements, exact versions with sha256 hashes, resolved
+# by uv (pinned here) for the Dockerfile's Python on Linux. Run after changing either.
+UV_VERSION := 0.13.8
+image-lock: $(STAMP)
+	@$(BIN)/uv --version 2>/dev/null | grep -qE '^uv $(UV_VERSION)( |$$)' \
+	    || $(BIN)/python -m pip install --quiet --disable-pip-version-check 'uv==$(UV_VERSION)'
+	$(BIN)/python tools/image_lock.py --uv $(BIN)/uv
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
