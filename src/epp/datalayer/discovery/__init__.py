@@ -1,7 +1,8 @@
 """Discovery: which endpoints (and which models) the EPP routes to.
 
-- `KubernetesDiscovery` (kubernetes.py): an InferencePool's Ready pods, watched; the
-  InferenceModel/InferenceObjective model table when those CRDs are installed.
+- `KubernetesDiscovery` (kubernetes.py): an InferencePool's (or a label selector's)
+  Ready pods, watched; the InferenceModel / InferenceObjective / InferenceModelRewrite
+  model table when those CRDs are installed.
 - `EndpointsFileWatcher` (file.py): the static endpoints file, watched and reloaded.
 
 Both deliver the whole current `list[EndpointConfig]` to a callback on the asyncio loop
@@ -19,6 +20,7 @@ from epp.datalayer.discovery.models import (
     OBJECTIVE_HEADER,
     ModelRoute,
     ModelTable,
+    RewriteRule,
     TargetModel,
     build_model_table,
 )
@@ -35,6 +37,7 @@ __all__ = [
     "ModelTable",
     "PoolSpec",
     "ResourceStats",
+    "RewriteRule",
     "TargetModel",
     "build_model_table",
     "endpoints_for_pool",
