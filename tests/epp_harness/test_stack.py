@@ -116,6 +116,12 @@ def test_epp_stack_routes_through_the_picker(tmp_path: Path, plaintext: bool) ->
         assert stack.epp_metrics_url is not None
         with urllib.request.urlopen(stack.epp_metrics_url, timeout=5) as response:
             assert response.status == 200
+        # Envoy took the lifted circuit breakers (its default is 1,024 per cluster).
+        with urllib.request.urlopen(f"{stack.envoy_admin_url}/clusters", timeout=5) as response:
+            clusters = response.read().decode()
+        for cluster in ("epp", "pods"):
+            for limit in ("max_connections", "max_pending_requests", "max_requests"):
+                assert f"{cluster}::default_priority::{limit}::4294967295" in clusters
         pids = stack.pids
     assert not any(_alive(pid) for pid in pids.values())
     # A work directory the caller chose is kept, logs included.
