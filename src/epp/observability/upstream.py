@@ -293,6 +293,10 @@ class UpstreamMetrics:
             registry=r,
         )
         r.register(_ScrapeCollector(self))
+        # Children used on every routed request, looked up once.
+        self._hit_ratio = self.hit_ratio.labels(*PREFIX_PLUGIN)
+        self._attempts: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     # -- wiring (Router.__init__, EppMetrics.watch / set_limits) ------------------------------
     def configure(self, *, pool: str | None, namespace: str | None, flow_enabled: bool) -> None:
@@ -366,12 +370,18 @@ class UpstreamMetrics:
         self.scheduler_old.observe(schedule_s)
         self.scheduler.observe(schedule_s)
         self.hit_ratio_old.observe(best_match)
-        self.hit_ratio.labels(*PREFIX_PLUGIN).observe(best_match)
-        port = endpoint.address.rpartition(":")[2]
+        self._hit_ratio.observe(best_match)
         target = labels.target_model_name if labels is not None else ""
-        attempt = ("success", target, endpoint.name, self.namespace, port)
-        self.attempts_old.labels(*attempt).inc()
-        self.attempts.labels(*attempt).inc()
+        pair = self._attempts.get((target, endpoint.name, endpoint.address))
+        if pair is None:
+            port = endpoint.address.rpartition(":")[2]
+            attempt = ("success", target, endpoint.name, self.namespace, port)
+            pair = self._attempts[(target, endpoint.name, endpoint.address)] = (
+                self.attempts_old.labels(*attempt),
+                self.attempts.labels(*attempt),
+            )
+        pair[0].inc()
+        pair[1].inc()
         if labels is None:
             return
         labels.endpoint = endpoint.name
@@ -448,8 +458,9 @@ class UpstreamMetrics:
         if labels is None or not self.flow_enabled:
             return
         spent = time.perf_counter() - started
-        self.enqueue_old.labels(labels.fairness_id, labels.priority, outcome).observe(spent)
-        self.enqueue.labels(labels.fairness_id, labels.priority, outcome).observe(spent)
+        key = (labels.fairness_id, labels.priority, outcome)
+        self._child(self.enqueue_old, key).observe(spent)
+        self._child(self.enqueue, key).observe(spent)
         if outcome != NOT_YET_FINALIZED:
             self.finished(labels, outcome, started)
 
@@ -460,9 +471,9 @@ class UpstreamMetrics:
         spent = time.perf_counter() - started
         fairness, priority, pool = labels.fairness_id, labels.priority, self.pool
         key = (fairness, priority, outcome, pool, labels.model_name, labels.target_model_name)
-        self.queue_duration_old.labels(*key).observe(spent)
-        self.queue_duration.labels(*key).observe(spent)
-        self.flow_requests.labels(outcome, labels.priority, self.pool).inc()
+        self._child(self.queue_duration_old, key).observe(spent)
+        self._child(self.queue_duration, key).observe(spent)
+        self._child(self.flow_requests, (outcome, priority, pool)).inc()
 
     def waiting(self, labels: RequestLabels | None, size: int, delta: int) -> None:
         """A request joined (+1) or left (-1) the EPP's waiting queue."""
@@ -471,9 +482,16 @@ class UpstreamMetrics:
         fairness, priority, pool = labels.fairness_id, labels.priority, self.pool
         key = (fairness, priority, pool, labels.model_name, labels.target_model_name)
         for gauge in (self.queue_size_old, self.queue_size):
-            gauge.labels(*key).inc(delta)
+            self._child(gauge, key).inc(delta)
         for gauge in (self.queue_bytes_old, self.queue_bytes):
-            gauge.labels(*key).inc(delta * size)
+            self._child(gauge, key).inc(delta * size)
+
+    def _child(self, metric: Any, key: tuple[str, ...]) -> Any:
+        """`metric.labels(*key)`, looked up once (label values are bounded)."""
+        child = self._children.get((id(metric), key))
+        if child is None:
+            child = self._children[(id(metric), key)] = metric.labels(*key)
+        return child
 
     def dispatch_cycle(self, spent_s: float) -> None:
         self.cycle_old.observe(spent_s)
