@@ -330,3 +330,46 @@ def test_requests_waiting_in_admission_are_counted_in_and_out():
     assert [s.value for s in running] == [0.0]
     durations = _samples(after, "inference_objective_request_duration_seconds_count")
     assert sum(s.value for s in durations) == 4
+
+
+def test_a_response_end_the_observer_saw_records_duration_ttft_size_and_pod_errors():
+    """The observer filter's stream (as Envoy sends it) hands its response headers' time
+    and content-length to `Router.complete`: request duration, TTFT and response size,
+    and a pod's 500 counted as ModelServerError for the request's model."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from extproc.fakes import header_map
+
+    from epp.extproc.messages import ROUTE_TOKEN_HEADER
+    from epp.extproc.observer import ObserverStream
+
+    service = _service()
+    router, metrics = service.router, service.metrics
+    ends = []
+    for n, status in enumerate(("200", "500")):
+        routed = router.route_now(path="/v1/chat/completions", body=_body("m"), request_id=f"r{n}")
+        observer = ObserverStream()
+        request = header_map([(ROUTE_TOKEN_HEADER, routed.token)])
+        observer.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=request)))
+        response = header_map([(":status", status), ("content-length", "321")])
+        headers = pb.HttpHeaders(headers=response, end_of_stream=True)
+        end = observer.feed(pb.ProcessingRequest(response_headers=headers))
+        assert end is not None and end.response_bytes == 321 and end.first_byte_at
+        router.complete(end.token, end.status, end.served_address, end.first_byte_at, 321)
+        ends.append(end)
+    page = metrics.exposition().decode()
+    labels = {"model_name": "m", "target_model_name": "m"}
+
+    def total(name: str, **more: str) -> float:
+        wanted = {**labels, **more}
+        return sum(
+            s.value
+            for s in _samples(page, name)
+            if all(s.labels.get(k) == v for k, v in wanted.items())
+        )
+
+    assert total("inference_objective_request_duration_seconds_count") == 2
+    assert total("inference_objective_response_sizes_sum") == 642
+    assert total("llm_d_epp_request_ttft_seconds_count", streaming="false") == 2
+    assert total("inference_objective_request_error_total", error_code="ModelServerError") == 1
+    assert total("llm_d_epp_request_error_total", fairness_id="default-flow") == 1
+    assert total("inference_objective_request_total") == 2
