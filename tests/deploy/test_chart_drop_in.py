@@ -433,13 +433,66 @@ def test_every_cel_rule_of_the_inference_crds_is_evaluated():
     assert rules and rules <= set(CEL_RULES)
 
 
-def test_unevaluated_cel_rules_are_reported_not_hidden(render_chart):
-    """Gateway API's and Istio's CEL rules are not run (no CEL here): the report names them."""
-    rendered = render_chart(VALUES_ALL)
-    report = validation_report(rendered.objects, KUBE_VERSION)
-    assert report.errors == []
-    assert any(u.startswith("HTTPRoute ") for u in report.unevaluated)
-    assert not any(u.split()[0].startswith("Inference") for u in report.unevaluated)
+def test_cel_rules_of_every_render_are_evaluated(render_chart):
+    for values in ((), (VALUES_ALL,), (VALUES_UPSTREAM,)):
+        report = validation_report(render_chart(*values).objects, KUBE_VERSION)
+        assert report.unevaluated == [] and report.errors == []
+
+
+def test_a_cel_rule_without_translation_fails(render_chart):
+    route = copy.deepcopy(render_chart().one("HTTPRoute"))
+    route["spec"]["rules"][0]["filters"] = [
+        {
+            "type": "RequestHeaderModifier",
+            "requestHeaderModifier": {"set": [{"name": "x", "value": "y"}]},
+        }
+    ]
+    report = validation_report([route], KUBE_VERSION)
+    assert report.unevaluated
+    assert any("CEL rule not evaluated" in e for e in report.errors)
+
+
+def _route_and_gateway(render_chart) -> tuple[dict, dict]:
+    rendered = render_chart(set=["gateway.create=true", "gateway.className=istio"])
+    return copy.deepcopy(rendered.one("HTTPRoute")), copy.deepcopy(rendered.one("Gateway"))
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (lambda r, g: r["spec"]["rules"][0]["matches"][0]["path"].update(value="/a//b"), "rules"),
+        (lambda r, g: r["spec"]["rules"][0]["matches"][0]["path"].update(value="/a b"), "rules"),
+        (
+            lambda r, g: r["spec"]["parentRefs"].append(dict(r["spec"]["parentRefs"][0])),
+            "parentRefs",
+        ),
+        (
+            lambda r, g: r["spec"]["rules"][0]["timeouts"].update(backendRequest="700s"),
+            "timeouts",
+        ),
+        (lambda r, g: g["spec"]["listeners"].append(dict(g["spec"]["listeners"][0])), "listeners"),
+        (
+            lambda r, g: g["spec"]["listeners"][0].update(tls={"mode": "Terminate"}),
+            "listeners",
+        ),
+    ],
+    ids=[
+        "double-slash",
+        "bad-char",
+        "duplicate-parent",
+        "backend-timeout",
+        "dup-listener",
+        "http-tls",
+    ],
+)
+def test_gateway_api_cel_translations_reject_what_the_api_server_would(
+    render_chart, breakage, message
+):
+    route, gateway = _route_and_gateway(render_chart)
+    assert validation_report([route, gateway], KUBE_VERSION).errors == []
+    breakage(route, gateway)
+    errors = validation_report([route, gateway], KUBE_VERSION).errors
+    assert errors and all(message in e for e in errors), errors
 
 
 @pytest.mark.parametrize(
