@@ -69,12 +69,13 @@ format: $(STAMP)
 
 # The image's locks (requirements/image.lock, requirements/image-build.lock): pyproject's
 # runtime dependencies and build requirements, exact versions with sha256 hashes, resolved
-# by uv (pinned here) for the Dockerfile's Python on Linux. Run after changing either.
+# by uv (pinned here) for the Dockerfile's Python on Linux. Run after changing either;
+# `make image-lock ARGS=--upgrade` moves every pin to the newest release.
 UV_VERSION := 0.13.8
 image-lock: $(STAMP)
 	@$(BIN)/uv --version 2>/dev/null | grep -qE '^uv $(UV_VERSION)( |$$)' \
 	    || $(BIN)/python -m pip install --quiet --disable-pip-version-check 'uv==$(UV_VERSION)'
-	$(BIN)/python tools/image_lock.py --uv $(BIN)/uv
+	$(BIN)/python tools/image_lock.py --uv $(BIN)/uv $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

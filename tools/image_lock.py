@@ -9,10 +9,11 @@ Both are resolved by `uv pip compile` for the Dockerfile's own Python (the versi
 FROM lines) on Linux, and hold the hashes of every file of each pinned release (all
 architectures), so `pip install --require-hashes` works on amd64 and arm64 alike.
 
-    .venv/bin/python tools/image_lock.py [--uv PATH]
+    .venv/bin/python tools/image_lock.py [--uv PATH] [--upgrade]
 
 Run it after changing a dependency in pyproject.toml or the base image's Python version;
-tests/deploy/test_dockerfile.py fails while the lock and pyproject.toml disagree.
+tests/deploy/test_dockerfile.py fails while the lock and pyproject.toml disagree. Pins
+already in a lock are kept while they still fit; --upgrade takes the newest releases.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ def image_python_version(dockerfile: Path = DOCKERFILE) -> str:
 
 
 def compile_lock(
-    uv: str, requirements: list[str], out: Path, python_version: str, source_name: str
+    uv: str,
+    requirements: list[str],
+    out: Path,
+    python_version: str,
+    source_name: str,
+    upgrade: bool,
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # A relative name that says where the requirements come from: the lock's "# via"
@@ -62,6 +68,7 @@ def compile_lock(
             "--custom-compile-command", COMPILE_COMMAND,
             "--quiet",
             "--output-file", str(out),
+            *(["--upgrade"] if upgrade else []),
         ]  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(command, cwd=tmp, check=True)
@@ -70,6 +77,7 @@ def compile_lock(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uv", default=shutil.which("uv"), help="the uv executable")
+    parser.add_argument("--upgrade", action="store_true", help="newest releases, not the pins")
     args = parser.parse_args()
     if not args.uv:
         sys.exit("uv not found: pip install uv (make image-lock installs a pinned one)")
@@ -82,6 +90,7 @@ def main() -> None:
         RUNTIME_LOCK,
         python_version,
         "pyproject.toml-project.dependencies",
+        args.upgrade,
     )
     compile_lock(
         uv,
@@ -89,6 +98,7 @@ def main() -> None:
         BUILD_LOCK,
         python_version,
         "pyproject.toml-build-system.requires",
+        args.upgrade,
     )
     print(f"wrote {RUNTIME_LOCK.relative_to(ROOT)} and {BUILD_LOCK.relative_to(ROOT)} "
           f"for Python {python_version} on Linux")  # fmt: skip
