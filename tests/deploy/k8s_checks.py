@@ -271,7 +271,8 @@ def check_wiring(
     for kind in ("InferenceModel", "InferenceObjective", "InferenceModelRewrite"):
         for name, model in _by(objects, kind).items():
             ref = model["spec"]["poolRef"]
-            if ref["name"] not in pools or ref.get("group") != "inference.networking.k8s.io":
+            pool_groups = {"inference.networking.k8s.io", "inference.networking.x-k8s.io"}
+            if ref["name"] not in pools or ref.get("group") not in pool_groups:
                 problems.append(f"{kind} {name}: pool {ref} missing")
     for name, rule in _by(objects, "DestinationRule").items():
         host = rule["spec"]["host"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.conftest import KUBE_VERSION, VALUES_ALL, VALUES_UPSTREAM
+from deploy.conftest import KUBE_VERSION, VALUES_ALL, VALUES_STATIC, VALUES_UPSTREAM
 from deploy.crd_schemas import (
     CEL_RULES,
     FIXTURES,
@@ -42,6 +42,7 @@ from deploy.k8s_checks import (
     epp_container,
     validation_report,
 )
+from epp.app import config_from_args, parse_serve_args
 from epp.config import EppConfig
 
 PROVIDERS = ["none", "istio", "gke", "kgateway", "envoy-ai-gateway"]
@@ -535,3 +536,80 @@ def test_gke_policies_are_checked_only_against_our_schemas(render_chart):
     broken = copy.deepcopy(rendered.one("GCPBackendPolicy"))
     broken["spec"]["default"]["timeoutSecs"] = 300
     assert validation_report([broken], KUBE_VERSION).errors
+
+
+# --- what `epp serve` makes of the rendered Deployment ------------------------------------
+
+
+def effective_config(rendered, tmp_path: Path, namespace: str) -> EppConfig:
+    """The EppConfig `epp serve` builds from the rendered container's args (through its
+    real argument parsing, upstream flags included) and the rendered config file, with the
+    paths the pod mounts moved under tmp_path and $(POD_NAMESPACE) expanded as the kubelet
+    does."""
+    container = epp_container(rendered.objects)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(epp_config_text(rendered.objects))
+    endpoints = [
+        o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-endpoints")
+    ]
+    args = []
+    for arg in container["args"]:
+        arg = arg.replace("$(POD_NAMESPACE)", namespace)
+        if arg.startswith("--config="):
+            arg = f"--config={config_file}"
+        elif arg.startswith("--endpoints="):
+            path = tmp_path / "endpoints.yaml"
+            path.write_text(endpoints[0]["data"]["endpoints.yaml"])
+            arg = f"--endpoints={path}"
+        args.append(arg)
+    parsed, upstream = parse_serve_args(args)
+    return config_from_args(parsed, upstream)
+
+
+@pytest.mark.parametrize(
+    ("values", "sets"),
+    [
+        ((), []),
+        ((VALUES_ALL,), []),
+        ((VALUES_UPSTREAM,), []),
+        ((VALUES_STATIC,), []),
+        ((), ["tls.secureServing=false", "replicaCount=2"]),
+        ((), ["pool.create=false", "pool.group=inference.networking.x-k8s.io"]),
+    ],
+    ids=["defaults", "values-all", "values-upstream", "values-static", "plaintext", "alpha-pool"],
+)
+def test_epp_serve_builds_the_intended_config_from_the_render(render_chart, tmp_path, values, sets):
+    rendered = render_chart(*values, set=sets, namespace="llm")
+    config = effective_config(rendered, tmp_path, "llm")
+    (deployment,) = [
+        d
+        for d in rendered.of_kind("Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "endpoint-picker"
+    ]
+    service = rendered.one("Service", deployment["metadata"]["name"])
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert config.server.grpc_port == ports["grpc-ext-proc"]
+    assert config.server.metrics_port == ports["http-metrics"]
+    probe_port = epp_container(rendered.objects)["readinessProbe"]["grpc"]["port"]
+    assert config.server.grpc_health_port == probe_port
+    assert config.server.secure_serving is ("tls.secureServing=false" not in sets)
+    if rendered.of_kind("InferencePool") or "pool.create=false" in sets:
+        assert config.discovery.pool_namespace == "llm"
+        assert (
+            config.discovery.pool_name
+            == (rendered.one("HTTPRoute")["spec"]["rules"][0]["backendRefs"][0]["name"])
+        )
+    if "pool.group=inference.networking.x-k8s.io" in sets:
+        assert config.discovery.pool_group == "inference.networking.x-k8s.io"
+        (backend,) = rendered.one("HTTPRoute")["spec"]["rules"][0]["backendRefs"]
+        assert backend["group"] == "inference.networking.x-k8s.io"
+
+
+def test_upstream_flags_in_extra_args_reach_the_config(render_chart, tmp_path):
+    values = {
+        "extraArgs": ["--zap-encoder=json", "-v=4", "--tracing=false", "--grpc-health-port=9003"]
+    }
+    rendered = render_with(render_chart, values)
+    config = effective_config(rendered, tmp_path, "default")
+    assert config.log_format == "json"
+    assert config.log_level == "debug"

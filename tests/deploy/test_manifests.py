@@ -361,6 +361,8 @@ def test_existing_pool_is_referenced_not_created(render_chart):
             "standaloneEnvoy has no client certificate",
         ),
         (["models.x=1"], "models: is gone"),
+        (["pool.group=inference.networking.x-k8s.io"], "pool.create renders"),
+        (["pool.group=example.com"], "pool.group must be"),
         (["provider.name=nginx"], "provider.name must be"),
         (["inferenceApiGroup=example.com"], "inferenceApiGroup must be"),
         (["gateway.create=true"], "gateway.className is required"),

@@ -125,6 +125,12 @@ types and enums when Helm installs; these hold for any renderer).
 {{- if not (has .Values.legacyInferenceModels.render (list "ifServed" "always")) -}}
 {{- fail (printf "legacyInferenceModels.render must be ifServed or always, got %v" .Values.legacyInferenceModels.render) -}}
 {{- end -}}
+{{- if not (has .Values.pool.group (list "inference.networking.k8s.io" "inference.networking.x-k8s.io")) -}}
+{{- fail (printf "pool.group must be inference.networking.k8s.io or inference.networking.x-k8s.io, got %v" .Values.pool.group) -}}
+{{- end -}}
+{{- if and .Values.pool.create (ne .Values.pool.group "inference.networking.k8s.io") -}}
+{{- fail "pool.create renders an inference.networking.k8s.io/v1 InferencePool: with pool.group inference.networking.x-k8s.io set pool.create=false (an existing v1alpha2 pool)" -}}
+{{- end -}}
 {{- if not (has .Values.pool.appProtocol (list "" "http" "kubernetes.io/h2c")) -}}
 {{- fail (printf "pool.appProtocol must be empty, http or kubernetes.io/h2c, got %v" .Values.pool.appProtocol) -}}
 {{- end -}}
