@@ -256,6 +256,26 @@ def test_istio_destination_rule_originates_tls_to_the_epp_service(render_chart):
     assert rule["spec"]["trafficPolicy"]["connectionPool"]["http"] == {
         "maxRequestsPerConnection": 256000
     }
+    # A tls of one's own replaces the unverified one.
+    own = render_with(
+        render_chart,
+        {
+            "provider": {
+                "name": "istio",
+                "istio": {
+                    "destinationRule": {
+                        "trafficPolicy": {
+                            "tls": {"mode": "SIMPLE", "caCertificates": "/etc/ca.pem"}
+                        }
+                    }
+                },
+            }
+        },
+    )
+    assert own.one("DestinationRule")["spec"]["trafficPolicy"] == {
+        "tls": {"mode": "SIMPLE", "caCertificates": "/etc/ca.pem"}
+    }
+    checked(own, external_gateways={"default/inference-gateway"})
 
 
 def test_istio_rule_is_the_upstream_charts_rule(render_chart):
