@@ -1,13 +1,12 @@
 """The EPP container `args:` of the upstream manifests and charts, read from the files under
 tests/fixtures/upstream (never copied by hand): GIE's conformance base manifest (v1.6.0),
 GIE v0.5.0's manifest and chart (Go flag syntax, camelCase), and the llm-d router's chart
-(v0.10.0). The charts are rendered with tools/helm_render (tests/deploy/conftest.py).
+(v0.10.0) and GIE v1.5.0's chart. The charts are rendered with tools/helm_render
+(tests/deploy/conftest.py).
 
-The llm-d router's chart (`llm-d-router-gateway`) takes its templates from a library
-subchart (`routerlib`, alias `router`), and helm_render renders no subcharts. `llm_d_chart`
-lays out in a scratch directory what Helm would: the parent's templates plus the library's
-(under templates/router/), and the library's values.yaml under the alias key as the
-defaults, which the parent's values.yaml then overrides (given as the first `-f`).
+The llm-d router's chart and GIE v1.5.0's take their templates from a library subchart
+(`routerlib`, `epplib`), and helm_render renders no subcharts: `with_library` lays out in
+a scratch directory what Helm would (see its docstring).
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ GIE_V05_MANIFEST = UPSTREAM / "gie-v0.5.0" / "manifests" / "inferencepool-resour
 GIE_V05_CHART = UPSTREAM / "gie-v0.5.0" / "charts" / "inferencepool"
 LLM_D_CHARTS = UPSTREAM / "llm-d-router-v0.10.0" / "charts"
 LLM_D_VALUES = LLM_D_CHARTS / "llm-d-router-gateway" / "values.yaml"
+GIE_V15_CHARTS = UPSTREAM / "gie-v1.5.0" / "charts"
+GIE_V15_VALUES = GIE_V15_CHARTS / "inferencepool" / "values.yaml"
 
 
 def documents(text: str) -> list[dict[str, Any]]:
@@ -59,23 +60,36 @@ def gie_v05_manifest_objects() -> list[dict[str, Any]]:
     return documents(GIE_V05_MANIFEST.read_text())
 
 
-def llm_d_chart(scratch: Path) -> Path:
-    """The llm-d router's chart with its library subchart laid out for helm_render."""
-    chart = scratch / "llm-d-router-gateway"
+def with_library(parent: Path, library: Path, scratch: Path) -> Path:
+    """`parent` with its one library subchart (`library`, under the dependency's alias)
+    laid out for helm_render: the library's templates under templates/<alias>/, its
+    values.yaml under the alias key as the defaults (the parent's values.yaml is then
+    given as the first `-f`, as Helm coalesces the parent's values over the subchart's)."""
+    chart = scratch / parent.name
     if chart.exists():
         shutil.rmtree(chart)
-    (chart / "templates" / "router").mkdir(parents=True)
-    parent = LLM_D_CHARTS / "llm-d-router-gateway"
     meta = yaml.safe_load((parent / "Chart.yaml").read_text())
     (alias,) = [dep["alias"] for dep in meta.pop("dependencies")]
+    (chart / "templates" / alias).mkdir(parents=True)
     (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
     for template in (parent / "templates").iterdir():
         shutil.copy(template, chart / "templates" / template.name)
-    for template in (LLM_D_CHARTS / "routerlib" / "templates").iterdir():
-        shutil.copy(template, chart / "templates" / "router" / template.name)
-    library_values = yaml.safe_load((LLM_D_CHARTS / "routerlib" / "values.yaml").read_text())
+    for template in (library / "templates").iterdir():
+        shutil.copy(template, chart / "templates" / alias / template.name)
+    library_values = yaml.safe_load((library / "values.yaml").read_text())
     (chart / "values.yaml").write_text(yaml.safe_dump({alias: library_values}))
     return chart
+
+
+def llm_d_chart(scratch: Path) -> Path:
+    """The llm-d router's chart (`llm-d-router-gateway` on the `routerlib` library)."""
+    return with_library(LLM_D_CHARTS / "llm-d-router-gateway", LLM_D_CHARTS / "routerlib", scratch)
+
+
+def gie_v15_chart(scratch: Path) -> Path:
+    """GIE v1.5.0's chart (`inferencepool` on the `epplib` library), the last GIE release
+    with the EPP charts."""
+    return with_library(GIE_V15_CHARTS / "inferencepool", GIE_V15_CHARTS / "epplib", scratch)
 
 
 # Values an operator of the llm-d router's chart sets (its values.yaml marks matchLabels
@@ -93,4 +107,18 @@ LLM_D_STANDALONE_VALUES: dict[str, Any] = {
         "modelServers": {"matchLabels": {"app": "vllm"}},
         "inferencePool": {"create": False},
     }
+}
+
+# GIE v1.5.0's chart as its README's examples set it: several replicas, extra flags (its
+# `flags:` map renders `--key` then `"value"`), a Triton model server (legacy metric flags).
+GIE_V15_OPERATOR_VALUES: dict[str, Any] = {
+    "inferenceExtension": {
+        "replicas": 3,
+        "flags": {"v": 3, "secure-serving": False, "refresh-metrics-interval": "100ms"},
+        "monitoring": {"prometheus": {"auth": {"enabled": False}}},
+    },
+    "inferencePool": {
+        "modelServers": {"matchLabels": {"app": "vllm"}},
+        "modelServerType": "triton-tensorrt-llm",
+    },
 }
