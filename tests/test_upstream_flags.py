@@ -22,6 +22,8 @@ import yaml
 from deploy.conftest import RenderError, helm_render_binary, render_chart  # noqa: F401
 from upstream_args import (
     GIE_V05_CHART,
+    GIE_V15_OPERATOR_VALUES,
+    GIE_V15_VALUES,
     LLM_D_OPERATOR_VALUES,
     LLM_D_STANDALONE_VALUES,
     LLM_D_VALUES,
@@ -29,6 +31,7 @@ from upstream_args import (
     conformance_objects,
     epp_containers,
     gie_v05_manifest_objects,
+    gie_v15_chart,
     llm_d_chart,
     plugins_files,
 )
@@ -96,6 +99,12 @@ SAMPLE_VALUES = {
     "pool-namespace": "ns",
     "cert-path": "/etc/epp/certs",
     "config-text": "scheduling: {max_queue: 3}",
+    "endpoint-selector": "app=vllm",
+}
+# Flags that are valid only together (as upstream's Validate has it).
+COMPANIONS = {
+    "endpoint-selector": ["--endpoint-target-ports", "8000"],
+    "endpoint-target-ports": ["--endpoint-selector", "app=vllm"],
 }
 
 
@@ -116,7 +125,7 @@ def test_every_upstream_flag_is_accepted(name, tmp_path):
             [f"{dashes}{name}", *value],
             [f"{dashes}{name}={v}" for v in value or ["true"]],
         ):
-            parsed, upstream = parse_serve_args(argv)
+            parsed, upstream = parse_serve_args([*argv, *COMPANIONS.get(key, [])])
             config_from_args(parsed, upstream)  # mapped values validate
             known = key in upstream_flags.MAPPED or key in upstream_flags.HONOURED
             assert known or key in OURS or upstream.ignored == [argv[0].split("=")[0]]
@@ -261,11 +270,48 @@ def test_llm_d_router_chart_standalone_args(render_chart, tmp_path):  # noqa: F8
         args, files = render_llm_d(render_chart, tmp_path, LLM_D_STANDALONE_VALUES)
     except RenderError as exc:
         pytest.fail(f"the llm-d router chart's standalone mode does not render: {exc}")
-    assert "--endpoint-selector" in args
+    assert "--endpoint-selector" in args and "--pool-name" not in args
     config, upstream = parse(with_local_config(args, files, tmp_path))
-    assert "--endpoint-selector" in upstream.ignored
-    assert any("--endpoint-selector" in note for note in upstream.notes)
+    assert upstream.ignored == ["--tracing"]
     assert config.discovery.pool_name is None
+    assert config.discovery.endpoint_selector == value_of(args, "--endpoint-selector")
+    ports = value_of(args, "--endpoint-target-ports")
+    assert ports and config.discovery.target_ports == [int(p) for p in ports.split(",")]
+
+
+@pytest.mark.parametrize("operator_values", [False, True])
+def test_gie_v15_chart_args(render_chart, tmp_path, operator_values):  # noqa: F811
+    files_ = [GIE_V15_VALUES]
+    if operator_values:
+        user = tmp_path / "operator-values.yaml"
+        user.write_text(yaml.safe_dump(GIE_V15_OPERATOR_VALUES))
+        files_.append(user)
+    else:
+        user = tmp_path / "required-values.yaml"  # the chart requires the pool's selector
+        user.write_text("inferencePool: {modelServers: {matchLabels: {app: vllm}}}\n")
+        files_.append(user)
+    rendered = render_chart(*files_, chart=gie_v15_chart(tmp_path), name="vllm", namespace="llm")
+    (container,) = epp_containers(rendered.objects)
+    args = container["args"]
+    check_all(args, plugins_files(rendered.objects), tmp_path)
+    config, upstream = parse(with_local_config(args, plugins_files(rendered.objects), tmp_path))
+    if operator_values:
+        # Its flags map renders `--secure-serving` `"false"`: read as the operator meant.
+        assert value_of(args, "--secure-serving") == "false"
+        assert config.server.secure_serving is False
+        assert "--lora-info-metric" in upstream.ignored  # `--lora-info-metric ""`
+        assert "--ha-enable-leader-election" in upstream.ignored
+
+
+def test_endpoint_target_ports_is_a_comma_list_and_adds_up():
+    config, _ = parse(
+        ["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "8000,8001",
+         "-endpointTargetPorts=8002"]
+    )  # fmt: skip
+    assert config.discovery.endpoint_selector == "app=vllm"
+    assert config.discovery.target_ports == [8000, 8001, 8002]
+    with pytest.raises(FlagError, match="invalid integer"):
+        parse(["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "http"])
 
 
 # --- Go's flag syntax ----------------------------------------------------------------------

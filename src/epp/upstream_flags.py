@@ -65,6 +65,8 @@ MAPPED: dict[str, str] = {
     "secure-serving": "server.secure_serving",
     "cert-path": "server.tls (DIR/tls.crt, DIR/tls.key)",
     "drain-timeout": "server.drain_timeout_s",
+    "endpoint-selector": "discovery.endpoint_selector (pods by label, no InferencePool)",
+    "endpoint-target-ports": "discovery.target_ports",
     "config-file": "--config when it is our format; an EndpointPickerConfig is not applied",
     "config-text": "as config-file, inline",
     "v": "log_level (<=2 info, 3-4 debug, >=5 trace)",
@@ -87,8 +89,6 @@ IGNORED = frozenset(
         "emit-endpoint-scores",
         "enable-grpc-stream-metrics",
         "enable-pprof",
-        "endpoint-selector",
-        "endpoint-target-ports",
         "grpc-max-recv-msg-size",
         "grpc-max-send-msg-size",
         "ha-enable-leader-election",
@@ -325,6 +325,14 @@ def _apply(result: UpstreamArgs, spelling: str, key: str, value: str | bool) -> 
         result.set("server.secure_serving", bool(value))
     elif key == "drain-timeout":
         result.set("server.drain_timeout_s", parse_duration(text, spelling))
+    elif key == "endpoint-selector":
+        if text:  # the llm-d chart renders "" when no matchLabels are set
+            result.set("discovery.endpoint_selector", text)
+    elif key == "endpoint-target-ports":
+        # pflag's IntSlice: comma-separated; a repeated flag adds to the list.
+        ports = result.overrides.get("discovery", {}).get("target_ports", [])
+        ports = [*ports, *(_int(p.strip(), spelling) for p in text.split(",") if p.strip())]
+        result.set("discovery.target_ports", ports)
     elif key == "config-file":
         result.config_file = Path(text) if text else None
         result.config_text = None
@@ -359,7 +367,6 @@ def _mapped(result: UpstreamArgs, spelling: str, key: str) -> None:
 
 
 def _finish(result: UpstreamArgs, raw: list[tuple[str, str, str | bool]]) -> None:
-    keys = [key for _, key, _ in raw]
     # As upstream's LoggingOptions.Complete: an explicit --zap-log-level wins over -v.
     result.log_level = result.zap_level or result.verbosity_level
     server = result.overrides.get("server", {})
@@ -371,12 +378,6 @@ def _finish(result: UpstreamArgs, raw: list[tuple[str, str, str | bool]]) -> Non
             result.mapped.pop(spelling, None)
         result.notes.append(
             f"{spellings[0]} is not used: --secure-serving=false serves plaintext, as upstream"
-        )
-    if "endpoint-selector" in keys or "endpoint-target-ports" in keys:
-        result.notes.append(
-            "--endpoint-selector / --endpoint-target-ports (standalone mode without an "
-            "InferencePool) are not supported: give --pool-name, or static endpoints "
-            "with --endpoints FILE"
         )
 
 
