@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import grpc
 import pytest
 from kube_standin import KubeStandIn, admitted, pod, pool, running, upstream_objects
 from kubernetes import client as k8s
@@ -354,3 +355,44 @@ async def test_standalone_discovery_from_the_config(standin: KubeStandIn, pods: 
 def test_standalone_config_errors(discovery: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         EppConfig.model_validate({"discovery": discovery})
+
+
+async def test_inference_extension_health_serves_once_the_pool_is_read_even_without_pods(
+    standin: KubeStandIn, pods: int, service: EppService
+) -> None:
+    """The upstream charts (one replica) and GIE's conformance manifests probe LIVENESS
+    with `inference-extension`, which the upstream EPP answers once its pool has synced,
+    pods or not. Tied to readiness, an EPP whose model servers are still loading would be
+    restarted by the kubelet until they are up."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+
+    async def status(name: str) -> int:
+        address = f"127.0.0.1:{service.grpc_health_port}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=name), timeout=3
+            )
+        return reply.status
+
+    async def until_status(name: str, want: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        while (got := await status(name)) != want:
+            if loop.time() > deadline:
+                raise AssertionError(f"{name!r}: {got}, wanted {want}")
+            await asyncio.sleep(0.02)
+
+    vllm = {"app": "vllm"}
+    standin.apply(INFERENCE_POOL, pool("pool", vllm, [pods]), NS)
+    standin.apply(POD, pod("loading", vllm, IPS[0], ready=False), NS)  # a model still loading
+    await until_status("inference-extension", serving)
+    assert service.synced and not service.ready
+    for name in ("readiness", ""):
+        assert await status(name) != serving, name  # no endpoint: not ready for traffic
+    assert await status("liveness") == serving
+
+    standin.apply(POD, pod("loading", vllm, IPS[0]), NS)  # loaded
+    await until_status("readiness", serving)
+    assert await status("inference-extension") == serving

@@ -222,6 +222,14 @@ class EppService:
             return False
         return len(self.store) > 0 and self.scraper.first_round.is_set()
 
+    @property
+    def synced(self) -> bool:
+        """Discovery delivered its first endpoint list (maybe empty), and not draining:
+        what the upstream EPP's `inference-extension` health name means."""
+        if self._draining:
+            return False
+        return self.discovery is None or self.discovery.state().last_sync_unix is not None
+
     def _discovery(self) -> Discovery | None:
         """Where endpoints come from; None: the static list in the config, fixed."""
         config = self.config.discovery
@@ -345,15 +353,16 @@ class EppService:
 
     async def _maintain(self) -> None:
         """Staleness grows with time alone; readiness follows the first scrape round."""
-        was_ready = False
+        was = (False, False)
         while True:
             self.store.refresh_health()
             self.router.tick()  # retry waiting requests, forget settled reservations
             self._check_precise_stale()
-            if self.ready != was_ready:
-                was_ready = self.ready
-                await self.health.set(live=True, ready=was_ready)
-                log.info("readiness_changed", ready=was_ready)
+            now = (self.ready, self.synced)
+            if now != was:
+                was = now
+                await self.health.set(live=True, ready=now[0], synced=now[1])
+                log.info("readiness_changed", ready=now[0], synced=now[1])
             await asyncio.sleep(HEALTH_REFRESH_S)
 
     def _check_precise_stale(self) -> None:

@@ -1,10 +1,12 @@
 """gRPC health on its own plaintext port (server.grpc_health_port), as the upstream EPP
 serves it on 9003: a real EppService with one simulated pod, asked over real gRPC.
 
-The names GKE and the upstream charts' probes ask for (`inference-extension`, `""`,
-`readiness`, the ext_proc service) follow readiness: NOT_SERVING before the first scrape
-and while draining; `liveness` is SERVING while the process runs. The same answers stay
-on the ext_proc port (9002), and a port in use is one clear error."""
+`""`, `readiness` and the ext_proc service follow readiness: NOT_SERVING before the
+first scrape and while draining; `inference-extension` (the upstream charts' liveness
+probe) is SERVING once discovery delivered its first list and NOT_SERVING while draining
+(tests/test_app_discovery.py proves it serves before any pod is ready); `liveness` is
+SERVING while the process runs. The same answers stay on the ext_proc port (9002), and a
+port in use is one clear error."""
 
 from __future__ import annotations
 
