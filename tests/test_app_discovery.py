@@ -357,16 +357,18 @@ def test_standalone_config_errors(discovery: dict, error: str) -> None:
         EppConfig.model_validate({"discovery": discovery})
 
 
-async def test_inference_extension_health_serves_once_the_pool_is_read_even_without_pods(
+async def test_grpc_health_serves_once_the_pool_is_read_even_without_pods(
     standin: KubeStandIn, pods: int, service: EppService
 ) -> None:
-    """The upstream charts (one replica) and GIE's conformance manifests probe LIVENESS
-    with `inference-extension`, which the upstream EPP answers once its pool has synced,
-    pods or not. Tied to readiness, an EPP whose model servers are still loading would be
-    restarted by the kubelet until they are up."""
+    """The upstream EPP answers every health name but `liveness` SERVING once its pool
+    synced, pods or not, and the upstream charts probe liveness with
+    `inference-extension`, readiness with it or `readiness`; GKE asks for "". Tied to
+    "pods known", an EPP whose model servers are still loading would be restarted by the
+    kubelet, or kept out of its Service so that no request could queue."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     serving = health_pb2.HealthCheckResponse.SERVING
+    names_ = ("inference-extension", "readiness", "", "envoy.service.ext_proc.v3.ExternalProcessor")
 
     async def status(name: str) -> int:
         address = f"127.0.0.1:{service.grpc_health_port}"
@@ -376,23 +378,25 @@ async def test_inference_extension_health_serves_once_the_pool_is_read_even_with
             )
         return reply.status
 
-    async def until_status(name: str, want: int) -> None:
+    async def until_serving(name: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_S
-        while (got := await status(name)) != want:
+        while (got := await status(name)) != serving:
             if loop.time() > deadline:
-                raise AssertionError(f"{name!r}: {got}, wanted {want}")
+                raise AssertionError(f"{name!r}: {got}, wanted SERVING")
             await asyncio.sleep(0.02)
 
+    for name in names_:  # no pool object read yet: not serving
+        assert await status(name) != serving, name
     vllm = {"app": "vllm"}
     standin.apply(INFERENCE_POOL, pool("pool", vllm, [pods]), NS)
     standin.apply(POD, pod("loading", vllm, IPS[0], ready=False), NS)  # a model still loading
-    await until_status("inference-extension", serving)
-    assert service.synced and not service.ready
-    for name in ("readiness", ""):
-        assert await status(name) != serving, name  # no endpoint: not ready for traffic
+    for name in names_:
+        await until_serving(name)
+    assert service.serving and not service.ready  # HTTP /ready still wants a pod
     assert await status("liveness") == serving
 
     standin.apply(POD, pod("loading", vllm, IPS[0]), NS)  # loaded
-    await until_status("readiness", serving)
-    assert await status("inference-extension") == serving
+    await until(lambda: service.ready, "the pod known and scraped")
+    for name in names_:
+        assert await status(name) == serving, name

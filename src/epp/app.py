@@ -218,17 +218,24 @@ class EppService:
 
     @property
     def ready(self) -> bool:
+        """HTTP /ready: endpoints known and scraped once, not draining."""
         if self._draining:
             return False
         return len(self.store) > 0 and self.scraper.first_round.is_set()
 
     @property
-    def synced(self) -> bool:
-        """Discovery delivered its first endpoint list (maybe empty), and not draining:
-        what the upstream EPP's `inference-extension` health name means."""
+    def serving(self) -> bool:
+        """What the gRPC health names other than `liveness` answer (READY_SERVICES in
+        epp/extproc/server.py): discovery delivered its first list and, if it holds pods,
+        they were scraped once; the InferencePool exists; not draining. Unlike `ready`
+        (HTTP /ready), a pool with no pod is serving, as the upstream EPP answers it."""
         if self._draining:
             return False
-        return self.discovery is None or self.discovery.state().last_sync_unix is not None
+        if self.discovery is not None:
+            state = self.discovery.state()
+            if state.last_sync_unix is None or state.pool_found is False:
+                return False
+        return len(self.store) == 0 or self.scraper.first_round.is_set()
 
     def _discovery(self) -> Discovery | None:
         """Where endpoints come from; None: the static list in the config, fixed."""
@@ -358,11 +365,11 @@ class EppService:
             self.store.refresh_health()
             self.router.tick()  # retry waiting requests, forget settled reservations
             self._check_precise_stale()
-            now = (self.ready, self.synced)
+            now = (self.ready, self.serving)
             if now != was:
                 was = now
-                await self.health.set(live=True, ready=now[0], synced=now[1])
-                log.info("readiness_changed", ready=now[0], synced=now[1])
+                await self.health.set(live=True, ready=now[1])
+                log.info("readiness_changed", ready=now[0], serving=now[1])
             await asyncio.sleep(HEALTH_REFRESH_S)
 
     def _check_precise_stale(self) -> None:

@@ -1,11 +1,9 @@
 """gRPC health on its own plaintext port (server.grpc_health_port), as the upstream EPP
 serves it on 9003: a real EppService with one simulated pod, asked over real gRPC.
 
-`""`, `readiness` and the ext_proc service follow readiness: NOT_SERVING before the
-first scrape and while draining; `inference-extension` (the upstream charts' liveness
-probe) is SERVING once discovery delivered its first list and NOT_SERVING while draining
-(tests/test_app_discovery.py proves it serves before any pod is ready); `liveness` is
-SERVING while the process runs. The same answers stay on the ext_proc port (9002), and a
+`inference-extension`, `""`, `readiness` and the ext_proc service are SERVING once the
+endpoints are read and scraped once (tests/test_app_discovery.py: also a pool with no
+ready pod) and NOT_SERVING while draining; `liveness` is SERVING while the process runs. The same answers stay on the ext_proc port (9002), and a
 port in use is one clear error."""
 
 from __future__ import annotations

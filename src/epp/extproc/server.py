@@ -245,33 +245,30 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             log.exception("complete_failed", status=completion.status)
 
 
-# The upstream EPP's health name. The upstream charts (one replica) and GIE's conformance
-# manifests probe LIVENESS and readiness with it, and the upstream EPP answers it SERVING
-# once its pool has synced, pods or not. It follows `synced`, not `ready`: tied to
-# "endpoints known", a pool whose model servers are still loading would fail the
-# liveness probe and the kubelet would restart the EPP until they are up.
+# The upstream EPP's health name: the upstream charts (one replica) and GIE's conformance
+# manifests probe liveness AND readiness with it.
 UPSTREAM_HEALTH_SERVICE = "inference-extension"
-# Names that follow readiness: SERVING once endpoints are known and scraped, NOT_SERVING
-# while draining. "" is a load balancer's overall check, as upstream answers it.
-READY_SERVICES = ("readiness", "", EXT_PROC_SERVICE)
+# Names that follow `serving` (EppService.serving): SERVING once discovery delivered its
+# first endpoint list and its pods were scraped once, with or without pods, NOT_SERVING
+# while draining. The upstream EPP answers every name so once its pool synced; a
+# stricter rule (pods known) would fail the liveness probe of the upstream charts while
+# the model servers load (the kubelet restarts the EPP), mark the EPP unhealthy for GKE's
+# check of "" and take every replica out of its Service under the upstream charts'
+# `readiness` probe, so that no request could queue for a scale-from-zero pool.
+READY_SERVICES = ("readiness", "", UPSTREAM_HEALTH_SERVICE, EXT_PROC_SERVICE)
 
 
 class HealthState:
-    """`liveness`: the process serves. `inference-extension`: discovery has delivered its
-    first endpoint list (possibly empty) and the EPP is not draining. READY_SERVICES:
-    endpoints known and scraped, not draining. One servicer, registered on the ext_proc
-    server and on the health-only server."""
+    """`liveness`: the process serves. READY_SERVICES: see there. One servicer,
+    registered on the ext_proc server and on the health-only server."""
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
 
-    async def set(self, *, live: bool, ready: bool, synced: bool | None = None) -> None:
-        """`synced` None: as `ready` (ready implies synced)."""
+    async def set(self, *, live: bool, ready: bool) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-        synced = ready if synced is None else (synced or ready)
         await self.servicer.set("liveness", serving if live else not_serving)
-        await self.servicer.set(UPSTREAM_HEALTH_SERVICE, serving if synced else not_serving)
         for service in READY_SERVICES:
             await self.servicer.set(service, serving if ready else not_serving)
 
