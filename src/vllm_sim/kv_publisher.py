@@ -159,6 +159,9 @@ class KvEventPublisher:
 
 def _bind(socket: zmq.asyncio.Socket, host: str, port: int) -> int:
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IPV6, 1)  # else ZMQ refuses an IPv6 address (and `::` / `*` stay IPv4)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
     if port == 0:
         return socket.bind_to_random_port(f"tcp://{host}")
     socket.bind(f"tcp://{host}:{port}")

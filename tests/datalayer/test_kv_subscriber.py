@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 import pytest
 
+from epp.config import KvEventsConfig as EppKvEventsConfig
 from epp.datalayer.kv_subscriber import (
     KvEventSubscriber,
     SubscriberSettings,
@@ -588,3 +589,82 @@ def test_resolving_a_pods_mode_and_endpoints_from_config_and_labels():
     assert resolve_pod(config, "d", "1.2.3.4:1", "m", {"kv_events_mode": "approximate"}).mode == (
         "approximate"
     )
+
+
+def _ipv6_loopback_or_fail() -> None:
+    """The IPv6 tests need ::1; a machine without it fails them loudly (they never skip:
+    CI must run them)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.fail(f"no IPv6 loopback here ({exc}): the precise-mode IPv6 tests need ::1")
+
+
+async def test_an_ipv6_pod_is_followed_over_real_zmq_on_the_ipv6_loopback():
+    """A pod at [::1]: the publisher binds ::1, the subscriber dials the endpoint the
+    default templates give for the address discovery writes (`[::1]:port`); events flow
+    and a gap is filled from the replay socket, both over IPv6."""
+    _ipv6_loopback_or_fail()
+    config = SimPodConfig(
+        pod_name="pod-0",
+        model=MODEL,
+        time_scale=0.001,
+        kv_events=KvEventsConfig(host="::1", port=0, replay_port=0, topic=TOPIC),
+    )
+    pod = await start_pod(config, host="::1")
+    publisher = pod.kv_publisher
+    assert publisher is not None
+    resolved = resolve_pod(
+        EppKvEventsConfig(
+            endpoint=f"tcp://{{host}}:{publisher.pub_port}",
+            replay_endpoint=f"tcp://{{host}}:{publisher.replay_port}",
+        ),
+        "pod-0",
+        f"[::1]:{pod.port}",
+        MODEL,
+    )
+    assert resolved.endpoint == f"tcp://[::1]:{publisher.pub_port}"
+    index = PrefixIndex(100_000)
+    precise = PreciseIndex(index, 16)
+    sub = KvEventSubscriber(
+        "pod-0",
+        resolved.endpoint,
+        precise,
+        model=MODEL,
+        replay_endpoint=resolved.replay_endpoint,
+        topic=TOPIC,
+        settings=FAST,
+    )
+    try:
+        await sub.start()
+        await until(lambda: sub.state.attached and sub.state.resyncs >= 1, timeout=5.0)
+        live = ids_of(1)
+        await serve(pod, live)
+        await until(lambda: index.match(ours(live)).get("pod-0", 0) == 10, timeout=5.0)
+        lost = ids_of(2)
+        lose(publisher, [stored(lost)])
+        await serve(pod, ids_of(3))  # the next live batch reveals the gap: replay over ::1
+        await until(lambda: index.match(ours(lost)).get("pod-0", 0) == 10, timeout=5.0)
+        assert sub.state.gaps == 1 and sub.state.replay_failures == 0
+    finally:
+        await sub.close()
+        await pod.close()
+
+
+def test_ipv6_addresses_are_bracketed_in_endpoint_urls():
+    assert format_endpoint("tcp://{host}:5557", "[fd00::1]:8000", None, "p") == (
+        "tcp://[fd00::1]:5557"
+    )
+    # A template that brackets {host} itself gets the bare address.
+    assert format_endpoint("tcp://[{host}]:5557", "[fd00::1]:8000", None, "p") == (
+        "tcp://[fd00::1]:5557"
+    )
+    assert format_endpoint("tcp://{host}:{port}", "[::1]:8000", None, "p") == "tcp://[::1]:8000"
+    # An address written without brackets is all host (its port cannot be told apart).
+    assert format_endpoint("tcp://{host}:5557", "fd00::1", None, "p") == "tcp://[fd00::1]:5557"
+    assert format_endpoint("tcp://{host}:5557", "10.1.2.3:8000", None, "p") == (
+        "tcp://10.1.2.3:5557"
+    )
+    # Topics carry the bare address (as the simulator's default topic does).
+    assert topic_prefix("kv@{host}:{port}@", "[fd00::1]:8000", None, "p") == "kv@fd00::1:8000@"

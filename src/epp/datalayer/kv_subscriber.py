@@ -297,6 +297,9 @@ class KvEventSubscriber:
         settings = self.settings
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        # Without it ZMQ refuses an IPv6 address ("tcp://[fd00::1]:5557": EINVAL, or a
+        # connect that never completes); with it, IPv4 addresses still work.
+        sub.setsockopt(zmq.IPV6, 1)
         sub.setsockopt(zmq.RCVHWM, settings.rcvhwm)
         sub.setsockopt(zmq.RECONNECT_IVL, max(1, int(settings.reconnect_ivl_s * 1000)))
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(settings.reconnect_max_s * 1000)))
@@ -529,6 +532,7 @@ class KvEventSubscriber:
         settings = self.settings
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         dealer.setsockopt(zmq.MAXMSGSIZE, settings.limits.max_payload_bytes * 2 + 65_536)
         dealer.connect(self.replay_endpoint)
         state = self.state
@@ -578,10 +582,25 @@ class KvEventSubscriber:
 def format_endpoint(template: str, address: str, model: str | None, name: str) -> str | None:
     """A configured template (`tcp://{host}:5557`, `kv@{host}:{port}@{model}`) for one pod
     whose `address` is ip:port; None if it names the model and the model is unknown."""
-    host, _, port = address.rpartition(":")
     if model is None and "{model}" in template:
         return None
+    host, port = split_address(address)
+    if ":" in host and "[{host}]" not in template:
+        host = f"[{host}]"  # an IPv6 address in a URL: tcp://[fd00::1]:5557
     return template.format(host=host, port=port, model=model or "", name=name)
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """(host, port) of `ip:port`; an IPv6 host without its brackets (`[fd00::1]:8000`, as
+    discovery writes it, gives `fd00::1`). An address with no port is all host."""
+    if address.startswith("["):
+        host, sep, rest = address[1:].partition("]")
+        if sep:
+            return host, rest[1:] if rest.startswith(":") else ""
+    if address.count(":") > 1:  # a bare IPv6 address: no port can be told from it
+        return address, ""
+    host, sep, port = address.rpartition(":")
+    return (host, port) if sep else (address, "")
 
 
 def topic_prefix(template: str, address: str, model: str | None, name: str) -> str:
@@ -589,7 +608,7 @@ def topic_prefix(template: str, address: str, model: str | None, name: str) -> s
     model is not known yet (ZMQ filters by prefix, so this still selects the pod)."""
     if model is None and "{model}" in template:
         template = template.split("{model}", 1)[0]
-    host, _, port = address.rpartition(":")
+    host, port = split_address(address)
     return template.format(host=host, port=port, model=model or "", name=name)
 
 
