@@ -714,3 +714,28 @@ async def test_standalone_pods_of_a_label_selector_without_a_pool(
     state = d.state()
     assert state.pool_found and state.pool_api is None and state.last_sync_ok
     assert rec.models == []
+
+
+async def test_a_model_resource_our_role_cannot_read_is_absent_not_a_stall(
+    standin: KubeStandIn, discovery_factory: Callable[..., Any]
+) -> None:
+    """The llm-d router's chart grants no `inferencemodels`, GIE's none in `llm-d.ai`, and
+    clusters upgraded from GIE v0.x still serve the InferenceModel CRD: a 403 on one
+    optional resource is read as not installed, so the objectives that did list still
+    make the table and discovery counts as synced (a stall would never apply them and
+    fire EppDiscoveryNotSynced for good)."""
+    standin.fail_next(400, 403, path_contains="/inferencemodels")  # every list, ~20 s
+    standin.apply(INFERENCE_POOL, admitted(pool("pool", VLLM, [8000])), NS)
+    step(standin, pod("a", VLLM, "10.0.0.1"))
+    standin.apply(
+        LLMD_INFERENCE_OBJECTIVE, upstream(LLMD_OBJECTIVES, "InferenceObjective", "base-model"), NS
+    )
+    rec = Recorder()
+    d = await discovery_factory(rec)
+    await until(lambda: bool(rec.models) and rec.models[-1].objectives, "the objective")
+    assert "base-model" in dict(rec.models[-1].objectives)
+    state = d.state()
+    assert state.last_sync_ok
+    forbidden = {r.resource: r.present for r in state.resources}
+    assert forbidden[INFERENCE_MODEL.key] is False
+    assert any("/inferencemodels" in r.path for r in standin.requests)  # it was asked

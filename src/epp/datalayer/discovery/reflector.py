@@ -93,6 +93,12 @@ class _Absent(Exception):
     """404 on an optional resource: its CRD is not installed (any more)."""
 
 
+class _Forbidden(Exception):
+    """403 on an optional resource: installed, but our Role does not grant it (an
+    upstream chart's RBAC lists fewer resources than we read). Treated as absent, so that
+    the resources that did sync still make the model table."""
+
+
 class WatchError(Exception):
     """An ERROR event other than 410."""
 
@@ -245,6 +251,10 @@ class Reflector:
                 self.stats.resource_version = None
                 self._mark_absent()
                 self._sleep(self._settings.crd_recheck_s)
+            except _Forbidden:
+                self.stats.resource_version = None
+                self._mark_absent(forbidden=True)
+                self._sleep(self._settings.crd_recheck_s)
             except Exception as exc:
                 if self._stale(generation):
                     continue  # aborted on purpose: stop, or a new selector
@@ -273,18 +283,27 @@ class Reflector:
         self._mark_absent()
         return False
 
-    def _mark_absent(self) -> None:
+    def _mark_absent(self, *, forbidden: bool = False) -> None:
         self.stats.present = False
         self.stats.last_sync_ok = True  # absent is a valid answer, not a failure
         if not self._absent_logged:
             self._absent_logged = True
             r = self.resource
-            log.info(
-                "discovery_crd_absent",
-                resource=r.key,
-                api=f"{r.group}/{r.version}",
-                detail="not installed; the feature is off until it is",
-            )
+            if forbidden:
+                log.warning(
+                    "discovery_crd_forbidden",
+                    resource=r.key,
+                    api=f"{r.group}/{r.version}",
+                    detail=f"403: the EPP's Role lacks get/list/watch on {r.resource}"
+                    f" in {r.group or 'core'}; read as not installed until it is granted",
+                )
+            else:
+                log.info(
+                    "discovery_crd_absent",
+                    resource=r.key,
+                    api=f"{r.group}/{r.version}",
+                    detail="not installed; the feature is off until it is",
+                )
         if self._objects or not self.stats.synced:
             self._objects = {}
             self.stats.synced = True
@@ -306,6 +325,8 @@ class Reflector:
                 raise _Gone() from exc
             if exc.status == 404 and self.resource.optional:
                 raise _Absent() from exc
+            if exc.status == 403 and self.resource.optional:
+                raise _Forbidden() from exc
             raise
         with self._lock:
             self._resp = resp
