@@ -149,7 +149,12 @@ class ExtProcStream:
         self._path = "/"
         self._headers: dict[str, str] = {}
         self._subset: frozenset[str] | None = None
-        self._body = bytearray()
+        # The body is held once: its chunks while it arrives, then one bytes object that
+        # the router reads (and admission counts) and that is re-emitted from. `_size`
+        # counts what is held against max_body_bytes.
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._body = b""
         self._route_on_body = False
         self._headers_only = False
         self._trailers = False
@@ -186,7 +191,7 @@ class ExtProcStream:
         replies = [messages.route_on_headers(destination, result.token, length)]
         if self._duplex and not self._headers_only:
             if body is not None:
-                self._body = bytearray(body)
+                self._body = body
             replies += self._held_body()
         return Step(replies, finish=True)
 
@@ -206,6 +211,10 @@ class ExtProcStream:
         self._headers_only = message.request_headers.end_of_stream
         if self._headers_only:
             return self._ask_route(on_body=False)
+        declared = self._headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_body:
+            # Refused before any of it arrives (in BUFFERED mode Envoy sends nothing more).
+            return self._too_large()
         self.phase = Phase.BODY
         if self._duplex:
             return Step()  # held until the body is complete
@@ -215,14 +224,13 @@ class ExtProcStream:
         if self.phase is not Phase.BODY:
             raise ProtocolViolation(f"request_body in phase {self.phase.value}")
         chunk = message.request_body
-        if len(self._body) + len(chunk.body) > self._max_body:
-            too_large = RequestRejected(
-                413,
-                f"the request body exceeds the EPP's limit of {self._max_body} bytes",
-                reason="rejected-body-too-large",
-            )
-            return Step([self._reject(too_large)], finish=True, answer=too_large)
-        self._body += chunk.body
+        data = chunk.body  # a copy out of the message: read once
+        self._size += len(data)
+        if self._size > self._max_body:
+            self._chunks = []
+            return self._too_large()
+        if data:
+            self._chunks.append(data)
         if not chunk.end_of_stream:
             return Step()
         return self._ask_route(on_body=not self._duplex)
@@ -237,9 +245,11 @@ class ExtProcStream:
         assert self.request_id is not None
         self.phase = Phase.ROUTING
         self._route_on_body = on_body
+        chunks, self._chunks = self._chunks, []
+        self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         call = RouteCall(
             path=self._path,
-            body=bytes(self._body),
+            body=self._body,  # the same object: held once while routing waits
             request_id=self.request_id,
             subset=self._subset,
             headers=self._headers,
@@ -247,17 +257,26 @@ class ExtProcStream:
         return Step(route=call)
 
     def _held_body(self) -> list[pb.ProcessingResponse]:
-        body = bytes(self._body)
-        self._body = bytearray()
+        body, self._body = self._body, b""
         size = self._chunk
-        pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+        starts = range(0, len(body), size) or range(1)
+        last = starts[-1]
+        # One piece at a time: each slice is freed once its message holds it.
         replies = [
-            messages.streamed_request_body(piece, n == len(pieces) - 1 and not self._trailers)
-            for n, piece in enumerate(pieces)
+            messages.streamed_request_body(body[i : i + size], i == last and not self._trailers)
+            for i in starts
         ]
         if self._trailers:
             replies.append(messages.request_trailers())
         return replies
+
+    def _too_large(self) -> Step:
+        too_large = RequestRejected(
+            413,
+            f"the request body exceeds the EPP's limit of {self._max_body} bytes",
+            reason="rejected-body-too-large",
+        )
+        return Step([self._reject(too_large)], finish=True, answer=too_large)
 
     def _reject(self, rejected: RequestRejected) -> pb.ProcessingResponse:
         self.phase = Phase.DONE

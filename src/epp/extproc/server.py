@@ -125,6 +125,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             while message is not None:
                 try:
                     advancing = asyncio.ensure_future(self._advance(stream, message))
+                    message = None  # its body copy is in the machine: not held twice
                     try:
                         # A request waiting in admission must not hit Envoy's message timer
                         # (message_timeout, BUFFERED mode: 5 s) when the pool answers within
@@ -177,6 +178,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
 
     async def _advance(self, stream: ExtProcStream, message: pb.ProcessingRequest) -> Step:
         step = stream.feed(message)
+        del message  # a BUFFERED body's message must not outlive the copy routing reads
         if step.problem is not None:
             self._report_unsupported(step.problem)
         if step.route is None:
