@@ -501,6 +501,25 @@ def test_an_upstream_plugins_file_is_not_applied_and_said_so(tmp_path):
     assert upstream.unapplied_config is not None
 
 
+LLMD_CONFIGS = Path(__file__).parent / "fixtures/upstream/llm-d-router-v0.10.0/deploy/config"
+
+
+@pytest.mark.parametrize("name", ["pd-epp-config.yaml", "sim-e-p-d-epp-config.yaml"])
+def test_a_disaggregated_serving_plugins_file_is_refused(name):
+    """The llm-d router's own P/D and E/P/D configs schedule prefill, decode and encode
+    pods apart; this EPP would send whole prompts to prefill-only pods: one line, exit 2."""
+    with pytest.raises(ValueError, match="disaggregated-serving EndpointPickerConfig"):
+        parse(["--config-file", str(LLMD_CONFIGS / name)])
+
+
+@pytest.mark.parametrize(
+    "name", ["epp-config.yaml", "dp-epp-config.yaml", "epp-precise-prefix-cache-config.yaml"]
+)
+def test_a_single_profile_plugins_file_is_accepted_and_not_applied(name):
+    _, upstream = parse(["--config-file", str(LLMD_CONFIGS / name)])
+    assert upstream.unapplied_config is not None
+
+
 def test_one_warning_names_every_ignored_flag(tmp_path):
     plugins = tmp_path / "p.yaml"
     plugins.write_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n")
