@@ -341,6 +341,9 @@ def test_one_or_two_dashes_camel_or_kebab_space_or_equals(args):
         (["--secure-serving=0"], False),
         (["--secure-serving=true"], True),
         (["--secure-serving", "false"], False),  # GIE v1.5's chart renders its flags so
+        (["--secure-serving", "0"], False),  # any value Go's ParseBool reads
+        (["--secure-serving", "F"], False),
+        (["--secure-serving", "1"], True),
     ],
 )
 def test_booleans(args, secure):

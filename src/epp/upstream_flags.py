@@ -294,8 +294,8 @@ def translate(argv: list[str], our_flags: frozenset[str]) -> UpstreamArgs:
         if key in _BOOLEANS:
             if eq:
                 parsed = parse_bool(value, spelling)
-            elif i < len(argv) and argv[i].lower() in ("true", "false"):
-                parsed = argv[i].lower() == "true"
+            elif i < len(argv) and argv[i] in _TRUE | _FALSE:
+                parsed = argv[i] in _TRUE  # what Go's strconv.ParseBool reads
                 i += 1
             else:
                 parsed = True
