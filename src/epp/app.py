@@ -288,11 +288,12 @@ class EppService:
         await self.health.set(live=True, ready=False)
         processor = ExternalProcessor(self.router, self.config.server, self.metrics)
         self.routing_streams = processor.streams  # what drain() waits on
+        # Both bound before either starts: a port in use leaves no server running.
         self._grpc, self.grpc_port = build_grpc_server(processor, self.health, self.config.server)
-        await self._grpc.start()
         self._health_grpc, self.grpc_health_port = build_health_server(
             self.health, self.config.server
         )
+        await self._grpc.start()
         await self._health_grpc.start()
         self._web_runner = web.AppRunner(self._web_app(), access_log=None)
         await self._web_runner.setup()
@@ -361,15 +362,28 @@ class EppService:
     async def _maintain(self) -> None:
         """Staleness grows with time alone; readiness follows the first scrape round."""
         was = (False, False)
+        steps: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("health-refresh", self.store.refresh_health),  # also expires reservations
+            ("queue-retry", self.router.tick),  # retry waiting requests, settle reservations
+            ("precise-stale", self._check_precise_stale),
+        )
+        errors = self.metrics.background
         while True:
-            self.store.refresh_health()
-            self.router.tick()  # retry waiting requests, forget settled reservations
-            self._check_precise_stale()
-            now = (self.ready, self.serving)
-            if now != was:
-                was = now
-                await self.health.set(live=True, ready=now[1])
-                log.info("readiness_changed", ready=now[0], serving=now[1])
+            # Each step survives the others' exceptions and its own (counted, logged at
+            # most once a minute per step): this loop ends only when cancelled.
+            for step, run in steps:
+                try:
+                    run()
+                except Exception as exc:
+                    errors.failed(step, exc)
+            try:
+                now = (self.ready, self.serving)
+                if now != was:
+                    await self.health.set(live=True, ready=now[1])
+                    was = now  # after the set: a failed one is tried again
+                    log.info("readiness_changed", ready=now[0], serving=now[1])
+            except Exception as exc:
+                errors.failed("readiness", exc)
             await asyncio.sleep(HEALTH_REFRESH_S)
 
     def _check_precise_stale(self) -> None:
