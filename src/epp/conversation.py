@@ -12,8 +12,10 @@ OpenAI chat turns
   tokenized as the engine does (it expands a model-specific placeholder into as many
   tokens as the media needs), so each stands in as `<image:HASH>` (its JSON's xxh64),
   put before the text as vLLM puts its placeholders: equal media give equal tokens, and
-  different media different ones. For templates that iterate over parts the parts are
-  kept: `{"type": "text", "text": ...}`, `{"type": "image"}`, ...
+  different media different ones. A large media part (a base64 image) arrives from the
+  parser as a `HashedMedia` (the xxh64 of its JSON as sent), never decoded into a string.
+  For templates that iterate over parts the parts are kept: `{"type": "text", "text": ...}`,
+  `{"type": "image"}`, ...
 - A system turn's text part that starts with Claude Code's `x-anthropic-billing-header`
   line loses that line (vLLM drops it: its per-request hash would defeat prefix caching).
 - Assistant `tool_calls`: kept, with string `arguments` decoded to an object (invalid
@@ -47,6 +49,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import xxhash
@@ -72,6 +76,22 @@ _MEDIA = {
     "video_url": "video",
     "video_embeds": "video",
 }
+
+
+# A media part's type -> its modality (read-only).
+MEDIA_MODALITY: Mapping[str, str] = MappingProxyType(_MEDIA)
+
+
+@dataclass(frozen=True, slots=True)
+class HashedMedia:
+    """A media part the parser did not decode: its modality and the xxh64 of its JSON."""
+
+    modality: str
+    digest: str
+
+    @property
+    def stand_in(self) -> str:
+        return f"<{self.modality}:{self.digest}>"
 
 
 class BadConversation(ValueError):
@@ -116,6 +136,10 @@ def openai_content(
         if isinstance(part, str):
             text: object = part
             kind = "text"
+        elif isinstance(part, HashedMedia):
+            stand_ins.append(part.stand_in)
+            parts.append({"type": part.modality})
+            continue
         elif isinstance(part, dict):
             kind = part["type"] if isinstance(part.get("type"), str) else None
             if kind in _TEXT_KEYS:

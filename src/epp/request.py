@@ -20,9 +20,12 @@ from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 import msgspec
+import xxhash
 
 from epp.conversation import (
+    MEDIA_MODALITY,
     BadConversation,
+    HashedMedia,
     anthropic_reasoning_effort,
     anthropic_tools,
     anthropic_turns,
@@ -147,8 +150,9 @@ TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 class _Message(msgspec.Struct, gc=False):
     role: Annotated[str, msgspec.Meta(min_length=1)]
-    # None: assistant turns with tool calls carry no content.
-    content: str | list[Any] | None = None
+    # None: assistant turns with tool calls carry no content. Parts stay raw JSON until
+    # their type is known (_content_parts): a base64 image is never decoded.
+    content: str | list[msgspec.Raw] | None = None
     # Read by chat templates (absent in most turns: decoded only when present).
     tool_calls: Any = None
     tool_call_id: Any = None
@@ -158,7 +162,27 @@ class _Message(msgspec.Struct, gc=False):
     task: Any = None
 
 
+class _PartType(msgspec.Struct, gc=False):
+    """A content part's type: every other field is checked as JSON and skipped."""
+
+    type: Any = None
+
+
+class _TurnContent(msgspec.Struct, gc=False):
+    content: msgspec.Raw = msgspec.Raw()
+
+
+# Parts and turns larger than this are looked into for media: a part that large is
+# hashed from its JSON as sent, and a turn that large counts its media parts as their
+# stand-ins, not their bytes, in the pseudo-token estimates.
+_BIG_PART = 16 * 1024
+_STAND_IN_BYTES = 24  # "<image:" + 16 hex digits + ">"
+# Media kinds of both APIs (Anthropic's image blocks are "image").
+_MEDIA_TYPES = frozenset(MEDIA_MODALITY) | {"image", "audio", "video", "document"}
+
 _BODY = msgspec.json.Decoder(_Body)
+_PART_TYPE = msgspec.json.Decoder(_PartType)
+_TURN_CONTENT = msgspec.json.Decoder(_TurnContent)
 _PROMPT_TEXT = msgspec.json.Decoder(str)
 _PROMPT_TEXTS = msgspec.json.Decoder(list[str])
 _PROMPT_IDS = msgspec.json.Decoder(list[TokenId])
@@ -246,12 +270,52 @@ def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     raise _bad("'prompt' must be a string, a list of strings, or token ids", "prompt")
 
 
+def _part_type(part: msgspec.Raw) -> object:
+    try:
+        return _PART_TYPE.decode(part).type
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None  # not an object: decoded in full, and refused there
+
+
+def _content_parts(raws: list[msgspec.Raw]) -> list[Any]:
+    """A turn's content parts: decoded, except large media parts (a base64 image), which
+    become their stand-in's hash without a string being made of them."""
+    parts: list[Any] = []
+    for part in raws:
+        if len(part) > _BIG_PART:
+            kind = _part_type(part)
+            modality = MEDIA_MODALITY.get(kind) if isinstance(kind, str) else None
+            if modality is not None:
+                parts.append(HashedMedia(modality, xxhash.xxh64_hexdigest(part)))
+                continue
+        parts.append(_ANY.decode(part))
+    return parts
+
+
+def _turn_bytes(turn: msgspec.Raw) -> int:
+    """A turn's JSON bytes, its large media parts counted as their stand-ins."""
+    size = len(turn)
+    if size <= _BIG_PART:
+        return size
+    try:
+        content = _TURN_CONTENT.decode(turn).content
+        if bytes(memoryview(content)[:1]) != b"[":
+            return size
+        for part in _MESSAGE_RAWS.decode(content):
+            if len(part) > _BIG_PART and _part_type(part) in _MEDIA_TYPES:
+                size -= len(part) - _STAND_IN_BYTES
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass  # refused with its own message when decoded
+    return size
+
+
 def _head_of_list(
     raw: msgspec.Raw, max_tokens: int, param: str, what: str
-) -> tuple[bytes, int, list[int]]:
+) -> tuple[bytes | msgspec.Raw, int, list[int]]:
     """A JSON list's head: the first elements whose JSON holds twice the bytes of
-    `max_tokens` pseudo-tokens (escapes make JSON longer than its text). Returns the head
-    as a JSON list, how many elements it keeps, and the running byte ends of all."""
+    `max_tokens` pseudo-tokens (escapes make JSON longer than its text; media parts
+    count as their stand-ins). Returns the head as a JSON list, how many elements it
+    keeps, and the running byte ends of all."""
     if _is_null(raw):
         raise _bad(f"{what} needs a non-empty '{param}' list", param)
     try:
@@ -260,9 +324,9 @@ def _head_of_list(
         raise _bad(f"{what} needs a non-empty '{param}' list", param) from None
     if not raws:
         raise _bad(f"{what} needs a non-empty '{param}' list", param)
-    ends = list(accumulate(map(len, raws)))
+    ends = list(accumulate(map(_turn_bytes, raws)))
     keep = min(len(raws), bisect_left(ends, 2 * BYTES_PER_PSEUDO_TOKEN * max_tokens) + 1)
-    head = bytes(raw) if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
+    head = raw if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
     return head, keep, ends
 
 
@@ -293,7 +357,7 @@ def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Pro
             and not (m.role == "system" and m.content.startswith("x-anthropic-billing"))
             else openai_turn(
                 m.role,
-                m.content,
+                m.content if type(m.content) is not list else _content_parts(m.content),
                 i,
                 tool_calls=m.tool_calls,
                 tool_call_id=m.tool_call_id,
