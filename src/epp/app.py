@@ -188,6 +188,7 @@ class EppService:
             else None
         )
         self.metrics.watch(self.store.all, self.index.blocks)
+        self.metrics.watch_floor(self.store.floor_stats)
         self.metrics.watch_kv_events(
             self.precise.stats,
             lambda: self.precise.subscribers,

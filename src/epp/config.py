@@ -82,6 +82,18 @@ class SchedulingConfig(Strict):
     weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     max_queue: int = Field(20, ge=1, description="queue depth at which a pod is saturated")
     health_threshold: float = Field(0.3, ge=0.0, le=1.0, description="pods below are excluded")
+    # The floor under exclusion (datalayer/health.py "Floor and panic"). Response errors
+    # exclude at most this share of a model's pods (rounded down), counting the pods already
+    # out for failed scrapes or stale metrics: one client whose requests the pods answer 500
+    # can take half a model's pods, never all (Envoy's max_ejection_percent; 10% there,
+    # which with 2-8 pods a model would mean never).
+    max_error_exclusion_share: float = Field(0.5, ge=0.0, le=1.0)
+    # Panic: a model with no routable pod, or fewer than this share of its pods routable,
+    # is routed to all its pods as if none were excluded (Envoy's healthy_panic_threshold,
+    # 50% there). 0: only when none is left, since a pod out for failed scrapes while its
+    # peers answer is most likely down. `health_panic: false`: 503 instead.
+    healthy_panic_share: float = Field(0.0, ge=0.0, le=1.0)
+    health_panic: bool = True
     fallbacks: int = Field(0, ge=0, le=16, description="fallback endpoints after the primary")
     # Scores closer than this are equal, and the EPP's own load counts decide between them.
     # Real gauges never tie exactly: a 0.2-weighted KV usage differing by 2% is 0.004,

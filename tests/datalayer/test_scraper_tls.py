@@ -131,7 +131,9 @@ async def test_https_pod_scraped_with_the_ca_file_and_failed_without_it(pki):
             await until(lambda: s.pod().consecutive_failures >= 3)
             assert s.pod().metrics_at is None
             assert "CERTIFICATE_VERIFY_FAILED" in (s.pod().last_error or "")
-            assert s.pod().health < 0.3
+            # No other pod answered meanwhile, so the failures are not charged against
+            # its health (datalayer/health.py: they could be the EPP's own).
+            assert s.pod().charged_failures == 0 and s.pod().health == 0.5
 
 
 async def test_a_ca_file_does_not_disturb_plain_http_pods(pki):

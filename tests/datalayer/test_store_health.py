@@ -42,20 +42,26 @@ def test_sync_adds_removes_and_keeps_state():
 
 
 def test_never_scraped_pod_is_half_healthy_then_failures_exclude_it():
-    store, _, _ = make_store()
-    a = store.get("a")
+    store, clock, _ = make_store()
+    a, b = store.get("a"), store.get("b")
     assert a.health == 0.5
+    clock.now += 0.05
+    store.scraped(b, PodMetrics())  # the EPP reaches pods: a's failure is a's
+    clock.now += 0.05
     store.scrape_failed(a, "refused")
-    assert a.health == 0.0
+    assert a.health == 0.0 and a.excluded
 
 
 def test_consecutive_failures_lower_health_and_a_success_restores_it():
-    store, _, _ = make_store()
-    a = store.get("a")
+    store, clock, _ = make_store()
+    a, b = store.get("a"), store.get("b")
     store.scraped(a, PodMetrics(waiting=1))
     assert a.health == 1.0
     healths = []
     for _ in range(3):
+        clock.now += 0.025
+        store.scraped(b, PodMetrics())  # b answers between a's attempts
+        clock.now += 0.025
         store.scrape_failed(a, "timeout")
         healths.append(a.health)
     assert healths == [0.75, 0.5, 0.25]  # the third failure is below the 0.3 cut-off
@@ -307,3 +313,165 @@ def test_the_latest_start_time_stays_so_pages_of_two_processes_are_one_restart()
         store.scraped(endpoint, PodMetrics(model="m", start_time=start_time))
     assert events.count(("reset", "a")) == 2  # 1 -> 2, then 3
     assert endpoint.metrics is not None and endpoint.metrics.start_time == 3.0
+
+
+# -- partitions: failures that hit every pod at once are not the pods' ------------------
+def store_of(names: list[str], model_of=lambda name: "m", **store_options):
+    clock = Clock()
+    store = EndpointStore(DataLayerConfig(stale_after_s=1.0), clock, **store_options)
+    store.sync(
+        [
+            EndpointConfig(name=n, address=f"127.0.0.1:{i + 1}", model=model_of(n))
+            for i, n in enumerate(names)
+        ]
+    )
+    return store, clock
+
+
+def scrape_round(store, clock, failing: set[str], step: float = 0.05, error="refused"):
+    """One scrape of every pod, the answers first (the same store time for all)."""
+    clock.now += step
+    for e in store.all():
+        if e.name not in failing:
+            store.scraped(e, PodMetrics())
+    for e in store.all():
+        if e.name in failing:
+            store.scrape_failed(e, error)
+    store.refresh_health()
+
+
+def test_a_partition_from_every_pods_metrics_excludes_nobody():
+    """The EPP cannot reach any metrics port (refused, 20 rounds a second for 10 s; the
+    pages go stale) while Envoy still reaches the pods: nobody is excluded."""
+    store, clock = store_of(["a", "b", "c", "d"])
+    scrape_round(store, clock, failing=set())
+    everyone = {e.name for e in store.all()}
+    for _ in range(200):
+        scrape_round(store, clock, failing=everyone)
+        assert not any(e.excluded or e.down for e in store.all())
+    assert all(e.consecutive_failures == 200 for e in store.all())
+    assert all(e.health >= 0.75 for e in store.all())  # at most the first failure charged
+    # The network comes back for a, not for the others: now their failures are theirs.
+    for _ in range(3):
+        scrape_round(store, clock, failing=everyone - {"a"})
+    assert [e.name for e in store.all() if e.excluded] == ["b", "c", "d"]
+    scrape_round(store, clock, failing=set())
+    assert not any(e.excluded for e in store.all())
+
+
+def test_a_partition_of_hanging_scrapes_excludes_nobody_and_a_silent_pod_still_goes():
+    """Scrapes time out (1 s each) on every pod: stale pages and failures are not charged.
+    One pod silent while the others answer is charged at once (staleness)."""
+    store, clock = store_of(["a", "b", "c"])
+    scrape_round(store, clock, failing=set())
+    everyone = {e.name for e in store.all()}
+    for _ in range(10):
+        scrape_round(store, clock, failing=everyone, step=1.0, error="TimeoutError: ")
+        assert not any(e.excluded for e in store.all())
+    scrape_round(store, clock, failing=set())
+    for _ in range(30):  # a hangs, b and c answer: 1.5 s
+        clock.now += 0.05
+        for e in store.all():
+            if e.name != "a":
+                store.scraped(e, PodMetrics())
+        store.refresh_health()
+    assert [e.name for e in store.all() if e.excluded] == ["a"]
+
+
+def test_a_never_scraped_pod_is_not_charged_while_no_pod_answers():
+    store, clock = store_of(["a", "b"])
+    for _ in range(20):
+        scrape_round(store, clock, failing={"a", "b"})
+    assert [e.health for e in store.all()] == [0.5, 0.5]
+
+
+# -- the floor: errors exclude at most a share of a model's pods, the worst first -------
+def fail_requests(store, endpoint, count: int, status: int = 500) -> None:
+    for _ in range(count):
+        store.completed(endpoint, status, store.dispatched(endpoint))
+
+
+def test_errors_exclude_at_most_half_of_a_models_pods_the_worst_first():
+    """One client's requests answered 500 by every pod: two of four pods go out (the
+    worst), the other two stay routable although their health says exclude."""
+    store, clock = store_of(["a", "b", "c", "d"])
+    scrape_round(store, clock, failing=set())
+    for count, e in zip([30, 20, 12, 10], store.all(), strict=True):
+        fail_requests(store, e, count)
+    assert all(e.unhealthy for e in store.all())
+    assert [e.name for e in store.all() if e.excluded] == ["a", "b"]
+    assert not any(e.panic for e in store.all())
+    # b recovers: its room goes to the worst of the others.
+    store.get("b").error_rate = 0.0
+    store.refresh_health()
+    assert [e.name for e in store.all() if e.excluded] == ["a", "c"]
+
+
+def test_pods_down_for_scrapes_take_the_room_errors_would_have():
+    store, clock = store_of(["a", "b", "c", "d"])
+    scrape_round(store, clock, failing=set())
+    for _ in range(3):
+        scrape_round(store, clock, failing={"a"})
+    assert store.get("a").down and store.get("a").excluded
+    for e in store.all()[1:]:
+        fail_requests(store, e, 20)
+    assert [e.name for e in store.all() if e.excluded] == ["a", "b"]
+
+
+def test_the_floor_is_per_model_and_a_single_pod_is_never_excluded_for_errors():
+    store, clock = store_of(["m1", "m2", "solo"], model_of=lambda n: "solo" if n == "solo" else "m")
+    scrape_round(store, clock, failing=set())
+    for e in store.all():
+        fail_requests(store, e, 30)
+    assert [e.name for e in store.all() if e.excluded] == ["m1"]
+    assert store.get("solo").unhealthy and not store.get("solo").excluded
+
+
+def test_the_share_is_configurable_and_one_lets_errors_exclude_every_pod():
+    store, clock = store_of(["a", "b"], max_error_exclusion_share=1.0)
+    scrape_round(store, clock, failing=set())
+    for e in store.all():
+        fail_requests(store, e, 30)
+    assert all(e.excluded for e in store.all())
+    assert all(e.panic for e in store.all())  # none left: routed to all anyway
+
+
+# -- panic: a model with no routable pod is routed to all its pods ----------------------
+def test_a_model_whose_pods_are_all_down_is_in_panic_counted_and_logged_once():
+    from structlog.testing import capture_logs
+
+    store, clock = store_of(["a", "b", "x"], model_of=lambda n: "other" if n == "x" else "m")
+    scrape_round(store, clock, failing=set())
+    with capture_logs() as logs:
+        for _ in range(40):  # 2 s: x answers, a and b do not (down, not a partition)
+            scrape_round(store, clock, failing={"a", "b"})
+    a, b, x = store.all()
+    assert a.excluded and b.excluded and a.panic and b.panic and not x.panic
+    assert store.floor_stats.panics == 1
+    assert [entry["event"] for entry in logs if entry["event"].startswith("health_panic")] == [
+        "health_panic"
+    ]
+    store.dispatched(a)
+    store.dispatched(x)
+    assert store.floor_stats.panic_requests == 1
+    scrape_round(store, clock, failing={"a"})
+    assert not b.excluded and not a.panic and not b.panic
+
+
+def test_panic_at_a_share_and_switched_off():
+    store, clock = store_of(
+        ["a", "b", "c", "x"],
+        healthy_panic_share=0.5,
+        model_of=lambda n: "other" if n == "x" else "m",
+    )
+    scrape_round(store, clock, failing=set())
+    for _ in range(3):
+        scrape_round(store, clock, failing={"a", "b"})
+    assert all(e.panic for e in store.all()[:3])  # 1 of 3 routable < 50%
+    store, clock = store_of(
+        ["a", "x"], health_panic=False, model_of=lambda n: "other" if n == "x" else "m"
+    )
+    scrape_round(store, clock, failing=set())
+    for _ in range(3):
+        scrape_round(store, clock, failing={"a"})
+    assert store.get("a").excluded and not store.get("a").panic

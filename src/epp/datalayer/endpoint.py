@@ -57,6 +57,10 @@ class Endpoint:
     metrics: PodMetrics | None = None
     metrics_at: float | None = None  # store time of the last good scrape
     consecutive_failures: int = 0
+    # Of those, the failures held against the pod: some other pod's page was fetched
+    # since its previous attempt, so the EPP could reach pods (datalayer/health.py).
+    charged_failures: int = 0
+    attempt_at: float = 0.0  # store time its last scrape attempt ended (or it was added)
     last_error: str | None = None
     # False while the gauges cannot be trusted (stale page, frozen gauges): load then comes
     # from the EPP's own counts only, so old numbers never keep a pod "full" for ever.
@@ -87,9 +91,15 @@ class Endpoint:
     error_rate: float = 0.0
     error_at: float = 0.0
 
-    # Derived by the health model after every change; `excluded` is its hysteresis state.
+    # Derived by the health model after every change (datalayer/health.py): `down` (failed
+    # scrapes or stale metrics alone put it below the threshold), `unhealthy` (health with
+    # hysteresis says exclude), `excluded` (what routing obeys, after the floor of its
+    # model) and `panic` (its model has too few routable pods: routed to anyway).
     health: float = 1.0
+    down: bool = False
+    unhealthy: bool = False
     excluded: bool = False
+    panic: bool = False
 
     # Derived from the fields above by `refresh()` whenever one of them changes. Plain
     # attributes rather than properties: the scheduler reads each of them once per pod per

@@ -2,21 +2,32 @@
 
 - Scrape failures: each consecutive failure costs `failure_health_step` (default 0.25), so
   three in a row (150 ms at the default interval) put a dead pod below the 0.3 cut-off.
-  One good scrape restores it.
+  One good scrape restores it. A failure is charged only if some other pod's page was
+  fetched since the pod's previous attempt: failures that hit every pod at once (a
+  partition between the EPP and the pods, the EPP's own network or loop) are the EPP's
+  problem, and excluding everybody would stop traffic that Envoy can still deliver.
 - Staleness: metrics older than `stale_after_s` mean 0, so a frozen pod whose scrapes
-  hang never looks idle on old numbers. But only while some other pod is fresh: when no
-  pod has fresh metrics the fault is the EPP's or the network's (a blocked event loop, a
-  partition), and excluding everybody would stop all traffic. Then staleness is ignored,
-  the gauges are not trusted, and routing falls back on the EPP's own counts.
+  hang never looks idle on old numbers. Likewise only when some other pod's page was
+  fetched after this one's went stale; otherwise staleness is not held against it, the
+  gauges are not trusted, and routing falls back on the EPP's own counts.
 - Response errors: a moving average of 5xx answers scales health down, so a pod that
   accepts connections but fails requests loses traffic gradually. The average decays
   towards 0 with `error_decay_s`, because a pod excluded for errors gets no requests
-  whose success could lower it: without decay it would never come back.
-- Hysteresis: below `scheduling.health_threshold` (0.3) a pod is excluded, and it comes
+  whose success could lower it: without decay it would never come back. Every 5xx
+  counts, 500 included: vLLM answers 400 for a body it rejects, and 500 when the engine
+  fails (EngineDeadError, an internal error), so a 500 is the pod's until proven
+  otherwise. A client whose requests make pods fail is bounded by the floor instead.
+- Hysteresis: below `scheduling.health_threshold` (0.3) a pod is unhealthy, and it comes
   back only at `readmit_health` (0.5). With the defaults, a pod excluded at a 100% error
   rate returns after 10 s x ln(1/0.5) = 6.9 s; if it still fails, three errors exclude it
   again and it rests another 10 s x ln(0.74/0.5) = 3.9 s. A flapping pod is retried every
   few seconds with a handful of requests, not on every scrape.
+- Floor and panic (per model, EndpointStore): a pod `down` for scrapes or staleness is
+  always excluded; a pod unhealthy for errors only while at most
+  `max_error_exclusion_share` of its model's pods (rounded down; 0.5) are excluded, the
+  worst first, so one client's failing requests never empty a model. A model left with
+  no routable pod (or fewer than `healthy_panic_share`) is in panic: all its pods are
+  routed to, as Envoy does below its healthy_panic_threshold.
 A pod that was never scraped successfully has no health evidence: 0.5, routable but
 behind any pod known to be good.
 """
@@ -42,23 +53,53 @@ def is_stale(endpoint: Endpoint, now: float, config: DataLayerConfig) -> bool:
     return endpoint.metrics_at is not None and now - endpoint.metrics_at > config.stale_after_s
 
 
-def compute_health(
-    endpoint: Endpoint, now: float, config: DataLayerConfig, *, staleness_counts: bool = True
+def base_health(
+    endpoint: Endpoint, now: float, config: DataLayerConfig, reached_at: float
 ) -> float:
+    """Health from scraping alone. `reached_at`: the latest fetch of any pod's page."""
     if endpoint.metrics_at is None:
-        base = UNKNOWN_HEALTH if endpoint.consecutive_failures == 0 else 0.0
-    elif staleness_counts and is_stale(endpoint, now, config):
-        return 0.0
-    else:
-        base = 1.0 - config.failure_health_step * endpoint.consecutive_failures
+        return UNKNOWN_HEALTH if endpoint.charged_failures == 0 else 0.0
+    if is_stale(endpoint, now, config) and reached_at - endpoint.metrics_at > config.stale_after_s:
+        return 0.0  # others were fetched after this page went stale: the pod is silent
+    return max(0.0, 1.0 - config.failure_health_step * endpoint.charged_failures)
+
+
+def with_errors(base: float, endpoint: Endpoint, now: float, config: DataLayerConfig) -> float:
+    """Health: the scraping health scaled down by the decayed 5xx rate."""
     errors = decayed_error_rate(endpoint, now, config)
     return max(0.0, min(1.0, base * (1.0 - errors)))
 
 
 def update_exclusion(endpoint: Endpoint, threshold: float, readmit: float) -> None:
-    """Apply the hysteresis: excluded below `threshold`, back at `readmit` or above."""
-    if endpoint.excluded:
+    """Apply the hysteresis to `unhealthy`: below `threshold`, back at `readmit` or above."""
+    if endpoint.unhealthy:
         if endpoint.health >= max(readmit, threshold):
-            endpoint.excluded = False
+            endpoint.unhealthy = False
     elif endpoint.health < threshold:
-        endpoint.excluded = True
+        endpoint.unhealthy = True
+
+
+def apply_floor(
+    pods: list[Endpoint], max_error_share: float, panic_share: float, panic: bool
+) -> bool:
+    """Decide `excluded` and `panic` for the pods of one model; returns whether the model
+    is in panic. Pods `down` are out whatever the floor; pods unhealthy for errors only
+    fill what room `max_error_share` leaves, those already out first (no churn), then the
+    worst. Panic: no pod routable, or fewer than `panic_share` of them."""
+    total = len(pods)
+    room = math.floor(max_error_share * total + 1e-9) - sum(1 for e in pods if e.down)
+    erroring = [e for e in pods if e.unhealthy and not e.down]
+    if len(erroring) > 1:
+        erroring.sort(key=lambda e: (not e.excluded, e.health))
+    for e in pods:
+        if e.down:
+            e.excluded = True
+        elif not e.unhealthy:
+            e.excluded = False
+    for rank, e in enumerate(erroring):
+        e.excluded = rank < room
+    routable = sum(1 for e in pods if not e.excluded)
+    in_panic = panic and total > 0 and (routable == 0 or routable < panic_share * total)
+    for e in pods:
+        e.panic = in_panic
+    return in_panic

@@ -4,18 +4,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import structlog
 
 from epp.config import DataLayerConfig, EndpointConfig, EppConfig
 from epp.datalayer.endpoint import Dispatch, Endpoint
 from epp.datalayer.health import (
-    compute_health,
+    apply_floor,
+    base_health,
     decayed_error_rate,
     is_stale,
     update_exclusion,
+    with_errors,
 )
 from epp.datalayer.metrics_parser import PodMetrics
 
 EndpointListener = Callable[[str, Endpoint], None]
+
+log = structlog.get_logger("epp.datalayer")
+# A model's panic is logged at most once in this many seconds (it may flap with health).
+PANIC_LOG_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class FloorStats:
+    """What the floor under exclusion did (exported as epp_health_panic*_total)."""
+
+    panics: int = 0  # times a model entered panic
+    panic_requests: int = 0  # requests dispatched to a model in panic
+
 
 # A request reaches the engine's counts some time after the EPP chose the pod (Envoy
 # connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
@@ -34,10 +52,24 @@ class EndpointStore:
         health_threshold: float = 0.3,
         running_slots: int | None = None,
         peer_ttl_s: float = 5.0,
+        max_error_exclusion_share: float = 0.5,
+        healthy_panic_share: float = 0.0,
+        health_panic: bool = True,
     ):
         self._config = config
         self._clock = clock
         self._threshold = health_threshold
+        self._max_error_share = max_error_exclusion_share
+        self._panic_share = healthy_panic_share
+        self._panic_enabled = health_panic
+        # The latest fetch of any pod's page: failures and staleness of a pod count only
+        # against evidence that the EPP could reach pods meanwhile (datalayer/health.py).
+        self._reached_at = float("-inf")
+        # name -> the model whose floor last counted the pod; models in panic.
+        self._grouped: dict[str, str | None] = {}
+        self._panicking: set[str | None] = set()
+        self._panic_logged_at: dict[str | None, float] = {}
+        self.floor_stats = FloorStats()
         self._slots = running_slots
         self._peer_ttl = peer_ttl_s
         self._by_name: dict[str, Endpoint] = {}
@@ -56,6 +88,9 @@ class EndpointStore:
             health_threshold=config.scheduling.health_threshold,
             running_slots=config.scheduling.running_slots,
             peer_ttl_s=config.replicas.load_ttl_s,
+            max_error_exclusion_share=config.scheduling.max_error_exclusion_share,
+            healthy_panic_share=config.scheduling.healthy_panic_share,
+            health_panic=config.scheduling.health_panic,
         )
 
     # -- membership -------------------------------------------------------------
@@ -74,6 +109,7 @@ class EndpointStore:
         for name in [n for n in self._by_name if n not in wanted]:
             endpoint = self._by_name.pop(name)
             self._by_address.pop(endpoint.address, None)
+            self._regroup(endpoint)
             self._emit("removed", endpoint)
         for name, config in wanted.items():
             current = self._by_name.get(name)
@@ -82,10 +118,14 @@ class EndpointStore:
                 current.metrics_url = config.resolved_metrics_url()
                 current.configured_model = config.model
                 current.refresh()
+                self._set_health(current, self._clock())  # its model may have changed
                 continue
             if current is not None:
                 self._by_address.pop(current.address, None)
+                del self._by_name[name]
+                self._regroup(current)
                 self._emit("removed", current)
+            now = self._clock()
             endpoint = Endpoint(
                 name=name,
                 address=config.address,
@@ -93,9 +133,10 @@ class EndpointStore:
                 labels=dict(config.labels),
                 configured_model=config.model,
                 configured_slots=self._slots,
+                attempt_at=now,
             )
-            self._set_health(endpoint, self._clock())
             self._by_name[name] = endpoint
+            self._set_health(endpoint, now)
             self._by_address[config.address] = endpoint
             self._emit("added", endpoint)
 
@@ -122,14 +163,58 @@ class EndpointStore:
         return self._staleness_counts
 
     def _set_health(self, endpoint: Endpoint, now: float) -> None:
-        endpoint.health = compute_health(
-            endpoint, now, self._config, staleness_counts=self._staleness_counts
-        )
+        base = base_health(endpoint, now, self._config, self._reached_at)
+        endpoint.health = with_errors(base, endpoint, now, self._config)
+        was = (endpoint.down, endpoint.unhealthy)
+        endpoint.down = base < self._threshold
         update_exclusion(endpoint, self._threshold, self._config.readmit_health)
+        grouped = self._grouped
+        if (
+            was != (endpoint.down, endpoint.unhealthy)
+            or endpoint.name not in grouped
+            or grouped[endpoint.name] != endpoint.model
+        ):
+            self._regroup(endpoint)
         valid = endpoint.metrics is not None and not is_stale(endpoint, now, self._config)
         if valid != endpoint.gauges_valid:
             endpoint.gauges_valid = valid
             endpoint.refresh()
+
+    def _regroup(self, endpoint: Endpoint) -> None:
+        """Re-apply the floor of the pod's model (and of the model it had before); the pod
+        may have left the store."""
+        had = endpoint.name in self._grouped
+        before = self._grouped.pop(endpoint.name, None)
+        present = self._by_name.get(endpoint.name) is endpoint
+        if present:
+            self._grouped[endpoint.name] = endpoint.model
+            self._apply_floor(endpoint.model)
+        if had and (not present or before != endpoint.model):
+            self._apply_floor(before)
+
+    def _apply_floor(self, model: str | None) -> None:
+        pods = [e for e in self._by_name.values() if e.model == model]
+        panic = apply_floor(pods, self._max_error_share, self._panic_share, self._panic_enabled)
+        if panic == (model in self._panicking):
+            return
+        now = self._clock()
+        if panic:
+            self._panicking.add(model)
+            self.floor_stats.panics += 1
+        else:
+            self._panicking.discard(model)
+        if panic and now - self._panic_logged_at.get(model, float("-inf")) >= PANIC_LOG_EVERY_S:
+            self._panic_logged_at[model] = now
+            log.warning(
+                "health_panic",
+                model=model,
+                pods=len(pods),
+                down=sum(1 for e in pods if e.down),
+                unhealthy=sum(1 for e in pods if e.unhealthy),
+                detail="too few routable pods: routing to all pods of the model",
+            )
+        elif not panic and pods:
+            log.info("health_panic_over", model=model, pods=len(pods))
 
     # -- data-layer updates --------------------------------------------------------
     def scraped(
@@ -141,7 +226,10 @@ class EndpointStore:
         now = self._clock()
         endpoint.metrics = metrics
         endpoint.metrics_at = now
+        endpoint.attempt_at = now
+        self._reached_at = now
         endpoint.consecutive_failures = 0
+        endpoint.charged_failures = 0
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
@@ -234,9 +322,13 @@ class EndpointStore:
         return True
 
     def scrape_failed(self, endpoint: Endpoint, error: str) -> None:
+        now = self._clock()
         endpoint.consecutive_failures += 1
+        if self._reached_at > endpoint.attempt_at:
+            endpoint.charged_failures += 1  # another pod answered meanwhile
+        endpoint.attempt_at = now
         endpoint.last_error = error
-        self._set_health(endpoint, self._clock())
+        self._set_health(endpoint, now)
         self._emit("updated", endpoint)
 
     def refresh_health(self) -> None:
@@ -269,6 +361,8 @@ class EndpointStore:
         endpoint.dispatched_total += 1
         seq = endpoint.dispatched_total
         endpoint.open[seq] = Dispatch(seq, tokens, self._clock())
+        if endpoint.panic:
+            self.floor_stats.panic_requests += 1
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += tokens
         endpoint.dispatched_tokens += tokens

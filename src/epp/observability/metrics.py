@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import epp
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
     from epp.datalayer.kv_subscriber import KvEventSubscriber
     from epp.prefix.kv_events import KvEventStats
+    from epp.datalayer.store import FloorStats
 
 log = structlog.get_logger("epp.datalayer")
 
@@ -81,6 +82,15 @@ class _PodCollector(Collector):
                 lambda e: 1.0 if e.excluded else 0.0,
             ),
         }
+            "epp_pod_exclusion_capped": (
+                "1 while the pod's 5xx answers would exclude it but the floor keeps it"
+                " routable (scheduling.max_error_exclusion_share of its model are out).",
+                lambda e: 1.0 if e.unhealthy and not e.excluded else 0.0,
+            ),
+            "epp_pod_health_panic": (
+                "1 while the pod's model is in panic: too few routable pods, so all are routed to.",
+                lambda e: 1.0 if e.panic else 0.0,
+            ),
         endpoints = list(self._endpoints())
         for name, (doc, value) in families.items():
             family = GaugeMetricFamily(name, doc, labels=["pod"])
@@ -96,6 +106,26 @@ class _PodCollector(Collector):
 
 
 def _trace_report(endpoint: Endpoint) -> None:
+class _FloorCollector(Collector):
+    """The floor under exclusion's counts (EndpointStore.floor_stats), read at scrape time."""
+
+    def __init__(self, stats: FloorStats):
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "epp_health_panics",
+            "Times a model entered panic (no routable pod, or fewer than"
+            " scheduling.healthy_panic_share): its pods were all routed to.",
+            value=self._stats.panics,
+        )
+        yield CounterMetricFamily(
+            "epp_health_panic_requests",
+            "Requests routed to a model in panic, excluded pods included.",
+            value=self._stats.panic_requests,
+        )
+
+
     page = endpoint.metrics
     trace(
         log,
@@ -248,6 +278,10 @@ class EppMetrics:
     def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
         """Export discovery's state (`EppService.discovery`), read at each scrape."""
         self.registry.register(DiscoveryCollector(state))
+    def watch_floor(self, stats: FloorStats) -> None:
+        """Export the floor under health exclusion (EndpointStore.floor_stats)."""
+        self.registry.register(_FloorCollector(stats))
+
 
     def watch_kv_events(
         self,

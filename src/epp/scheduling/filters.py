@@ -42,7 +42,8 @@ class ModelFilter:
 
 @dataclass(slots=True)
 class HealthFilter:
-    """Pods with health below the threshold (default 0.3) receive no new traffic."""
+    """Pods with health below the threshold (default 0.3) receive no new traffic, unless
+    their model is in panic (too few routable pods: see datalayer/health.py)."""
 
     threshold: float = 0.3
     name: str = "health"
@@ -50,10 +51,11 @@ class HealthFilter:
     reject_reason: str = "rejected-no-healthy-endpoints"
 
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
-        # `excluded` carries the hysteresis (datalayer/health.py): a pod that fell below
-        # the threshold stays out until it has recovered well above it.
+        # `excluded` carries the hysteresis and the floor of the pod's model (datalayer/
+        # health.py): a pod that fell below the threshold stays out until it has recovered
+        # well above it, unless too many of its model's pods are out already.
         threshold = self.threshold
-        return [e for e in candidates if e.health >= threshold and not e.excluded]
+        return [e for e in candidates if e.panic or (e.health >= threshold and not e.excluded)]
 
 
 @dataclass(slots=True)
