@@ -100,3 +100,28 @@ def test_a_full_map_costs_under_24_bytes_a_block():
     assert len(engine) == n
     # A dict of int -> int costs ~78 bytes a block here (slot + the hash's int object).
     assert engine.nbytes() / n < 24
+
+
+def test_a_used_block_gets_a_second_chance_and_a_cold_one_goes():
+    """CLOCK: `used` (the index's mark, cleared when read) sends a block to the back of
+    its bucket once; without use since, it goes at its next turn."""
+    engine = EngineMap(32)  # one bucket: the oldest first
+    for h in range(1, 6):
+        engine.add(h, BlockHash(100 + h))
+    engine.add(9, (BlockHash(7), BlockHash(8)))  # aside (two keys): second chance too
+    marks = {101, 8}
+
+    def used(keys: object) -> bool:
+        hit = bool(marks & ({keys} if isinstance(keys, int) else set(keys)))  # type: ignore[arg-type]
+        marks.difference_update({keys} if isinstance(keys, int) else set(keys))  # type: ignore[arg-type]
+        return hit
+
+    assert engine.pop_oldest(2, used) == [102, 103]  # 9 (aside) and 101 were used
+    assert engine.pop_oldest(1, used) == [(7, 8)]  # its mark was spent: its turn now
+    assert engine.pop_oldest(3, used) == [104, 105, 101]
+    assert len(engine) == 0
+    # Everything used: one turn clears the marks, then the oldest goes (it terminates).
+    for h in range(1, 4):
+        engine.add(h, BlockHash(100 + h))
+    marks = {101, 102, 103}
+    assert engine.pop_oldest(1, used) == [101]

@@ -416,3 +416,129 @@ def test_fuzz_random_events_for_one_pod_never_change_another_pods_entries():
     for ids in prompts:
         got = index.match(router_hashes(ids))
         assert got.get("victim") == before[tuple(ids)]["victim"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_prefix_stored_once_and_then_only_hit_survives_the_capacity_bound():
+    """A system prompt is stored once, then only hit (a hit stores nothing): each routed
+    hit marks it used, so the capacity bound (CLOCK) keeps it while the cold suffixes
+    stored since go. Insertion order evicted it first, for good."""
+    rng = random.Random(21)
+    engine = Engine()  # its KV holds everything: only the index's bound (64) evicts
+    clock = Clock()
+    index = PrefixIndex(64, clock=clock)
+    precise = PreciseIndex(index, 16, KvEventStats())
+    precise.attach("a", MODEL)
+    system = tokens(rng, 64)  # 4 blocks
+    engine.serve(system)
+    precise.apply_events("a", engine.events())
+    for i in range(200):
+        clock.now = float(i)
+        prompt = system + tokens(rng, 32)  # 2 new blocks each time
+        hashes = router_hashes(prompt)
+        assert index.match(hashes).get("a") == 4, f"the system prompt was dropped at {i}"
+        index.record("a", hashes, token=f"r{i}")  # the decision that routed it (epp.routing)
+        engine.serve(prompt)
+        precise.apply_events("a", engine.events())
+        index.completed(f"r{i}", clock.now)
+    assert index.precise_capacity_evictions > 300  # the bound did evict: the cold ones
+    assert index.blocks("a") <= 64
+    assert index.match(router_hashes(system)) == {"a": 4}
+
+
+def test_a_prefix_not_hit_again_still_goes_at_its_turn():
+    rng = random.Random(22)
+    engine = Engine()
+    clock = Clock()
+    index = PrefixIndex(64, clock=clock)
+    precise = PreciseIndex(index, 16, KvEventStats())
+    precise.attach("a", MODEL)
+    once = tokens(rng, 64)
+    engine.serve(once)
+    precise.apply_events("a", engine.events())
+    index.record("a", router_hashes(once), token="hit")  # one hit, then never again
+    index.completed("hit", 0.0)
+    for _ in range(100):
+        engine.serve(tokens(rng, 32))
+        precise.apply_events("a", engine.events())
+    assert index.match(router_hashes(once)) == {}
+
+
+def _resynced_pod(rng: random.Random) -> tuple[Engine, PrefixIndex, PreciseIndex, Clock]:
+    engine = Engine()
+    clock = Clock()
+    index = PrefixIndex(100_000, clock=clock)
+    precise = PreciseIndex(index, 16, KvEventStats())
+    precise.attach("a", MODEL)
+    return engine, index, precise, clock
+
+
+def test_a_prefix_held_from_before_a_resync_is_relearnt_from_a_routed_requests_events():
+    """The engine holds a system prompt stored before the router listened (or before a
+    resync whose replay buffer did not reach back). A request routed to the pod with that
+    prefix hits it and stores only its own suffix, whose parent we never saw: the open
+    prediction places that parent, so the prefix is relearnt as reported, the suffix is
+    stored with its keys, and the parent's removal drops the relearnt prefix."""
+    rng = random.Random(23)
+    engine, index, precise, clock = _resynced_pod(rng)
+    system = tokens(rng, 64)
+    engine.serve(system)
+    engine.events()  # missed
+    prompt = system + tokens(rng, 32)
+    index.record("a", router_hashes(prompt), token="r1")
+    engine.serve(prompt)
+    precise.apply_events("a", engine.events())
+    index.completed("r1", 0.0)
+    clock.now = 100.0  # every prediction expired: only what the engine's word says stays
+    assert index.expire(clock.now) == 0  # nothing left to expire: all confirmed
+    assert index.match(router_hashes(system)) == {"a": 4}
+    assert index.match(router_hashes(prompt)) == {"a": 6}
+    assert all(index.reported("a", key) for key in router_hashes(prompt))
+    assert precise.stats.counts["relearned_blocks"] == 4
+    assert precise.stats.counts["unknown_parent"] == 0
+    # The relearnt prefix goes with its last engine block.
+    last = sim_hashing.block_hashes(system, 16)[-1]
+    precise.apply_events("a", [BlockRemoved(block_hashes=[last])])
+    assert index.match(router_hashes(system)) == {}
+
+
+def test_an_unknown_parent_two_open_predictions_place_differently_is_not_guessed():
+    rng = random.Random(24)
+    engine, index, precise, clock = _resynced_pod(rng)
+    shared = tokens(rng, 16)  # one block both prompts end with
+    first, second = tokens(rng, 64) + shared, tokens(rng, 64) + shared
+    engine.serve(first)
+    engine.events()  # missed: the engine holds `first`
+    index.record("a", router_hashes(first), token="r1")
+    index.record("a", router_hashes(second), token="r2")
+    engine.serve(second)
+    precise.apply_events("a", engine.events())  # `second` whole: a root, no guess needed
+    orphan = BlockStored(block_hashes=[777], parent_block_hash=999, token_ids=shared, block_size=16)
+    precise.apply_events("a", [orphan])  # `shared` after either prefix: ambiguous
+    assert precise.stats.counts["relearn_ambiguous"] == 1
+    assert precise.stats.counts["unknown_parent"] == 1
+    index.completed("r1", 0.0)
+    index.completed("r2", 0.0)
+    clock.now = 100.0
+    assert index.match(router_hashes(first)) == {}
+
+
+def test_a_child_that_continues_no_open_prediction_stays_unknown():
+    rng = random.Random(25)
+    engine, index, precise, _ = _resynced_pod(rng)
+    head = tokens(rng, 64)
+    engine.serve(head)
+    engine.events()
+    index.record("a", router_hashes(tokens(rng, 96)), token="other")  # another prompt
+    engine.serve(head + tokens(rng, 32))  # not routed by us (no prediction of it)
+    precise.apply_events("a", engine.events())
+    assert precise.stats.counts["unknown_parent"] == 2
+    assert precise.stats.counts["relearned_blocks"] == 0
+    assert index.match(router_hashes(head)) == {}

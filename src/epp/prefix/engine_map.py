@@ -7,9 +7,11 @@ biggest part of a precise entry (docs/benchmarks/index.md). The pairs are instea
 16-byte records (engine hash, key: two little-endian uint64) in small bytearrays, one per
 bucket of the engine hash's low bits, about 32 records each at the pod's capacity. A lookup
 is one `bytearray.find` over a few hundred bytes (C, no object per record) plus a check
-that the match is a record's hash field, not a key or a straddle. Records keep the order
-they were stored in within their bucket, so the capacity bound takes the oldest of each
-bucket in turn.
+that the match is a record's hash field, not a key or a straddle. Each bucket is a CLOCK
+queue: records keep the order they were stored in, and the capacity bound takes the front
+record of each bucket in turn unless the index says it was used since (a routed hit), in
+which case it goes to the back once. The "used" mark costs nothing here: it is the pod's
+mark bit in the index (`PrefixIndex`), unused otherwise in precise mode.
 
 What does not fit a record (a hash or key outside 0..2**64-1, several keys for one engine
 block, unknown keys) goes to a plain dict beside the buckets.
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 
 from epp.prefix.hashing import BlockHash
 
@@ -195,21 +198,49 @@ class EngineMap:
         self._records -= len(found) - aside
         return found
 
-    def pop_oldest(self, n: int) -> list[EngineKeys]:
-        """Forget about `n` blocks, the oldest first: those aside, then the oldest record
-        of each bucket in turn. Their keys."""
+    def pop_oldest(
+        self, n: int, used: Callable[[EngineKeys], bool] | None = None
+    ) -> list[EngineKeys]:
+        """Forget about `n` blocks, the least recently used first: CLOCK (second chance)
+        over the blocks aside, then over each bucket in turn. `used(keys)` says whether a
+        block was used since its last turn and clears that mark (the index keeps it in the
+        pod's mark bit of the key: no byte here); a used block goes to the back of its
+        queue instead, once. Without `used`, the oldest first. Their keys.
+
+        Bounded: a turn either evicts or clears a mark, so at most `n` + the marks set +
+        one sweep of empty buckets. A block aside gets its second chance at most once a
+        call (the dict is gone through once), so hot ones stay while cold ones go."""
         out: list[EngineKeys] = []
         other = self._other
-        while other and len(out) < n:
-            out.append(other.pop(next(iter(other))))
+        visits = len(other)  # each block aside is looked at once at most
+        while visits and len(out) < n:
+            # The front in chunks: a dict walked from its start skips what was deleted.
+            chunk = list(islice(other, min(visits, n - len(out))))
+            visits -= len(chunk)
+            for engine_hash in chunk:
+                keys = other.pop(engine_hash)
+                if used is not None and used(keys):
+                    other[engine_hash] = keys  # to the back
+                else:
+                    out.append(keys)
         buckets = self._buckets
         cursor = self._cursor
         while len(out) < n and self._records:
-            buf = buckets[cursor]
+            slot = cursor
+            buf = buckets[slot]
             cursor = (cursor + 1) & self._mask
             if buf:
-                out.append(_unpack_key(buf, 8)[0])
+                key = _unpack_key(buf, 8)[0]
+                if used is not None and used(key):
+                    if len(buf) > _RECORD:
+                        record = buf[:_RECORD]
+                        del buf[:_RECORD]
+                        buf += record  # a second chance: the back of its bucket
+                    continue
+                out.append(key)
                 del buf[:_RECORD]
+                if not buf:
+                    buckets[slot] = None
                 self._records -= 1
         self._cursor = cursor
         return out

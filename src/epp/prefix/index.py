@@ -54,7 +54,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -573,6 +573,48 @@ class PrefixIndex:
             self._bound_engine(slot)
         return True
 
+    def open_predictions(self, pod: str) -> Iterator[list[BlockHash]]:
+        """The blocks (prompt order) of each of the pod's predictions not yet released:
+        requests in flight, newest first, then those in their TTL, newest first. Each
+        list holds what its `record` predicted: the prompt's blocks the engine had not
+        reported then (a subsequence of the prompt's blocks, its head first)."""
+        slot = self._pods.get(pod)
+        if slot is None or not slot.precise:
+            return
+        for prediction in reversed(self._by_token.values()):
+            if prediction.slot is slot and prediction.keys:
+                yield prediction.keys
+        for _, prediction in reversed(self._expiring):
+            if prediction.slot is slot and prediction.keys:
+                yield prediction.keys
+
+    def relearn_engine_block(self, pod: str, engine_hash: int, keys: Sequence[BlockHash]) -> bool:
+        """The precise pod's engine holds the prefix `keys` (prompt order), `engine_hash`
+        being its last block's, though no event of ours stored it (it predates a restart or
+        a resync, or the capacity bound dropped it): `epp.prefix.precise` learnt it from a
+        child's `BlockStored`. Kept as one engine block holding the keys the pod's events
+        had not reported (its own keys, last, always): its removal drops them together,
+        and a routed hit keeps it (CLOCK). False (nothing done) unless the pod is precise
+        and the engine block is unknown or held with unknown keys."""
+        slot = self._pods.get(pod)
+        if slot is None or not slot.precise or slot.engine is None or not keys:
+            return False
+        held = slot.engine.get(engine_hash)
+        if held:
+            return False
+        if held is not None:  # (): stored as the child of a parent we did not know
+            slot.engine.pop(engine_hash)
+        holders_of = self._holders.get
+        hold = slot.hold
+        predicted = slot.predicted
+        group = [
+            key
+            for key in keys[:-1]
+            if key in predicted or not (holders_of(key, 0) & hold)  # not reported
+        ]
+        group.append(keys[-1])
+        return self.store_engine_blocks(pod, [engine_hash], group, len(group))
+
     def remove_engine_blocks(self, pod: str, engine_hashes: Iterable[int]) -> int:
         """The precise pod evicted these engine blocks; how many it was known to hold."""
         slot = self._pods.get(pod)
@@ -710,8 +752,9 @@ class PrefixIndex:
         predicted_of = predicted.get
         holders = self._holders
         holders_of = holders.get
-        bit = slot.hold
+        bit, mark = slot.hold, slot.mark
         fresh: list[BlockHash] = []
+        hit = True  # still within the prefix the pod holds (what this decision reuses)
         for block in hashes:
             value = predicted_of(block)
             if value is None:
@@ -719,10 +762,15 @@ class PrefixIndex:
                 if mask is None:
                     holders[block] = bit
                 elif mask & bit:
-                    continue  # the engine said it holds it: nothing to predict
+                    # The engine said it holds it: nothing to predict. A hit uses it: the
+                    # mark keeps it through the capacity bound's next turn (CLOCK).
+                    if hit and not mask & mark:
+                        holders[block] = mask | mark
+                    continue
                 else:
                     holders[block] = mask | bit
                 predicted[block] = created
+                hit = False
             else:
                 predicted[block] = value + 1  # one more prediction holds it
             fresh.append(block)
@@ -757,6 +805,30 @@ class PrefixIndex:
         excess = len(engine) - slot.capacity
         if excess > 0:
             excess += slot.capacity >> 5
-            for keys in engine.pop_oldest(excess):
+            for keys in engine.pop_oldest(excess, self._used_since(slot)):
                 self._clear_keys(keys, slot)
             self.precise_capacity_evictions += excess
+
+    def _used_since(self, slot: _Pod) -> Callable[[EngineKeys], bool]:
+        """For the capacity bound of a precise pod: whether a routed hit used the engine
+        block since its last turn (the pod's mark bit on any of its keys, set by
+        `_predict`), clearing the mark."""
+        holders = self._holders
+        mark = slot.mark
+
+        def used(keys: EngineKeys) -> bool:
+            if isinstance(keys, int):
+                mask = holders.get(keys)
+                if mask is not None and mask & mark:
+                    holders[keys] = mask ^ mark
+                    return True
+                return False
+            marked = False
+            for key in keys:
+                mask = holders.get(key)
+                if mask is not None and mask & mark:
+                    holders[key] = mask ^ mark
+                    marked = True
+            return marked
+
+        return used

@@ -110,6 +110,8 @@ REASONS = (
     "unknown_removals",  # engine blocks removed that the index did not hold
     "all_blocks_cleared",
     "unknown_parent",  # BlockStored whose parent is unknown: kept, unmatchable
+    "relearned_blocks",  # blocks held out of our sight, learnt from a child's parent
+    "relearn_ambiguous",  # an unknown parent two open predictions placed differently
     "ignored_medium",  # blocks on CPU / disk tiers: not in the GPU cache the router scores
     "ignored_group",  # blocks of a KV cache group that is not full attention
     "unsupported_block_size",  # engine block size not a multiple of prefix.block_size

@@ -57,6 +57,9 @@ from epp.prefix.precise_stale import PreciseStaleCheck, claim_cap
 
 _encode = msgspec.msgpack.Encoder().encode
 _NO_KEYS: tuple[BlockHash, ...] = ()
+# Candidate blocks of open predictions hashed to place one stored block of an unknown
+# parent (about 0.2 us each): a bound on the work one event can cause.
+_RELEARN_BUDGET = 4096
 
 
 def request_seed(model: str | None, lora_name: str | None, cache_salt: str | None) -> int:
@@ -232,6 +235,8 @@ class PreciseIndex:
         else:
             parent = index.engine_block(pod, event.parent_block_hash)
             if not parent:  # None: never seen; (): seen, but its keys are unknown
+                parent = self._relearn_parent(pod, event, ours)
+            if not parent:
                 stats.add("unknown_parent", n)
                 index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
                 return
@@ -252,6 +257,46 @@ class PreciseIndex:
         self._engine_block_size[pod] = event.block_size
         index.set_match_unit(pod, per_block)
         self.stale.stored(pod, keys)
+
+    def _relearn_parent(self, pod: str, event: BlockStored, ours: int) -> BlockHash | None:
+        """Our key for the unknown parent of a stored block, learnt from what was routed to
+        the pod; None if no open prediction tells it, or two tell different ones.
+
+        vLLM computes a prompt from the first block it lacks: every block before the
+        first one it stores was a hit, held by the engine. So if the stored block's tokens
+        continue exactly one open prediction of the pod after its block `p - 1` (our key
+        of block p, chained from block p - 1, is the prediction's next key), the parent is
+        that block and the engine holds the prediction's whole prefix up to it: relearnt
+        as reported (`PrefixIndex.relearn_engine_block`). Plain text blocks only (no
+        foreign extra keys). Bounded: at most `_RELEARN_BUDGET` candidate blocks hashed."""
+        if len(event.token_ids) < ours or self._opaque(event) is not None:
+            return None
+        try:
+            first = array("I", event.token_ids[:ours]).tobytes()
+        except (OverflowError, TypeError):
+            return None
+        digest = xxhash.xxh64_intdigest
+        found: list[BlockHash] | None = None
+        budget = _RELEARN_BUDGET
+        for keys in self.index.open_predictions(pod):
+            for p in range(1, min(len(keys), budget + 1)):
+                if digest(first, keys[p - 1]) == keys[p]:
+                    if found is None:
+                        found = keys[:p]
+                    elif found[-1] != keys[p - 1]:
+                        self.stats.add("relearn_ambiguous")
+                        return None
+                    break
+            budget -= len(keys) - 1
+            if budget <= 0:
+                break
+        parent = event.parent_block_hash
+        if found is None or parent is None:
+            return None
+        if not self.index.relearn_engine_block(pod, parent, found):
+            return None
+        self.stats.add("relearned_blocks", len(found))
+        return found[-1]
 
     def _root_seed(self, pod: str, event: BlockStored) -> int | None:
         """The chain seed of a prompt's first block; None if its extra keys hold more than

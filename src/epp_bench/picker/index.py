@@ -176,8 +176,8 @@ class DictEngineMap(EngineMap):
             self._churn = 0
         return found
 
-    def pop_oldest(self, n: int) -> list[EngineKeys]:
-        return [self._table.pop(h) for h in list(islice(self._table, n))]
+    def pop_oldest(self, n: int, used: object = None) -> list[EngineKeys]:
+        return [self._table.pop(h) for h in list(islice(self._table, n))]  # oldest: as before
 
     def nbytes(self) -> int:
         return sys.getsizeof(self._table)
