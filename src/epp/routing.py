@@ -33,7 +33,7 @@ import random
 import secrets
 import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -58,7 +58,7 @@ from epp.prefix.blocks import PromptBlocks, prompt_blocks
 from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request import InferenceRequest, RequestRejected, parse_request, with_model
-from epp.scheduling.admission import FlowQueue, Waiting, request_priority
+from epp.scheduling.admission import FlowQueue, Offer, Waiting, request_priority
 from epp.scheduling.models import resolve_model
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import (
@@ -182,7 +182,12 @@ class Router:
             flow.max_requests, flow.max_bytes
         )
         self._open: dict[str, RoutedRequest] = {}
+        # A release pass is due (room may have returned since the last one).
         self._release_pending = False
+        # Placements (`_placement`) known to have no room since room last returned. Every
+        # waiting request's placement is in it unless a release pass is due: a request
+        # whose placement is in it may wait at once, without a scheduling attempt.
+        self._full: set[Hashable] = set()
         self._models = ModelTable()
         self._rng = random.Random()
         # Connected by the app for peer replicas (module docstring); no I/O may happen in
@@ -228,8 +233,10 @@ class Router:
             for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
                 del self._open[token]
             self._scheduler.observe(Removed(endpoint))
-        elif event in ("released", "updated", "added") and len(self._waiting):
-            self._schedule_release()
+        elif event in ("released", "updated", "added"):
+            self._full.clear()  # room may have returned
+            if len(self._waiting):
+                self._schedule_release()
 
     # -- the decision -------------------------------------------------------------
     def prepare(
@@ -437,11 +444,15 @@ class Router:
             )
         admitted = time.perf_counter()
         try:
-            if len(self._waiting) and self._others_wait(prepared):
-                # Requests of this model wait already: no overtaking them unless this one
-                # ranks higher. (Another model's backlog does not hold this one back.)
-                raise Saturated(429, "requests are waiting for capacity", reason=SATURATED)
-            routed = self.dispatch(prepared)
+            if self._waiting.ranks_at_least(prepared.priority):
+                # Waiting requests of this rank or higher choose first (the queue's
+                # invariant, scheduling/admission.py): no overtaking them on a pod they
+                # may use, and no waiting behind one whose pods this one does not need.
+                if self._release_pending:
+                    self.release_waiting(min_priority=prepared.priority)
+                if self._placement(prepared) in self._full:
+                    raise Saturated(429, "requests are waiting for capacity", reason=SATURATED)
+            routed = self._dispatch_or_mark_full(prepared)
             self._metrics.upstream.admission(prepared.upstream, DISPATCHED, admitted)
             return routed
         except Saturated as exc:
@@ -470,11 +481,19 @@ class Router:
         return self._prepared(parsed, body, request_id, subset, headers, started, ids)
 
     # -- admission ------------------------------------------------------------------
-    def _others_wait(self, prepared: PreparedRequest) -> bool:
-        model = prepared.request.model or ""
-        return any(
-            w.model == model and w.priority >= prepared.priority for w in self._waiting.candidates()
-        )
+    @staticmethod
+    def _placement(prepared: PreparedRequest) -> Hashable:
+        """The pods a request may use, as a key: what the scheduler's filters read of the
+        request (model filter: base model; subset filter: the proxy's hint). The other
+        filters (health, saturation) read only the pods."""
+        return (prepared.base_model, prepared.subset)
+
+    def _dispatch_or_mark_full(self, prepared: PreparedRequest) -> RoutedRequest:
+        try:
+            return self.dispatch(prepared)
+        except Saturated:
+            self._full.add(self._placement(prepared))
+            raise
 
     def _refuse(self, prepared: PreparedRequest, message: str, reason: str) -> RequestRejected:
         retry = self._flow.retry_after_s
@@ -502,6 +521,7 @@ class Router:
             prepared.size,
             now,
             now + flow.ttl_s,
+            placement=self._placement(prepared),
         )
         if not self._waiting.push(waiting):
             outcomes.labels("rejected-saturated").inc()
@@ -557,37 +577,46 @@ class Router:
         except RuntimeError:
             return  # no loop (a test driving the store directly): nobody can be waiting
         self._release_pending = True
-        loop.call_soon(self.release_waiting)
+        loop.call_soon(self._release_soon)
 
-    def release_waiting(self) -> int:
-        """Dispatch waiting requests while pods have room; returns how many went."""
-        self._release_pending = False
-        released = 0
-        blocked: set[str] = set()
+    def _release_soon(self) -> None:
+        # A loop callback: an exception here would reach only asyncio's handler.
+        try:
+            self.release_waiting()
+        except Exception as exc:
+            self._metrics.background.failed("queue-release", exc)
+
+    def release_waiting(self, min_priority: int | None = None) -> int:
+        """One release pass (FlowQueue.release): dispatch waiting requests, as many as
+        pods have room for; returns how many went. With `min_priority`, only those of
+        that priority or higher (a newer request's turn comes after them), and the full
+        pass stays due. A request whose dispatch raised gets that exception (its stream
+        answers 500 internal-error); the pass goes on with the others."""
+        if min_priority is None:
+            self._release_pending = False
         cycle_start = time.perf_counter()
-        for waiting in list(self._waiting.candidates()):
-            prepared, future = waiting.item
-            if future.done():
-                continue
-            if waiting.model in blocked:
-                continue
-            try:
-                routed = self.dispatch(prepared)
-            except Saturated:
-                blocked.add(waiting.model)
-                continue
-            except RequestRejected as exc:
-                self._waiting.remove(waiting)
-                self._flow_metrics.outcomes.labels("failed").inc()
-                future.set_exception(exc)
-                continue
-            self._waiting.remove(waiting)
-            future.set_result(routed)
-            released += 1
+        released = self._waiting.release(self._offer, self._full, min_priority)
         self._update_queue_gauges()
         if len(self._waiting) or released:
             self._metrics.upstream.dispatch_cycle(time.perf_counter() - cycle_start)
         return released
+
+    def _offer(
+        self, waiting: Waiting[tuple[PreparedRequest, asyncio.Future[RoutedRequest]]]
+    ) -> Offer:
+        prepared, future = waiting.item
+        if future.done():
+            return Offer.LEFT  # given up (its `_admit` takes it out too)
+        try:
+            routed = self.dispatch(prepared)
+        except Saturated:
+            return Offer.NO_ROOM
+        except Exception as exc:  # a refusal, or a bug (a scorer's): this request's answer
+            self._flow_metrics.outcomes.labels("failed").inc()
+            future.set_exception(exc)
+            return Offer.LEFT
+        future.set_result(routed)
+        return Offer.PLACED
 
     def _update_queue_gauges(self) -> None:
         size = len(self._waiting)
@@ -604,7 +633,10 @@ class Router:
         return [r.upstream for r in self._open.values() if r.upstream is not None]
 
     def tick(self) -> None:
-        """Periodic upkeep: retry the queue, forget reservations the store dropped."""
+        """Periodic upkeep: retry the queue, forget reservations the store dropped. Room
+        that the clock alone returns (health recovering, stale gauges no longer counted)
+        raises no store event: the tick is when it is noticed."""
+        self._full.clear()
         if len(self._waiting):
             self.release_waiting()
         stale = [t for t, r in self._open.items() if r.dispatch not in r.endpoint.open]

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 import epp
 from epp.datalayer.endpoint import Endpoint
 from epp.observability.answers import Answers
+from epp.observability.background import BackgroundErrors
 from epp.observability.discovery import DiscoveryCollector
 from epp.observability.kv_events import KvEventsCollector
 from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
@@ -268,6 +269,8 @@ class EppMetrics:
 
         # Sampling starts with `loop_lag.start()` on the running loop (EppService.start).
         self.loop_lag = LoopLagMonitor(r)
+        # Exceptions in background work (maintenance loop, queue release passes), survived.
+        self.background = BackgroundErrors(r)
 
     def set_limits(self, *, max_queue: int, health_threshold: float) -> None:
         """The configured limits the alert rules compare with (deploy/prometheus)."""
