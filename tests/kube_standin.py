@@ -12,15 +12,22 @@ talks to, over real HTTP on loopback (a threaded `http.server`):
   `allowWatchBookmarks=true`) and ERROR with a 410 Status when the history since N was
   compacted; `timeoutSeconds` ends the stream cleanly;
 - API discovery, `GET /apis/<group>/<version>`: an APIResourceList of the installed
-  resources, 404 when none of the group is installed (the CRD is absent).
+  resources, 404 when none of the group is installed (the CRD is absent);
+- Leases (coordination.k8s.io/v1, always served, for leader election): GET of one
+  (`.../namespaces/<ns>/leases/<name>`, 404 if absent), POST to the collection (409
+  AlreadyExists if the name is taken), PUT of one (409 Conflict unless the body's
+  `metadata.resourceVersion` is the stored one: optimistic concurrency as the API server
+  does it; 404 if absent). Every write gets a new resourceVersion.
 
 Faults, on demand: `expire()` (410 Gone to open watches and to watches from older
 versions), `drop_watches()` (the connection is cut mid-stream, without the final chunk),
-`fail_next()` (the next requests get an error status). Every request is recorded in
+`fail_next()` (the next requests get an error status), `refuse_lease_writes(holder)` (every
+Lease write naming that holder gets a 500: a leader cut off from the API server, while
+others still reach it). Every request is recorded in
 `requests`, so tests can check that the client asked only for what its RBAC allows.
 
 It is not a real API server: no authentication, no admission, no pagination, one global
-resourceVersion counter, writes only through its Python methods. Schema validation is
+resourceVersion counter, writes only through its Python methods except for Leases. Schema validation is
 the caller's: `admitted(obj)` checks a custom resource against its upstream CRD's
 `openAPIV3Schema` (tests/fixtures/upstream/*/crd) and applies the schema's defaults, as
 the API server would before storing it; tests serve what it returns.
@@ -45,7 +52,7 @@ from urllib.parse import parse_qsl, urlsplit
 import jsonschema
 import yaml
 
-from epp.datalayer.kubernetes_resources import WATCHED_RESOURCES, WatchedResource
+from epp.datalayer.kubernetes_resources import LEASE, WATCHED_RESOURCES, WatchedResource
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # group, version, plural, namespace
@@ -128,6 +135,7 @@ class KubeStandIn:
         self._compacted = 0  # watches from a version below this get 410
         self._closing = False
         self._failures: list[tuple[str, int]] = []  # (path substring, status)
+        self._refused_holders: set[str] = set()  # Lease writes naming these get a 500
         self._open: dict[Key, int] = {}
         self.gone_as_status = gone_as_status  # 410 as the HTTP status, not an ERROR event
         self.requests: list[Seen] = []
@@ -140,6 +148,12 @@ class KubeStandIn:
                 pass
 
             def do_GET(self) -> None:
+                standin._handle(self)
+
+            def do_POST(self) -> None:
+                standin._handle(self)
+
+            def do_PUT(self) -> None:
                 standin._handle(self)
 
         self._server = _QuietServer(("127.0.0.1", 0), Handler)
@@ -254,6 +268,12 @@ class KubeStandIn:
         with self._cond:
             self._failures.extend([(path_contains, status)] * count)
 
+    def refuse_lease_writes(self, holder: str | None) -> None:
+        """Lease creates and updates whose holderIdentity is `holder` get a 500 from now
+        on; None: accept every write again."""
+        with self._cond:
+            self._refused_holders = set() if holder is None else {*self._refused_holders, holder}
+
     def open_watches(self, resource: WatchedResource | None = None) -> int:
         with self._cond:
             return sum(
@@ -281,13 +301,21 @@ class KubeStandIn:
         query = dict(parse_qsl(parts.query))
         path = parts.path
         with self._cond:
-            self.requests.append(Seen("GET", path, query))
+            self.requests.append(Seen(h.command, path, query))
             failure = next((f for f in self._failures if f[0] in path), None)
             if failure is not None:
                 self._failures.remove(failure)
         if failure is not None:
             return self._json(h, failure[1], _status(failure[1], "InternalError", "injected"))
         segments = path.strip("/").split("/")
+        if (
+            len(segments) in (6, 7)
+            and segments[:4] == ["apis", LEASE.group, LEASE.version, "namespaces"]
+            and segments[5] == LEASE.resource
+        ):
+            return self._lease(h, segments[4], segments[6] if len(segments) == 7 else None)
+        if h.command != "GET":
+            return self._json(h, 405, _status(405, "MethodNotAllowed", f"{h.command} {path}"))
         if segments[:2] == ["api", "v1"] and len(segments) == 5 and segments[2] == "namespaces":
             group, version, namespace, plural = "", "v1", segments[3], segments[4]
         elif segments[0] == "apis" and len(segments) == 6 and segments[3] == "namespaces":
@@ -304,6 +332,56 @@ class KubeStandIn:
         if query.get("watch") in ("true", "1"):
             return self._watch(h, key, query)
         return self._list(h, key, resource, query)
+
+    def _lease(self, h: BaseHTTPRequestHandler, namespace: str, name: str | None) -> None:
+        """GET one, POST (create), PUT (update with resourceVersion) of a Lease."""
+        body: Obj | None = None
+        if h.command in ("POST", "PUT"):
+            body = json.loads(h.rfile.read(int(h.headers.get("Content-Length") or 0)))
+        key = self._key(LEASE, namespace)
+        with self._cond:
+            store = self._objects.setdefault(key, {})
+            if h.command == "GET" and name is not None:
+                if name not in store:
+                    return self._json(h, 404, _status(404, "NotFound", f"lease {name} not found"))
+                return self._json(h, 200, copy.deepcopy(store[name]))
+            if body is None or h.command not in ("POST", "PUT"):
+                return self._json(h, 405, _status(405, "MethodNotAllowed", "lease"))
+            holder = (body.get("spec") or {}).get("holderIdentity")
+            if holder in self._refused_holders:
+                return self._json(h, 500, _status(500, "InternalError", "injected: refused"))
+            metadata = body.setdefault("metadata", {})
+            target = metadata.get("name")
+            if h.command == "POST":
+                if name is not None or not target:
+                    return self._json(h, 400, _status(400, "BadRequest", "POST a named lease"))
+                if target in store:
+                    return self._json(
+                        h, 409, _status(409, "AlreadyExists", f"leases {target!r} already exists")
+                    )
+                old = None
+            else:
+                if name is None or target != name:
+                    return self._json(h, 400, _status(400, "BadRequest", "PUT needs the name"))
+                old = store.get(name)
+                if old is None:
+                    return self._json(h, 404, _status(404, "NotFound", f"lease {name} not found"))
+                if metadata.get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                    return self._json(
+                        h,
+                        409,
+                        _status(409, "Conflict", "the object has been modified; please apply "
+                                "your changes to the latest version and try again"),
+                    )  # fmt: skip
+            self._rv += 1
+            metadata.update(namespace=namespace, resourceVersion=str(self._rv))
+            body.setdefault("apiVersion", f"{LEASE.group}/{LEASE.version}")
+            body.setdefault("kind", LEASE.kind)
+            store[target] = copy.deepcopy(body)
+            kind = "MODIFIED" if old is not None else "ADDED"
+            self._log.append(_Entry(self._rv, kind, key, copy.deepcopy(body), old))
+            self._cond.notify_all()
+        self._json(h, 201 if h.command == "POST" else 200, body)
 
     def _json(self, h: BaseHTTPRequestHandler, code: int, body: Obj) -> None:
         data = json.dumps(body).encode()

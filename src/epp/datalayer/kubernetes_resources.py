@@ -10,13 +10,16 @@ Which pool CRD is read follows `discovery.pool_group` (`--pool-group`): the GA
 InferenceModelRewrite exist in two groups: `llm-d.ai` (the llm-d router since v0.9) and
 `inference.networking.x-k8s.io` (GIE); when both are served, only `llm-d.ai` is used, as
 the reference EPP does.
+
+With leader election (`discovery.leader_election`, epp/leader.py) the EPP also writes one
+object: its Lease (LEADER_ELECTION_RESOURCES x LEASE_VERBS), granted only then.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Read-only: the EPP never writes to the API server.
+# Read-only: the EPP never writes what it watches.
 VERBS: tuple[str, ...] = ("get", "list", "watch")
 
 POOL_GROUP = "inference.networking.k8s.io"  # the GA InferencePool's group (default)
@@ -86,3 +89,10 @@ def pool_resource(group: str) -> WatchedResource:
         return POOLS[group]
     except KeyError:
         raise ValueError(f"pool group {group!r} is not one of {sorted(POOLS)}") from None
+
+
+# Leader election: get, create and update of one coordination.k8s.io/v1 Lease in the pool's
+# namespace (client-go's leaselock needs no more: no list, watch, patch or delete).
+LEASE = WatchedResource("coordination.k8s.io", "v1", "leases", "Lease", optional=False)
+LEADER_ELECTION_RESOURCES: tuple[WatchedResource, ...] = (LEASE,)
+LEASE_VERBS: tuple[str, ...] = ("get", "create", "update")
