@@ -292,12 +292,14 @@ def _ext_proc_filter(
     The EPP ends the stream with OK once the destination is sent, which Envoy treats as
     "processing complete": the response never waits for the EPP, and an EPP crash or
     restart costs no request already routed. So nothing on the response path is sent."""
-    duplex = body_mode == "FULL_DUPLEX_STREAMED"
     processing_mode = {
         "request_header_mode": "SEND",
         "request_body_mode": body_mode,
-        # Duplex streaming requires trailers to be sent; buffered mode does not want them.
-        "request_trailer_mode": "SEND" if duplex else "SKIP",
+        # Duplex streaming requires trailers to be sent. Buffered: the body message comes
+        # before the client's trailers, and a body-less request ended by trailers sends no
+        # body message at all; only the trailers message lets the EPP answer it (with SKIP
+        # it would reach a pod Envoy picks, without the EPP's decision).
+        "request_trailer_mode": "SEND",
         "response_header_mode": "SKIP",
         "response_body_mode": "NONE",
         "response_trailer_mode": "SKIP",

@@ -231,15 +231,26 @@ class ExtProcStream:
             return self._too_large()
         if data:
             self._chunks.append(data)
-        if not chunk.end_of_stream:
+        if self._duplex and not chunk.end_of_stream:
             return Step()
+        # BUFFERED: this one message is the whole body. Without end_of_stream, the client's
+        # trailers follow, which Envoy sends (trailer mode SEND) only after this is answered.
         return self._ask_route(on_body=not self._duplex)
 
     def _on_request_trailers(self, message: pb.ProcessingRequest) -> Step:
         if self.phase is Phase.BODY and self._duplex:
             self._trailers = True
             return self._ask_route(on_body=False)
-        return Step([messages.request_trailers()])
+        if self.phase is Phase.BODY:
+            # BUFFERED, and no body message came: the body was empty. The headers went on
+            # without a destination, so nothing can route this request now.
+            empty = RequestRejected(
+                400,
+                "the request has no body (only trailers); expected a JSON object",
+                reason="invalid-request",
+            )
+            return Step([self._reject(empty)], finish=True, answer=empty)
+        return Step([messages.request_trailers()], finish=self.phase is Phase.ROUTED)
 
     def _ask_route(self, *, on_body: bool) -> Step:
         assert self.request_id is not None
