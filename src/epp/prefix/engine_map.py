@@ -207,10 +207,13 @@ class EngineMap:
         pod's mark bit of the key: no byte here); a used block goes to the back of its
         queue instead, once. Without `used`, the oldest first. Their keys.
 
-        Bounded: a turn either evicts or clears a mark, so at most `n` + the marks set +
-        one sweep of empty buckets. A block aside gets its second chance at most once a
-        call (the dict is gone through once), so hot ones stay while cold ones go."""
+        Bounded: at most `max(2 * n, 2048)` second chances a call (about 2 us each), then
+        the oldest go whatever their use, so one call never stalls the loop however many
+        blocks are marked (the capacity stays a hard bound); a block aside gets its second
+        chance at most once a call. Hot blocks, marked again between turns, stay while
+        cold ones go."""
         out: list[EngineKeys] = []
+        chances = max(2 * n, 2048) if used is not None else 0
         other = self._other
         visits = len(other)  # each block aside is looked at once at most
         while visits and len(out) < n:
@@ -219,7 +222,8 @@ class EngineMap:
             visits -= len(chunk)
             for engine_hash in chunk:
                 keys = other.pop(engine_hash)
-                if used is not None and used(keys):
+                if chances and used(keys):  # type: ignore[misc]
+                    chances -= 1
                     other[engine_hash] = keys  # to the back
                 else:
                     out.append(keys)
@@ -231,7 +235,8 @@ class EngineMap:
             cursor = (cursor + 1) & self._mask
             if buf:
                 key = _unpack_key(buf, 8)[0]
-                if used is not None and used(key):
+                if chances and used(key):  # type: ignore[misc]
+                    chances -= 1
                     if len(buf) > _RECORD:
                         record = buf[:_RECORD]
                         del buf[:_RECORD]

@@ -30,7 +30,13 @@ Each pod learns its blocks in one of two modes (`set_precise`):
   the pod queues: a fixed TTL from dispatch forgot queued requests before they started
   (docs/benchmarks/precise.md). A block predicted by several requests lives as long as
   the last of them. The capacity bounds the engine blocks kept (counted in the engine's
-  blocks), a safety net for removals that never came, and the predicted entries.
+  blocks), a safety net for removals that never came, and the predicted entries. That
+  bound follows use, not insertion: a routed hit (`record` of blocks the engine
+  reported, on the chosen pod, up to the first block it lacks) sets the pod's mark bit
+  on them, otherwise unused in this mode, and the engine map's CLOCK gives a marked block
+  a second chance. A system prompt stored once and then only hit (a hit stores nothing)
+  stays while it is hit; blocks the engine holds out of our sight are relearnt
+  (`relearn_engine_block`, from `epp.prefix.precise`).
 
 Memory (the field's routers have run out of it; docs/benchmarks/index.md measures this):
 
@@ -752,7 +758,7 @@ class PrefixIndex:
         predicted_of = predicted.get
         holders = self._holders
         holders_of = holders.get
-        bit, mark = slot.hold, slot.mark
+        bit, mark, both = slot.hold, slot.mark, slot.both
         fresh: list[BlockHash] = []
         hit = True  # still within the prefix the pod holds (what this decision reuses)
         for block in hashes:
@@ -765,7 +771,8 @@ class PrefixIndex:
                     # The engine said it holds it: nothing to predict. A hit uses it: the
                     # mark keeps it through the capacity bound's next turn (CLOCK).
                     if hit and not mask & mark:
-                        holders[block] = mask | mark
+                        # The pod's own int when it alone holds it: no int object per key.
+                        holders[block] = both if mask == bit else mask | mark
                     continue
                 else:
                     holders[block] = mask | bit
@@ -814,20 +821,20 @@ class PrefixIndex:
         block since its last turn (the pod's mark bit on any of its keys, set by
         `_predict`), clearing the mark."""
         holders = self._holders
-        mark = slot.mark
+        hold, mark, both = slot.hold, slot.mark, slot.both
 
         def used(keys: EngineKeys) -> bool:
             if isinstance(keys, int):
                 mask = holders.get(keys)
                 if mask is not None and mask & mark:
-                    holders[keys] = mask ^ mark
+                    holders[keys] = hold if mask == both else mask ^ mark
                     return True
                 return False
             marked = False
             for key in keys:
                 mask = holders.get(key)
                 if mask is not None and mask & mark:
-                    holders[key] = mask ^ mark
+                    holders[key] = hold if mask == both else mask ^ mark
                     marked = True
             return marked
 

@@ -15,8 +15,16 @@ followed pod to the prefix index (`epp.prefix.index`), in order:
   block of k x `block_size` tokens gives k keys of ours; a size that is not a multiple of
   ours is counted (`unsupported_block_size`) and kept unmatchable.
 - A parent the index does not know (the router restarted, the replay buffer did not go
-  back far enough) is not dropped silently: the blocks are kept under their engine hashes
-  with no key (`unknown_parent`), so that their eviction is recognised and their
+  back far enough, the capacity bound dropped it) is first *placed*: vLLM computes a
+  prompt from the first block it lacks, so the parent of a stored block was a hit and
+  every block before it too. If the block's tokens continue exactly one open prediction
+  of the pod (a request routed there) right after that prediction's block p - 1, the
+  parent is that block and the prediction's prefix up to it is relearnt as reported
+  (`relearned_blocks`; two predictions placing it differently: `relearn_ambiguous`, not
+  guessed). Invariant: an entry is reported only on the engine's word, a BlockStored of
+  the block or of a child that continues a prompt routed to that pod. A parent that
+  cannot be placed is not dropped silently: the blocks are kept under their engine
+  hashes with no key (`unknown_parent`), so that their eviction is recognised and their
   children are known to be unmatchable too. They match nothing; a resync replaces them.
 - `BlockRemoved`: the engine hash names our keys; they are dropped for this pod only.
 - `AllBlocksCleared`: the pod's entries are all dropped (its predicted entries too).
