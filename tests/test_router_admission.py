@@ -82,12 +82,71 @@ async def test_a_newer_request_does_not_take_room_a_waiting_one_may_use():
     held = [await route(router, i) for i in range(2)]
     first = asyncio.create_task(route(router, 10))
     await settle()
-    router.complete(held[0].token, 200)  # room for one; the release pass is only due
-    second = asyncio.create_task(route(router, 11))  # arrives before it runs
+
+    async def room_then_a_newer_request():
+        router.complete(held[0].token, 200)  # room for one; the release pass is only due
+        return await route(router, 11)  # arrives before that pass runs
+
+    second = asyncio.create_task(room_then_a_newer_request())
     await settle()
     assert first.done() and first.result().endpoint.name == "p0"
     assert not second.done()
     await cancel(second)
+
+
+async def test_a_request_after_one_that_found_no_room_is_still_offered_a_pod():
+    """Finding 5, in the release pass: the first waiting request (hint: only p0) finds no
+    room, the next one (any pod) is placed on p1 in the same pass."""
+    router, *_ = router_with(pods(2), scheduling=ONE_EACH)
+    only_p0 = frozenset({ADDRESS["p0"]})
+    held = [await route(router, i) for i in range(4)]  # 2 per pod: both saturated
+    hinted = asyncio.create_task(route(router, 10, only_p0))
+    await settle()
+    free = asyncio.create_task(route(router, 11))
+    await settle()
+    assert router.waiting == 2
+    on_p1 = next(r for r in held if r.endpoint.name == "p1")
+    router.complete(on_p1.token, 200)
+    assert router.release_waiting() == 1
+    await settle()
+    assert free.done() and free.result().endpoint.name == "p1"
+    assert not hinted.done()
+    await cancel(hinted)
+
+
+async def test_a_newer_request_with_a_full_placement_waits_without_a_scheduling_attempt():
+    """The cost of a backlog: while requests wait and nothing returned room, a newer
+    request for the same pods joins them at once (no index lookup, no filters)."""
+    router, *_ = router_with(pods(1), scheduling=ONE_EACH)
+    for i in range(2):
+        await route(router, i)
+    waiters = [asyncio.create_task(route(router, 10))]
+    await settle()
+    attempts = []
+    schedule = router.scheduler.schedule
+    router.scheduler.schedule = lambda *a: attempts.append(1) or schedule(*a)
+    waiters += [asyncio.create_task(route(router, 11 + i)) for i in range(5)]
+    await settle()
+    assert router.waiting == 6 and attempts == []
+    await cancel(*waiters)
+
+
+async def test_room_that_only_time_returns_is_found_by_the_tick():
+    """No store event says a stale page's "queue full" stopped counting: the tick
+    forgets which placements were full and offers the waiting requests a pod."""
+    clock = [100.0]
+    router, store, *_ = router_with(pods(1), clock=lambda: clock[0], scheduling=ONE_EACH)
+    store.scraped(store.get("p0"), PodMetrics(model="m", running=1, waiting=1))
+    waiter = asyncio.create_task(route(router, 1))
+    await settle()
+    assert router.waiting == 1
+    clock[0] += 30.0  # the page is stale: its gauges no longer count
+    store.refresh_health()
+    await settle()
+    assert not waiter.done()  # nothing announced the room
+    router.tick()
+    await settle()
+    assert waiter.done() and waiter.result().endpoint.name == "p0"
 
 
 async def test_a_release_pass_places_as_many_waiting_requests_as_pods_have_room_for():
