@@ -668,3 +668,29 @@ def test_ipv6_addresses_are_bracketed_in_endpoint_urls():
     )
     # Topics carry the bare address (as the simulator's default topic does).
     assert topic_prefix("kv@{host}:{port}@", "[fd00::1]:8000", None, "p") == "kv@fd00::1:8000@"
+
+
+async def test_a_prefix_older_than_the_replay_buffer_is_relearnt_from_a_routed_request():
+    """Real ZMQ: the engine stored a system prompt before the subscriber came, and the
+    replay buffer (one batch) no longer holds it, so the resync does not tell it. A request
+    routed to the pod (its prediction recorded, as the router does) hits it and stores
+    only its suffix, whose parent the events never named: the prompt is relearnt."""
+    pod = await pod_with_events(replay_buffer=1)
+    try:
+        system = ids_of(7, 64)
+        await serve(pod, system)
+        await serve(pod, ids_of(8, 64))  # the buffer's one batch is now this one
+        rig = await Rig(pod).start()
+        try:
+            assert rig.holds(system) == 0
+            prompt = system + ids_of(9, 32)
+            rig.index.record("pod-0", ours(prompt), token="r1")
+            await serve(pod, prompt)
+            rig.index.completed("r1", time.monotonic())
+            await until(lambda: rig.stats.counts["relearned_blocks"] == 4)
+            assert all(rig.index.reported("pod-0", key) for key in ours(prompt))
+            assert rig.holds(prompt) == 6
+        finally:
+            await rig.sub.close()
+    finally:
+        await pod.close()
