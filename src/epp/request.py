@@ -16,7 +16,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, compress
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -183,6 +183,16 @@ _MEDIA_TYPES = frozenset(MEDIA_MODALITY) | {"image", "audio", "video", "document
 _BODY = msgspec.json.Decoder(_Body)
 _PART_TYPE = msgspec.json.Decoder(_PartType)
 _TURN_CONTENT = msgspec.json.Decoder(_TurnContent)
+# A part's type read from its first bytes when it leads the object (as every SDK writes
+# it): no scan of a multi-megabyte part. The body was validated as JSON already.
+# A list longer than _WINDOWED x its head budget is cut from a window (_windowed_head)
+# of at most _MAX_WINDOW budgets, trying at most _CUT_TRIES `},` candidates per window.
+_WINDOWED = 4
+_MAX_WINDOW = 8
+_CUT_TRIES = 16
+_ELEMENT_END = re.compile(rb"\}\s*,")
+_BASE64_RUN = re.compile(rb";base64,[A-Za-z0-9+/=]{%d,}" % _BIG_PART)
+_LEADING_TYPE = re.compile(rb'\{\s*"type"\s*:\s*"([A-Za-z_]{1,32})"')
 _PROMPT_TEXT = msgspec.json.Decoder(str)
 _PROMPT_TEXTS = msgspec.json.Decoder(list[str])
 _PROMPT_IDS = msgspec.json.Decoder(list[TokenId])
@@ -271,6 +281,9 @@ def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
 
 
 def _part_type(part: msgspec.Raw) -> object:
+    leading = _LEADING_TYPE.match(bytes(memoryview(part)[:128]))
+    if leading is not None:
+        return leading.group(1).decode()
     try:
         return _PART_TYPE.decode(part).type
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -300,7 +313,7 @@ def _turn_bytes(turn: msgspec.Raw) -> int:
     try:
         content = _TURN_CONTENT.decode(turn).content
         if bytes(memoryview(content)[:1]) != b"[":
-            return size
+            return size  # a string (not copied out) or nothing
         for part in _MESSAGE_RAWS.decode(content):
             if len(part) > _BIG_PART and _part_type(part) in _MEDIA_TYPES:
                 size -= len(part) - _STAND_IN_BYTES
@@ -309,36 +322,92 @@ def _turn_bytes(turn: msgspec.Raw) -> int:
     return size
 
 
+def _sizes(raws: list[msgspec.Raw]) -> list[int]:
+    sizes = list(map(len, raws))
+    # Only large turns are looked into (in C up to here: many tiny turns stay cheap).
+    for i in compress(range(len(sizes)), map(_BIG_PART.__lt__, sizes)):
+        sizes[i] = _turn_bytes(raws[i])
+    return sizes
+
+
+def _windowed_head(raw: msgspec.Raw, budget: int) -> tuple[list[msgspec.Raw], int] | None:
+    """The leading elements of a long JSON list, decoded from a window of it, and where
+    the rest starts; None when no cut is found cheaply (the whole list is split then).
+
+    A cut is a `},` past the window whose prefix, closed with `]`, decodes as a list: a
+    `},` inside a string or a nested value leaves a string or container open and fails
+    to decode, so the first that decodes ends a top-level element. The window doubles
+    until its turns cover `budget` bytes, up to _MAX_WINDOW budgets (one huge turn or
+    image leaves no cut there: the list is short, split whole)."""
+    view = memoryview(raw)
+    window = budget
+    while 2 * window < len(view) and window <= _MAX_WINDOW * budget:
+        for tries, cut in enumerate(_ELEMENT_END.finditer(view, window, 2 * window)):
+            if tries == _CUT_TRIES:
+                break
+            try:
+                raws = _MESSAGE_RAWS.decode(bytes(view[: cut.start() + 1]) + b"]")
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue
+            if sum(_sizes(raws)) >= budget:
+                return raws, cut.end()
+            break  # media made the window's turns short of the budget: widen it
+        window *= 2
+    return None
+
+
+def _tail_bytes(tail: memoryview, head: list[msgspec.Raw]) -> tuple[int, int]:
+    """(text bytes, turns) of the list's tail, no element of which is decoded: its size
+    less its base64 media runs, and as many turns as the head's mean turn size gives."""
+    media = sum(len(run.group()) - _STAND_IN_BYTES for run in _BASE64_RUN.finditer(tail))
+    mean = max(1, sum(map(len, head)) // len(head))
+    return max(0, len(tail) - media), max(1, len(tail) // mean)
+
+
 def _head_of_list(
     raw: msgspec.Raw, max_tokens: int, param: str, what: str
-) -> tuple[bytes | msgspec.Raw, int, list[int]]:
+) -> tuple[bytes | msgspec.Raw, int]:
     """A JSON list's head: the first elements whose JSON holds twice the bytes of
     `max_tokens` pseudo-tokens (escapes make JSON longer than its text; media parts
-    count as their stand-ins). Returns the head as a JSON list, how many elements it
-    keeps, and the running byte ends of all."""
+    count as their stand-ins). Returns the head as a JSON list and the pseudo-tokens of
+    the rest (estimated from its JSON size).
+
+    Bounded work: a list much longer than that is cut from a window of its first bytes
+    (_windowed_head); its tail is measured, never split into elements."""
     if _is_null(raw):
         raise _bad(f"{what} needs a non-empty '{param}' list", param)
-    try:
-        raws = _MESSAGE_RAWS.decode(raw)
-    except msgspec.ValidationError:
-        raise _bad(f"{what} needs a non-empty '{param}' list", param) from None
+    budget = 2 * BYTES_PER_PSEUDO_TOKEN * max_tokens
+    found = _windowed_head(raw, budget) if len(raw) > _WINDOWED * budget else None
+    tail: tuple[int, int] = (0, 0)
+    if found is not None:
+        raws, rest = found
+        tail = _tail_bytes(memoryview(raw)[rest:-1], raws)
+    else:
+        try:
+            raws = _MESSAGE_RAWS.decode(raw)
+        except msgspec.ValidationError:
+            raise _bad(f"{what} needs a non-empty '{param}' list", param) from None
     if not raws:
         raise _bad(f"{what} needs a non-empty '{param}' list", param)
-    ends = list(accumulate(map(_turn_bytes, raws)))
-    keep = min(len(raws), bisect_left(ends, 2 * BYTES_PER_PSEUDO_TOKEN * max_tokens) + 1)
-    head = raw if keep == len(raws) else b"[" + b",".join(raws[:keep]) + b"]"
-    return head, keep, ends
+    ends = list(accumulate(_sizes(raws)))
+    keep = min(len(raws), bisect_left(ends, budget) + 1)
+    if found is None and keep == len(raws):
+        return raw, 0
+    head = b"[" + b",".join(raws[:keep]) + b"]"
+    return head, _omitted(ends, keep, tail)
 
 
-def _omitted(ends: list[int], keep: int) -> int:
+def _omitted(ends: list[int], keep: int, tail: tuple[int, int]) -> int:
     # A turn's JSON ({"role": "", "content": ""}, ~24 bytes) is ~12 bytes longer than its
     # rendering (<||>\n<|end|>\n, 13): subtract that per omitted turn.
-    omitted_bytes = max(0, ends[-1] - ends[keep - 1] - _JSON_TURN_EXTRA * (len(ends) - keep))
+    tail_bytes, tail_turns = tail
+    turns = len(ends) - keep + tail_turns
+    omitted_bytes = max(0, ends[-1] - ends[keep - 1] + tail_bytes - _JSON_TURN_EXTRA * turns)
     return -(-omitted_bytes // BYTES_PER_PSEUDO_TOKEN)
 
 
 def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Prompt:
-    head, keep, ends = _head_of_list(raw, max_tokens, "messages", "a chat request")
+    head, omitted = _head_of_list(raw, max_tokens, "messages", "a chat request")
     try:
         messages = _MESSAGES.decode(head)
     except msgspec.ValidationError as exc:
@@ -370,12 +439,12 @@ def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Pro
         ]
     except BadConversation as exc:
         raise _bad(exc.message, exc.param) from None
-    return Prompt(messages=tuple(turns), omitted_tokens=_omitted(ends, keep), chat=options)
+    return Prompt(messages=tuple(turns), omitted_tokens=omitted, chat=options)
 
 
 def _messages_prompt(data: _Body, max_tokens: int, options: ChatOptions) -> Prompt:
     """An Anthropic /v1/messages body as a chat prompt (epp.conversation)."""
-    head, keep, ends = _head_of_list(data.messages, max_tokens, "messages", "a messages request")
+    head, omitted = _head_of_list(data.messages, max_tokens, "messages", "a messages request")
     try:
         messages = _ANY.decode(head)
         system = None if _is_null(data.system) else _ANY.decode(data.system)
@@ -384,7 +453,7 @@ def _messages_prompt(data: _Body, max_tokens: int, options: ChatOptions) -> Prom
         raise _bad(exc.message, exc.param) from None
     if not turns:
         raise _bad("a messages request needs at least one message with content", "messages")
-    return Prompt(messages=tuple(turns), omitted_tokens=_omitted(ends, keep), chat=options)
+    return Prompt(messages=tuple(turns), omitted_tokens=omitted, chat=options)
 
 
 def _bool_field(value: Any, name: str, default: bool) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import platform
@@ -50,7 +51,7 @@ ZERO_TIME_PODS = (
     "--prefill-overhead-ms 0 --prefill-per-token-ms 0 --decode-per-token-ms 0 --max-num-seqs 256"
 )
 BUDGET_S = 0.050
-SHAPES = ("chat", "chat-many", "ids")
+SHAPES = ("chat", "chat-many", "ids", "image")
 
 
 def make_body(shape: str, size: int, seed: int = 0) -> tuple[str, bytes]:
@@ -70,6 +71,15 @@ def make_body(shape: str, size: int, seed: int = 0) -> tuple[str, bytes]:
         ids = [rng.randrange(100_000) for _ in range(max(1, size // 7))]
         body = {"model": "sim-llama-8b", "max_tokens": 1, "prompt": ids}
         return "/v1/completions", json.dumps(body).encode()
+    if shape == "image":
+        # A vision chat: a short system prompt and question, one base64 image (the rest).
+        system = "You describe pictures precisely. " * 30
+        image = base64.b64encode(rng.randbytes(max(1, (size - len(system) - 200) * 3 // 4)))
+        url = "data:image/png;base64," + image.decode()
+        parts = [{"type": "text", "text": "What is in it?"}, {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+        body = {"model": "sim-llama-8b", "max_tokens": 1, "messages": messages}
+        return "/v1/chat/completions", json.dumps(body).encode()
     raise ValueError(f"unknown shape {shape!r}")
 
 
