@@ -347,6 +347,19 @@ class ReplicasConfig(Strict):
     load_ttl_s: float = Field(5.0, gt=0.0)
     # Reconnect delay after a failure doubles from 0.05 s up to this.
     backoff_max_s: float = Field(2.0, gt=0.0)
+    # A peer's decision for a longer prompt is dropped and counted (no real request carries
+    # one: 2**20 covers the longest context windows served, 1M tokens). Also what one
+    # decision can add to a pod's prefill lane; what all peers' decisions add ends within
+    # load_ttl_s of the last one (epp/replicas/inbox.py).
+    max_prompt_tokens: int = Field(1_048_576, ge=1, le=2**31)
+    # The listener closes a connection that has not completed its Hello (and, with a
+    # secret, its proof) within handshake_timeout_s, and one that sent no frame for
+    # idle_timeout_s (peers ping within it). At most max_connections are open; beyond, the
+    # oldest still in its handshake (from the address holding the most) makes room, and
+    # without a secret the longest silent too (epp/replicas/server.py).
+    handshake_timeout_s: float = Field(5.0, gt=0.0, le=60.0)
+    idle_timeout_s: float = Field(30.0, ge=1.0, le=3600.0)
+    max_connections: int = Field(64, ge=2, le=65536)
     # A file holding a secret shared by every replica (at least 16 bytes once whitespace is
     # stripped; e.g. a mounted Kubernetes Secret). Set: a peer connection carries decisions
     # only after both replicas proved they hold it (epp/replicas/auth.py); the file is

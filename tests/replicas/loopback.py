@@ -45,7 +45,9 @@ class Replica:
         settings = {"peers": peers, "listen_host": "127.0.0.1", "listen_port": 0}
         settings.update(replicas)
         cfg = config(replicas=settings, **SECTIONS)
-        self.router, self.store, self.index, self.metrics = router_with(PODS, **SECTIONS)
+        self.router, self.store, self.index, self.metrics = router_with(
+            PODS, replicas=settings, **SECTIONS
+        )
         self.sync = ReplicaSync(
             cfg, self.store, self.index, self.router.scheduler, self.router, self.metrics,
             replica_id=replica_id, resolver=names,

@@ -265,16 +265,22 @@ async def test_a_peer_that_says_nothing_is_dropped_after_the_handshake_timeout()
         writer.close()
 
 
-async def test_connections_beyond_the_limit_are_refused():
+async def test_connections_beyond_the_limit_push_out_the_longest_silent():
+    """Without a secret anything completes a hello: at the limit the connection silent the
+    longest goes (test_hardening.py has the rest of the policy)."""
     a = Replica("ra", [], Names())
     a.sync.server._max_connections = 2
     async with running(a):
         kept = [
             await raw_connection(a.port, Hello(f"p{i}", PROTOCOL_VERSION, 16)) for i in range(2)
         ]
+        kept[1][1].write(encode(Decision("p1", "a", [1], 16, 0, 16, 0.0)))  # p1 spoke last
+        await kept[1][1].drain()
+        await until(lambda: a.received("late") == 1, what="p1's frame")
         reader, writer = await raw_connection(a.port)
-        assert await closed(reader)
-        assert a.sample("epp_replica_connections_rejected_total", {"reason": "limit"}) == 1
+        assert await closed(kept[0][0])  # p0: silent the longest
+        assert a.sample("epp_replica_connections_rejected_total", {"reason": "evicted"}) == 1
+        assert not kept[1][1].is_closing() and a.sync.server.connections == 2
         for _, w in [*kept, (reader, writer)]:
             w.close()
 

@@ -29,11 +29,18 @@ class ReplicaMetrics:
             registry=registry,
         )
         # applied: index and load; late: older than replicas.max_age_s, index only;
-        # unknown_pod: a pod this replica does not know (yet); self: its own, ignored.
+        # unknown_pod: a pod this replica does not know (yet); self: its own, ignored;
+        # invalid: values no real request carries, dropped (by reason: `invalid`).
         self.received = Counter(
             "epp_replica_decisions_received_total",
             "Routing decisions received from peer replicas, by outcome.",
             ["outcome"],
+            registry=registry,
+        )
+        self.invalid = Counter(
+            "epp_replica_decisions_invalid_total",
+            "Peer decisions dropped for a value no real request carries, by reason.",
+            ["reason"],
             registry=registry,
         )
         self.completions_forwarded = Counter(
@@ -48,7 +55,7 @@ class ReplicaMetrics:
         )
         self.rejected = Counter(
             "epp_replica_connections_rejected_total",
-            "Peer connections closed for a bad frame, handshake or limit, by reason.",
+            "Peer connections closed for a bad frame, handshake, limit or silence, by reason.",
             ["reason"],
             registry=registry,
         )

@@ -25,8 +25,10 @@ down or disconnected are not seen here; the pods' pages still show their load wi
 scrape interval.
 
 Authentication: with `replicas.secret_file`, a connection carries decisions only after
-both replicas proved they hold the same secret (auth.py; off by default, and then anything
-that reaches `listen_port` is taken for a peer).
+both replicas proved they hold the same secret (auth.py; the chart creates one whenever
+it runs several replicas; without one anything that reaches `listen_port` is taken for a
+peer). Either way what a peer sends is bounded to what a real request carries and fades
+(inbox.py), and connections that say nothing cannot keep peers out (server.py).
 
 Not a consensus: each replica decides alone, on what it knows at that moment. Two
 replicas choosing within the same millisecond do not see each other's choice; the next
@@ -97,7 +99,12 @@ class ReplicaSync:
         self.replica_id = replica_id or new_replica_id()
         self.metrics = ReplicaMetrics(metrics.registry)
         self._wall = wall_clock
-        hello = Hello(self.replica_id, PROTOCOL_VERSION, config.prefix.block_size)
+        hello = Hello(
+            self.replica_id,
+            PROTOCOL_VERSION,
+            config.prefix.block_size,
+            idle_timeout_s=replicas.idle_timeout_s,
+        )
         self.inbox = PeerInbox(
             self.replica_id,
             store,
@@ -108,6 +115,8 @@ class ReplicaSync:
             block_size=config.prefix.block_size,
             max_blocks=config.prefix.max_blocks_per_request,
             max_age_s=replicas.max_age_s,
+            max_prompt_tokens=replicas.max_prompt_tokens,
+            load_ttl_s=replicas.load_ttl_s,
             wall_clock=wall_clock,
         )
         self.peers = PeerSet(
@@ -128,6 +137,9 @@ class ReplicaSync:
             self.inbox,
             self.metrics,
             max_frame_bytes=frame_limit(config.prefix.max_blocks_per_request),
+            max_connections=replicas.max_connections,
+            handshake_timeout_s=replicas.handshake_timeout_s,
+            idle_timeout_s=replicas.idle_timeout_s,
             on_peer=self.peers.peer_appeared,
             auth=self.auth,
         )

@@ -17,6 +17,8 @@ address. Routing hands it encoded frames (`broadcast`, `send_to`) and never wait
   live queue, so it does not start with an empty prefix index. A connection that fails
   within `HISTORY_SETTLE_S` of sending them may not have delivered them: the next
   connection to that replica sends them again;
+- a listener that announces an idle timeout in its Hello gets a `Ping` whenever the link
+  has written nothing for a third of it (protocol.py);
 - a connection to a free port on this host can be connected to itself (TCP's
   simultaneous open, when the kernel picks that port as the source port): it is a
   failed attempt, not a peer answering with this replica's id;
@@ -46,6 +48,7 @@ from epp.replicas.protocol import (
     PROTOCOL_VERSION,
     Auth,
     Hello,
+    Ping,
     ProtocolError,
     decode,
     encode,
@@ -77,6 +80,9 @@ HISTORY_SETTLE_S = 5.0
 # is about 1 KB for a 2,000-token prompt but up to 74 KB at 8,192 blocks.
 MAX_QUEUE_BYTES = 16 * 1024 * 1024  # per peer
 MAX_HISTORY_BYTES = 32 * 1024 * 1024
+PING_FRAME = encode(Ping())
+# A link with nothing to send pings this often within the listener's idle timeout.
+PINGS_PER_IDLE_TIMEOUT = 3
 
 
 async def resolve(host: str, port: int) -> list[Address]:
@@ -240,7 +246,9 @@ class PeerLink:
                     writer.write(frame)
                 owner.metrics.sent.inc(len(history))
                 history_sent_at = loop.time()
-            await self._pump(reader, writer)
+            # A listener that closes silent connections said so: ping within its timeout.
+            ping_s = hello.idle_timeout_s / PINGS_PER_IDLE_TIMEOUT
+            await self._pump(reader, writer, ping_s or None)
         finally:
             writer.close()
             sent = history_sent_at >= 0.0
@@ -251,9 +259,12 @@ class PeerLink:
     def _name(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ping_s: float | None
+    ) -> None:
         """Write queued frames until the connection fails. The peer sends nothing after
-        its Hello, so anything from it (end of stream included) means it is gone."""
+        its Hello, so anything from it (end of stream included) means it is gone. With
+        `ping_s`, a Ping goes when nothing else went for that long."""
         loop = asyncio.get_running_loop()
         gone = asyncio.ensure_future(reader.read(1))
         gone.add_done_callback(lambda _: self._wake())
@@ -273,8 +284,13 @@ class PeerLink:
                 if gone.done():
                     raise ConnectionResetError("the peer closed the connection")
                 if not self.queue:
-                    self._waiter = loop.create_future()
-                    await self._waiter
+                    waiter = self._waiter = loop.create_future()
+                    if ping_s is None:
+                        await waiter
+                    else:
+                        done, _ = await asyncio.wait((waiter,), timeout=ping_s)
+                        if not done:
+                            writer.write(PING_FRAME)
                     self._waiter = None
         finally:
             self._waiter = None

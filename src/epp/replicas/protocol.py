@@ -10,6 +10,15 @@ sender, who dialled) to a peer (the receiver), after one exchange of `Hello` fra
     sender   --Decision--> receiver      one per request routed by the sender
     sender   --Completion->receiver      a response end the sender's observer stream saw
                                          for a decision the receiver made
+    sender   --Ping-->     receiver      nothing else to send for a while (see below)
+
+Idle connections: a receiver closes a connection that has sent no frame for its
+`replicas.idle_timeout_s` (so connections that hold a slot and say nothing end), and
+announces it in its Hello (`idle_timeout_s`, a trailing field like `nonce`). A sender that
+has written nothing for a third of that writes a `Ping`, which changes nothing. Only a
+receiver that announced a timeout gets pings: an older one knows no such message. An older
+sender never pings, so a receiver of this version closes its idle connection and the
+sender reconnects at once (rolling upgrades lose nothing but the reconnect).
 
 With a shared secret (`replicas.secret_file`, auth.py) the handshake is a
 challenge-response before any Decision: each Hello carries a fresh random `nonce`, the
@@ -63,6 +72,7 @@ Nonce = Annotated[bytes, msgspec.Meta(min_length=NONCE_BYTES, max_length=NONCE_B
 Proof = Annotated[bytes, msgspec.Meta(min_length=PROOF_BYTES, max_length=PROOF_BYTES)]
 # A receiver proves with its current secret and, while a rotation settles, the previous.
 MAX_PROOFS = 2
+MAX_IDLE_TIMEOUT_S = 3600.0
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
@@ -79,6 +89,9 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     # Only in the receiver's Hello, and only when the sender sent a nonce: one proof per
     # secret the receiver accepts, over both Hellos' ids and nonces.
     proofs: Annotated[tuple[Proof, ...], msgspec.Meta(max_length=MAX_PROOFS)] = ()
+    # Read from the receiver's Hello: it closes a connection silent for this long, so the
+    # sender pings within it. 0: no idle timeout (older versions, which lack the field).
+    idle_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_IDLE_TIMEOUT_S)] = 0.0
 
 
 class Auth(msgspec.Struct, tag="auth", array_like=True, frozen=True):
@@ -101,6 +114,9 @@ class Decision(msgspec.Struct, tag="decision", array_like=True, frozen=True, gc=
     uncached: Count
     # The sender's wall clock (time.time()) at the dispatch.
     at: float
+    # These types bound what a frame can hold; what a real request can carry (prompt
+    # tokens within replicas.max_prompt_tokens, uncached <= prompt tokens, a finite time)
+    # is checked by the receiver (inbox.py), which drops and counts the rest.
 
 
 class Completion(msgspec.Struct, tag="completion", array_like=True, frozen=True):
@@ -112,7 +128,11 @@ class Completion(msgspec.Struct, tag="completion", array_like=True, frozen=True)
     served: Annotated[str, msgspec.Meta(max_length=256)] | None
 
 
-Message = Hello | Auth | Decision | Completion
+class Ping(msgspec.Struct, tag="ping", array_like=True, frozen=True):
+    """Nothing to send: the connection is alive (see "Idle connections")."""
+
+
+Message = Hello | Auth | Decision | Completion | Ping
 
 
 class ProtocolError(Exception):

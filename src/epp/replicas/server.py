@@ -15,9 +15,23 @@ Hostile or broken input never gets further than its own connection: a frame long
 the bound, bytes that are not msgpack, a message of the wrong shape, a second hello, or a
 decision signed with another replica's id than the hello's closes that connection, counts
 in `epp_replica_connections_rejected_total{reason}` and is logged (once per reason per
-`LOG_EVERY_S`, so a peer that keeps reconnecting with garbage cannot flood the log). At most
-`max_connections` connections are open at once. A replica that reconnects replaces its
-older connection, so one replica's decisions are never applied twice.
+`LOG_EVERY_S`, so a peer that keeps reconnecting with garbage cannot flood the log). A
+replica that reconnects replaces its older connection, so one replica's decisions are
+never applied twice.
+
+Connections that say nothing cannot keep peers out:
+- a connection that has not completed its handshake (Hello, and with a secret the proof)
+  within `handshake_timeout_s` is closed (`reason="handshake_timeout"`), and so is one
+  that has sent no frame for `idle_timeout_s` (`reason="idle"`; a peer of this version
+  pings within it, protocol.py);
+- at most `max_connections` are open. A connection beyond that makes room: the oldest
+  connection still in its handshake goes, taken from the source address that holds the
+  most connections (an address opening many cannot push out a peer that opens one); with
+  no secret, where anything completes a handshake, the connection silent the longest goes
+  when none is in its handshake (a peer pings, an idle intruder does not), again from the
+  address holding the most. Closed so,
+  `reason="evicted"`. Only when every connection is an authenticated peer is the new one
+  refused (`reason="limit"`).
 """
 
 from __future__ import annotations
@@ -25,7 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -39,6 +55,7 @@ from epp.replicas.protocol import (
     Completion,
     Decision,
     Hello,
+    Ping,
     ProtocolError,
     decode,
     encode,
@@ -48,9 +65,21 @@ from epp.replicas.protocol import (
 log = structlog.get_logger("epp.replicas")
 
 HANDSHAKE_TIMEOUT_S = 5.0
+IDLE_TIMEOUT_S = 30.0
 HELLO_MAX_BYTES = 4096
 MAX_CONNECTIONS = 64
 LOG_EVERY_S = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class _Connection:
+    """One open connection as the limit sees it."""
+
+    writer: asyncio.StreamWriter
+    source: str  # the remote address (no port)
+    opened_at: float
+    last_frame_at: float
+    established: bool = False  # the handshake (and proof) completed
 
 
 class Rejected(Exception):
@@ -73,6 +102,7 @@ class PeerServer:
         max_frame_bytes: int,
         max_connections: int = MAX_CONNECTIONS,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
         on_peer: Callable[[str], None] | None = None,
         auth: PeerAuth | None = None,
     ) -> None:
@@ -85,10 +115,11 @@ class PeerServer:
         self._max_frame = max_frame_bytes
         self._max_connections = max_connections
         self._handshake_timeout = handshake_timeout_s
+        self._idle_timeout = idle_timeout_s
         self._on_peer = on_peer  # called with each peer's replica id after its hello
         self._auth = auth  # None: no secret, peers are not authenticated
         self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
+        self._open: dict[asyncio.StreamWriter, _Connection] = {}
         self._by_replica: dict[str, asyncio.StreamWriter] = {}
         self._logged: dict[str, float] = {}
 
@@ -116,45 +147,81 @@ class PeerServer:
             await asyncio.wait_for(self._server.wait_closed(), 2.0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._open) >= self._max_connections:
-            self._reject(writer, Rejected("limit", f"more than {self._max_connections} peers"))
+        if len(self._open) >= self._max_connections and not self._make_room():
+            self._reject(writer, Rejected("limit", f"{self._max_connections} peers connected"))
             writer.close()
             return
-        self._open.add(writer)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        address = writer.get_extra_info("peername")
+        connection = _Connection(writer, str(address[0]) if address else "?", now, now)
+        self._open[writer] = connection
         replica: str | None = None
         try:
             # The whole handshake, the proof included, within one timeout (asyncio.timeout:
             # wait_for on Python 3.11 can drop a cancellation).
-            async with asyncio.timeout(self._handshake_timeout):
-                replica = await self._handshake(reader, writer)
+            try:
+                async with asyncio.timeout(self._handshake_timeout):
+                    replica = await self._handshake(reader, writer)
+            except TimeoutError:
+                raise Rejected("handshake_timeout", "no hello (or proof) in time") from None
             if replica is None:
                 return
+            connection.established = True
+            connection.last_frame_at = loop.time()
             inbox = self._inbox
-            while True:
-                message = decode(await read_frame(reader, self._max_frame))
-                if self._by_replica.get(replica) is not writer:
-                    return  # replaced by the replica's newer connection
-                if isinstance(message, Decision):
-                    if message.replica != replica:
-                        raise Rejected("bad_frame", "a decision signed by another replica")
-                    inbox.decision(message)
-                elif isinstance(message, Completion):
-                    inbox.completion(message)
-                else:
-                    raise Rejected("bad_frame", f"a {type(message).__name__} after the handshake")
+            idle = self._idle_timeout
+            # One deadline moved on by every frame: a connection silent for `idle` ends.
+            async with asyncio.timeout_at(loop.time() + idle) as deadline:
+                while True:
+                    message = decode(await read_frame(reader, self._max_frame))
+                    connection.last_frame_at = at = loop.time()
+                    deadline.reschedule(at + idle)
+                    if self._by_replica.get(replica) is not writer:
+                        return  # replaced by the replica's newer connection
+                    if isinstance(message, Decision):
+                        if message.replica != replica:
+                            raise Rejected("bad_frame", "a decision signed by another replica")
+                        inbox.decision(message)
+                    elif isinstance(message, Completion):
+                        inbox.completion(message)
+                    elif not isinstance(message, Ping):
+                        raise Rejected(
+                            "bad_frame", f"a {type(message).__name__} after the handshake"
+                        )
         except ProtocolError as exc:
             self._reject(writer, Rejected("bad_frame", str(exc)))
         except Rejected as exc:
             self._reject(writer, exc)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
-            pass  # the peer went away, or said nothing in time
+        except TimeoutError:
+            self._reject(writer, Rejected("idle", f"no frame for {self._idle_timeout} s"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the peer went away, or this side closed it (evicted, stopping)
         except Exception:  # a bug applying a message must cost one connection, no more
             log.exception("replica_connection_failed", peer=_peer(writer))
         finally:
-            self._open.discard(writer)
+            self._open.pop(writer, None)
             if replica is not None and self._by_replica.get(replica) is writer:
                 del self._by_replica[replica]
             writer.close()
+
+    def _make_room(self) -> bool:
+        """Close one connection that may go for a new one (see the module docstring);
+        False when none may (every connection is an established, authenticated peer)."""
+        per_source = Counter(c.source for c in self._open.values())
+        pending = [c for c in self._open.values() if not c.established]
+        if pending:
+            victim = min(pending, key=lambda c: (-per_source[c.source], c.opened_at))
+        elif self._auth is None and self._open:
+            victim = min(
+                self._open.values(), key=lambda c: (-per_source[c.source], c.last_frame_at)
+            )
+        else:
+            return False
+        del self._open[victim.writer]  # its slot is the new one's now
+        self._reject(victim.writer, Rejected("evicted", f"{self._max_connections} connections"))
+        victim.writer.close()  # its reader sees the end: its task ends as the peer's would
+        return True
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -58,10 +58,14 @@ class Scorer(Protocol):
 class Dispatched:
     """The router sent `request` to `endpoint`: after the pick and the endpoint's
     reservation. `request.prefix_match` is the match the scorers saw (the prefix index
-    records the prompt for the chosen pod only afterwards), `request.now` the time."""
+    records the prompt for the chosen pod only afterwards), `request.now` the time.
+    `lane_limit`: a time that what this dispatch adds to per-pod queue models must not
+    extend past (a peer replica's decision: its arrival + replicas.load_ttl_s, so that
+    what peers claim fades); None: no limit (this replica's own dispatches)."""
 
     request: SchedulingRequest
     endpoint: Endpoint
+    lane_limit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

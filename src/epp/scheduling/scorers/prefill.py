@@ -26,7 +26,9 @@ produce the first token.
 
 State (the PodStateScorer contract, scheduling/types.py), all of it in this module:
 - Dispatched: the chosen pod's lane grows by the request's own prefill, priced with the
-  match the scorers saw; it starts at `now` if the lane has drained, else at its end.
+  match the scorers saw; it starts at `now` if the lane has drained, else at its end. A
+  peer replica's dispatch extends it to its `lane_limit` at most, so what peers claim
+  drains within replicas.load_ttl_s of the last claim (epp/replicas/inbox.py).
 - Completed with a response below 500 and a known duration: the pod's mean request time
   moves towards that duration (weight SERVICE_ALPHA).
 - Removed: the pod's state is dropped.
@@ -140,7 +142,11 @@ class PrefillScorer:
             state = self.state(event.endpoint)
             now = request.now
             # First come, first served: it starts when the earlier prefills are over.
-            state.lane_end = (now if now > state.lane_end else state.lane_end) + own
+            end = (now if now > state.lane_end else state.lane_end) + own
+            limit = event.lane_limit
+            if limit is not None and end > limit:
+                end = max(state.lane_end, limit)  # a peer's share of the lane fades
+            state.lane_end = end
         elif isinstance(event, Completed):
             took = event.seconds
             if took is None or event.status is None or event.status >= 500:
