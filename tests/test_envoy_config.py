@@ -105,7 +105,13 @@ def test_client_sent_epp_headers_are_removed_before_any_filter(pod_cluster):
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     (early,) = hcm["typed_config"]["early_header_mutation_extensions"]
     removed = [m["remove"] for m in early["typed_config"]["mutations"]]
-    assert removed == ["x-gateway-destination-endpoint", "x-epp-route-token", "x-priority"]
+    assert removed == [
+        "x-gateway-destination-endpoint",
+        "x-epp-route-token",
+        "x-llm-d-inference-objective",
+        "x-gateway-inference-objective",
+        "x-priority",
+    ]
 
 
 def test_hung_pods_fail_their_attempt_and_the_stream_outlasts_every_attempt():

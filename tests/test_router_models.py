@@ -84,23 +84,44 @@ def test_a_model_not_in_the_table_is_forwarded_untouched():
         assert routed.body is None
 
 
+def _priority(router, model: str, objective: str | None = None) -> int:
+    headers = {OBJECTIVE_HEADER: objective} if objective is not None else {}
+    prepared = router.prepare(
+        path="/v1/completions", body=body(model), request_id="r", headers=headers
+    )
+    return prepared.priority
+
+
+def _objectives_table():
+    return build_model_table(
+        [model_object("batch", "llama", criticality="Sheddable")],
+        [objective("interactive", 5), objective("background", -3)],
+        POOL,
+    )
+
+
 def test_priority_comes_from_the_objective_header_then_the_models_criticality():
     router, _store = routers_pods(router_with(PODS))
-    router.set_model_table(
-        build_model_table(
-            [model_object("batch", "llama", criticality="Sheddable")],
-            [objective("interactive", 5)],
-            POOL,
-        )
-    )
-    prepared = router.prepare(path="/v1/completions", body=body("llama"), request_id="a")
-    assert prepared.priority == -1  # Sheddable
-    prepared = router.prepare(
-        path="/v1/completions",
-        body=body("llama"),
-        request_id="b",
-        headers={OBJECTIVE_HEADER: "interactive"},
-    )
-    assert prepared.priority == 5
-    prepared = router.prepare(path="/v1/completions", body=body("mistral"), request_id="c")
-    assert prepared.priority == 0  # neither: the configured default
+    router.set_model_table(_objectives_table())
+    assert _priority(router, "llama") == -1  # Sheddable
+    assert _priority(router, "llama", "background") == -3  # an objective may lower it
+    assert _priority(router, "mistral", "interactive") == 5  # no priority of its own
+    assert _priority(router, "mistral") == 0  # neither: the configured default
+
+
+def test_a_client_named_objective_cannot_raise_a_models_own_priority():
+    """The header is the client's: a Sheddable model's requests stay sheddable."""
+    router, _store = routers_pods(router_with(PODS))
+    router.set_model_table(_objectives_table())
+    assert _priority(router, "llama", "interactive") == -1
+    # flow_control.priorities is the model's own priority too.
+    router, _store = routers_pods(router_with(PODS, flow_control={"priorities": {"mistral": -2}}))
+    router.set_model_table(_objectives_table())
+    assert _priority(router, "mistral", "interactive") == -2
+    assert _priority(router, "mistral", "background") == -3
+
+
+def test_objective_may_raise_trusts_the_header():
+    router, _store = routers_pods(router_with(PODS, flow_control={"objective_may_raise": True}))
+    router.set_model_table(_objectives_table())
+    assert _priority(router, "llama", "interactive") == 5

@@ -199,6 +199,10 @@ class FlowControlConfig(Strict):
     # A request header carrying an integer priority, honoured only when set here: clients
     # can send any header, so the gateway must strip it from untrusted traffic.
     priority_header: str | None = None
+    # An InferenceObjective the client names (x-llm-d-inference-objective) may lower its
+    # model's own priority (InferenceModel criticality, `priorities`) but not raise it,
+    # unless this is true (every client trusted). Models without one take the objective's.
+    objective_may_raise: bool = False
 
 
 class TlsConfig(Strict):

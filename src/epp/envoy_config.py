@@ -29,6 +29,9 @@ REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"
 # so a client can neither pick its pod when the EPP is bypassed (fail-open) nor complete
 # someone else's decision. A priority header the EPP trusts belongs here too (--strip-header).
 STRIPPED_HEADERS = (DESTINATION_HEADER, ROUTE_TOKEN_HEADER)
+# The InferenceObjective a request names (epp.datalayer.discovery.models), which sets its
+# priority: removed too unless the clients are trusted to choose it (--keep-objective-headers).
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
 # The observer filter tells the EPP its streams apart with this gRPC metadata.
 OBSERVER_METADATA = ("x-epp-stream", "observer")
 _EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -409,6 +412,7 @@ def render(
     upstream_idle_timeout_s: float = UPSTREAM_IDLE_TIMEOUT_S,
     pod_cluster: PodCluster = "override_host",
     strip_headers: Sequence[str] = (),
+    keep_objective_headers: bool = False,
     epp_tls: EppTls | None = None,
     epp_addresses: Sequence[str] = (),
     epp_plaintext: bool = False,
@@ -422,7 +426,8 @@ def render(
     http_filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     route: dict[str, Any] = {"cluster": "pods", "timeout": f"{request_timeout_s}s"}
-    stripped = [*STRIPPED_HEADERS, *(h.lower() for h in strip_headers)]
+    stripped = [*STRIPPED_HEADERS, *(() if keep_objective_headers else OBJECTIVE_HEADERS)]
+    stripped += [h.lower() for h in strip_headers if h.lower() not in stripped]
     if mode == "epp":
         if epp_port is None and not epp_addresses:
             raise ValueError("mode 'epp' needs epp_port or epp_addresses")
@@ -569,6 +574,13 @@ def main(argv: list[str]) -> int:
         "flow_control.priority_header the EPP trusts)",
     )
     parser.add_argument(
+        "--keep-objective-headers",
+        action="store_true",
+        help="let clients name their InferenceObjective (x-llm-d-inference-objective, "
+        "x-gateway-inference-objective), which sets their priority. Default: removed, as "
+        "for untrusted traffic",
+    )
+    parser.add_argument(
         "--pod-cluster",
         choices=["override_host", "original_dst"],
         default="override_host",
@@ -637,6 +649,7 @@ def main(argv: list[str]) -> int:
             upstream_idle_timeout_s=args.upstream_idle_timeout,
             pod_cluster=args.pod_cluster,
             strip_headers=args.strip_header,
+            keep_objective_headers=args.keep_objective_headers,
             epp_tls=epp_tls,
             epp_addresses=args.epp_address,
             epp_plaintext=args.epp_plaintext,

@@ -296,7 +296,13 @@ class Router:
             blocks = prompt_blocks(
                 request.prompt, tokenizer, self._block_size, seed, self._max_blocks
             )
-        priority = self._models.priority(request.model, headers or {})
+        flow = self._flow
+        priority = self._models.priority(
+            request.model,
+            headers or {},
+            own=flow.priorities.get(request.model) if request.model is not None else None,
+            may_raise=flow.objective_may_raise,
+        )
         if priority is None:
             priority = request_priority(request.model, headers or {}, self._flow)
         level = effective_level(log)

@@ -4,6 +4,8 @@
   BUFFERED mode the body message has end_of_stream false and the trailers come only after
   it is answered, so an EPP waiting for end_of_stream never routed it (504 at Envoy's
   message_timeout). Both body modes, both request trailer modes.
+- The InferenceObjective header, which sets a request's priority: the generated Envoy
+  removes it before any filter (so before the EPP) unless --keep-objective-headers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 import yaml
 from e2e.h2c import H2Response, post_with_trailers
 
+from epp.datalayer.discovery.models import OBJECTIVE_HEADERS
+from epp.envoy_config import render
 from epp_harness.stack import HOST, LocalStack, envoy_binary, free_ports
 
 pytestmark = pytest.mark.e2e
@@ -159,3 +163,47 @@ def test_duplex_request_with_trailers_is_routed_once(tmp_path):
             "Envoy no longer forwards the body twice: update docs/reliability.md (Side doors)",
             response,
         )
+
+
+def echo_objectives(keep: bool) -> Callable[[dict[str, Any]], None]:
+    """The route answers with the objective headers as every filter (the EPP too) saw
+    them; `keep`: the early header mutation of a config rendered with
+    --keep-objective-headers."""
+
+    def change(config: dict[str, Any]) -> None:
+        hcm = _hcm(config)
+        if keep:
+            kept = yaml.safe_load(
+                render(
+                    mode="epp", listen_port=1, admin_port=2, epp_port=3,
+                    pods=["127.0.0.1:4"], keep_objective_headers=True,
+                )
+            )  # fmt: skip
+            hcm["early_header_mutation_extensions"] = _hcm(kept)["early_header_mutation_extensions"]
+        echo = [
+            {"header": {"key": f"seen-{name}", "value": f"%REQ({name})%"}}
+            for name in OBJECTIVE_HEADERS
+        ]
+        hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"] += echo
+
+    return change
+
+
+def seen_objectives(port: int) -> dict[str, str]:
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{HOST}:{port}/v1/chat/completions", data=CHAT)
+    request.add_header("content-type", "application/json")
+    for name in OBJECTIVE_HEADERS:
+        request.add_header(name, "premium")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+        return {name: response.headers.get(f"seen-{name}", "") for name in OBJECTIVE_HEADERS}
+
+
+def test_client_objective_headers_are_removed_before_the_epp_unless_kept(tmp_path):
+    with LocalStack(pods=1, sim_args=FAST_PODS, work_dir=tmp_path) as stack:
+        with envoy_like(stack, echo_objectives(keep=False)) as port:
+            assert seen_objectives(port) == dict.fromkeys(OBJECTIVE_HEADERS, "")
+        with envoy_like(stack, echo_objectives(keep=True)) as port:
+            assert seen_objectives(port) == dict.fromkeys(OBJECTIVE_HEADERS, "premium")

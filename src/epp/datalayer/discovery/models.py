@@ -24,8 +24,9 @@ the reference EPP matches them. InferenceModel predates pool groups: its name al
   control). Two objects claiming one modelName: the oldest wins.
 - **InferenceObjective** (`spec.priority` int, default 0; `spec.poolRef`): a request
   names its objective in the `x-llm-d-inference-objective` header, or the older
-  `x-gateway-inference-objective` (the object's name). Clients can send any header: the
-  gateway must strip them from untrusted traffic. An interim version of the object also
+  `x-gateway-inference-objective` (the object's name). Clients can send any header: an
+  objective may lower a model's own priority but not raise it (`ModelTable.priority`), and
+  the gateway should strip the headers from untrusted traffic (`epp envoy-config` does). An interim version of the object also
   carried `modelName`/`criticality`; such an object also gives that model a priority
   unless an InferenceModel already does.
 
@@ -126,12 +127,28 @@ class ModelTable:
             return _header(headers, MODEL_REWRITE_HEADERS) or model
         return model
 
-    def priority(self, model: str | None, headers: Mapping[str, str]) -> int | None:
-        """The objective named in the header, else the model's criticality; None: unknown."""
+    def priority(
+        self,
+        model: str | None,
+        headers: Mapping[str, str],
+        *,
+        own: int | None = None,
+        may_raise: bool = False,
+    ) -> int | None:
+        """The objective named in the header, else the model's criticality; None: unknown.
+
+        The client names its objective, so an objective may lower the model's own priority
+        (its InferenceModel criticality, else `own`: flow_control.priorities) but never
+        raise it, unless `may_raise` (flow_control.objective_may_raise). A model without a
+        priority of its own takes the objective's, as the reference EPP does (there,
+        objectives are the only priorities)."""
+        route = self.models.get(model) if model is not None else None
+        if route is not None and route.priority is not None:
+            own = route.priority
         objective = _header(headers, OBJECTIVE_HEADERS)
         if objective is not None and objective in self.objectives:
-            return self.objectives[objective]
-        route = self.models.get(model) if model is not None else None
+            wanted = self.objectives[objective]
+            return wanted if own is None or may_raise else min(wanted, own)
         return route.priority if route is not None else None
 
     def priorities(self) -> dict[str, int]:
