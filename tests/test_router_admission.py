@@ -131,6 +131,34 @@ async def test_a_newer_request_with_a_full_placement_waits_without_a_scheduling_
     await cancel(*waiters)
 
 
+async def test_room_on_another_models_pod_costs_the_waiting_requests_no_attempt():
+    """A completion on model n's pod cannot give model m's waiting requests room: the
+    release pass it triggers does not try them (one on m's pod does)."""
+    config = [
+        {"name": "p0", "address": ADDRESS["p0"], "model": "m"},
+        {"name": "q0", "address": ADDRESS["p1"], "model": "n"},
+    ]
+    router, *_ = router_with(config, scheduling=ONE_EACH)
+    on_m = [await route(router, i) for i in range(2)]
+    on_n = await router.route(
+        path="/v1/completions",
+        body=json.dumps({"model": "n", "prompt": "x " * 90}).encode(),
+        request_id="n1",
+    )
+    waiter = asyncio.create_task(route(router, 10))
+    await settle()
+    assert router.waiting == 1
+    attempts = []
+    schedule = router.scheduler.schedule
+    router.scheduler.schedule = lambda *a: attempts.append(1) or schedule(*a)
+    router.complete(on_n.token, 200)
+    await settle()
+    assert attempts == [] and not waiter.done()
+    router.complete(on_m[0].token, 200)
+    await settle()
+    assert attempts == [1] and waiter.done()
+
+
 async def test_room_that_only_time_returns_is_found_by_the_tick():
     """No store event says a stale page's "queue full" stopped counting: the tick
     forgets which placements were full and offers the waiting requests a pod."""

@@ -35,6 +35,7 @@ import time
 from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import structlog
 
@@ -77,6 +78,8 @@ log = structlog.get_logger("epp.routing")
 
 SATURATED = "rejected-saturated"
 
+# The pods a waiting request may use (`Router._placement`): its base model, the subset hint.
+Placement = tuple[str | None, frozenset[str] | None]
 # (the dispatch as the scorers saw it, uncached prompt tokens reserved on the pod)
 DispatchListener = Callable[[Dispatched, int], None]
 # (route token, pod name, the prompt's block hashes, leading blocks the index matched on
@@ -234,9 +237,22 @@ class Router:
                 del self._open[token]
             self._scheduler.observe(Removed(endpoint))
         elif event in ("released", "updated", "added"):
-            self._full.clear()  # room may have returned
+            self._room_may_have_returned(endpoint)
             if len(self._waiting):
                 self._schedule_release()
+
+    def _room_may_have_returned(self, endpoint: Endpoint) -> None:
+        """Forget that the placements of this pod's model were full. Room on a pod returns
+        to its model's placements only: what the filters read is the pod's own state,
+        except the health floor, which is per model (one pod excluded can let another of
+        its model back in)."""
+        if not self._full:
+            return
+        model = endpoint.model
+        if model is None:
+            self._full.clear()  # a pod of unknown model is a candidate for every model
+            return
+        self._full = {key for key in self._full if cast(Placement, key)[0] not in (None, model)}
 
     # -- the decision -------------------------------------------------------------
     def prepare(
@@ -488,7 +504,7 @@ class Router:
 
     # -- admission ------------------------------------------------------------------
     @staticmethod
-    def _placement(prepared: PreparedRequest) -> Hashable:
+    def _placement(prepared: PreparedRequest) -> Placement:
         """The pods a request may use, as a key: what the scheduler's filters read of the
         request (model filter: base model; subset filter: the proxy's hint). The other
         filters (health, saturation) read only the pods."""
