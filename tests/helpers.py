@@ -35,6 +35,7 @@ def endpoint(
     e.adapters_seen = dict.fromkeys(adapters, 0.0)
     e.metrics_at = 0.0
     e.health = health
+    e.unhealthy = e.excluded = health < 0.3  # the store's verdict at the default threshold
     e.refresh()
     return e
 

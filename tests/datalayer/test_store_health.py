@@ -475,3 +475,28 @@ def test_panic_at_a_share_and_switched_off():
     for _ in range(3):
         scrape_round(store, clock, failing={"a"})
     assert store.get("a").excluded and not store.get("a").panic
+
+
+def test_the_scheduler_routes_to_pods_the_floor_keeps_though_their_health_is_low():
+    """The health filter obeys the store's verdict, not the raw health: a capped pod
+    (health below 0.3) is a candidate, an excluded one is not; in panic all are."""
+    from epp.config import SchedulingConfig
+    from epp.scheduling.scheduler import Scheduler
+    from epp.scheduling.types import SchedulingRequest
+
+    def request(model: str | None = None) -> SchedulingRequest:
+        return SchedulingRequest(request_id="r", base_model=model)
+
+    store, clock = store_of(["a", "b", "c", "d"])
+    scrape_round(store, clock, failing=set())
+    for count, e in zip([30, 20, 12, 10], store.all(), strict=True):
+        fail_requests(store, e, count)
+    assert all(e.health < 0.3 for e in store.all())
+    decision = Scheduler(SchedulingConfig()).schedule(request(), store.all())
+    assert sorted(e.name for e in decision.candidates) == ["c", "d"]
+    store, clock = store_of(["a", "b", "x"], model_of=lambda n: "other" if n == "x" else "m")
+    scrape_round(store, clock, failing=set())
+    for _ in range(3):
+        scrape_round(store, clock, failing={"a", "b"})
+    decision = Scheduler(SchedulingConfig()).schedule(request(model="m"), store.all()[:2])
+    assert sorted(e.name for e in decision.candidates) == ["a", "b"]

@@ -42,20 +42,18 @@ class ModelFilter:
 
 @dataclass(slots=True)
 class HealthFilter:
-    """Pods with health below the threshold (default 0.3) receive no new traffic, unless
-    their model is in panic (too few routable pods: see datalayer/health.py)."""
+    """Pods the health model excludes receive no new traffic, unless their model is in
+    panic (too few routable pods). `excluded` is the store's verdict (datalayer/health.py):
+    health below scheduling.health_threshold with hysteresis, under the floor of the pod's
+    model, so a pod below the threshold may stay routable (too many of its model's pods
+    are out already)."""
 
-    threshold: float = 0.3
     name: str = "health"
     reject_status: int = 503
     reject_reason: str = "rejected-no-healthy-endpoints"
 
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
-        # `excluded` carries the hysteresis and the floor of the pod's model (datalayer/
-        # health.py): a pod that fell below the threshold stays out until it has recovered
-        # well above it, unless too many of its model's pods are out already.
-        threshold = self.threshold
-        return [e for e in candidates if e.panic or (e.health >= threshold and not e.excluded)]
+        return [e for e in candidates if e.panic or not e.excluded]
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ class Scheduler:
         self.filters: list[Filter] = [
             SubsetFilter(),
             ModelFilter(),
-            HealthFilter(threshold=config.health_threshold),
+            HealthFilter(),
             SaturationFilter(max_queue=config.max_queue),
         ]
         if config.balance.enabled:
