@@ -424,7 +424,9 @@ class KvEventsConfig(Strict):
     Per pod, `pod_modes[name]` or else `mode`: `auto` subscribes and makes the pod precise
     once its publisher completes a handshake (approximate again after `fallback_after_s`
     without a connection); `precise` is precise from the start; `approximate` never
-    subscribes. Templates take {host} and {port} (the pod's ip:port), {model} and {name};
+    subscribes. Templates take {host} and {port} (the pod's ip:port; an IPv6 host comes
+    bracketed, `tcp://[fd00::1]:5557`, unless the template brackets `[{host}]` itself),
+    {model} and {name};
     `topic` is a ZMQ prefix filter ("" takes every message of the pod's publisher, which
     is right when each pod has its own publisher, as here; vLLM's default topic is "").
     """
