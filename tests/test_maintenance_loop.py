@@ -221,3 +221,37 @@ async def test_each_step_of_the_loop_survives_its_exceptions_counted_and_logged_
     assert isinstance(failed[0]["exc_info"], RuntimeError)
     page = service.metrics.exposition().decode()
     assert 'epp_background_errors_total{step="health-refresh"} 3.0' in page
+
+
+async def test_a_background_task_that_ends_is_counted_and_logged():
+    """Only stop() ends the service's background tasks: any other end is reported (here
+    a maintenance loop with a bug outside its steps' guards). A started service on free
+    loopback ports, plaintext; its pods do not exist (their scrapes fail, unused here)."""
+    cfg = config(
+        endpoints=pods(1),
+        server={
+            "grpc_host": "127.0.0.1",
+            "grpc_port": 0,
+            "grpc_health_port": 0,
+            "metrics_host": "127.0.0.1",
+            "metrics_port": 0,
+            "secure_serving": False,
+        },
+    )
+    service = epp.app.EppService(cfg)
+
+    async def maintain_with_a_bug() -> None:
+        raise RuntimeError("a bug outside the steps")
+
+    service._maintain = maintain_with_a_bug
+    with structlog.testing.capture_logs() as logs:
+        await service.start()
+        try:
+            await settle()
+        finally:
+            await service.stop(grace_s=0)
+    failed = [e for e in logs if e["event"] == "background_step_failed"]
+    assert [e["step"] for e in failed] == ["task:health-refresh"]
+    page = service.metrics.exposition().decode()
+    assert 'epp_background_errors_total{step="task:health-refresh"} 1.0' in page
+    assert 'epp_background_errors_total{step="task:loop-lag-monitor"}' not in page  # stop()

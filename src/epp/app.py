@@ -307,6 +307,8 @@ class EppService:
         await self.precise.start()
         self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
         self._tasks.append(self.metrics.loop_lag.start())  # cancelled in stop() with the rest
+        for task in self._tasks:
+            task.add_done_callback(self._background_task_ended)
         log.info(
             "epp_started",
             grpc=f"{self.config.server.grpc_host}:{self.grpc_port}",
@@ -346,7 +348,8 @@ class EppService:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # One that ended with an exception was reported then (_background_task_ended).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.scraper.stop()
         await self.precise.close()
@@ -386,6 +389,13 @@ class EppService:
             except Exception as exc:
                 errors.failed("readiness", exc)
             await asyncio.sleep(HEALTH_REFRESH_S)
+
+    def _background_task_ended(self, task: asyncio.Task[None]) -> None:
+        """Only stop() ends these tasks: any other end says so, in the log and the count."""
+        if task.cancelled():
+            return
+        error = task.exception() or RuntimeError(f"background task {task.get_name()} returned")
+        self.metrics.background.failed(f"task:{task.get_name()}", error)
 
     def _check_precise_stale(self) -> None:
         """Settle due stale-routing claims of precise pods; export what is new."""
