@@ -55,6 +55,7 @@ from epp.extproc.server import (
     build_grpc_server,
     build_health_server,
 )
+from epp.observability.debug_pages import debug_routes, is_loopback
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
@@ -213,6 +214,8 @@ class EppService:
         self.metrics_port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._web_runner: web.AppRunner | None = None
+        self._debug_runner: web.AppRunner | None = None
+        self.debug_address: str | None = None  # host:port of the debug pages (None: off)
 
     # Set by drain(); a class default so that the wiring in __post_init__ need not know.
     _draining = False
@@ -303,6 +306,7 @@ class EppService:
         )
         await site.start()
         self.metrics_port = self._web_runner.addresses[0][1]  # (host, port) of the site
+        await self._start_debug_pages()
         await self.scraper.start()
         await self.precise.start()
         self._tasks.append(asyncio.create_task(self._maintain(), name="health-refresh"))
@@ -361,6 +365,8 @@ class EppService:
             await self.replicas.stop()
         if self._web_runner is not None:
             await self._web_runner.cleanup()
+        if self._debug_runner is not None:
+            await self._debug_runner.cleanup()
         log.info("epp_stopped")
 
     async def _maintain(self) -> None:
@@ -423,61 +429,85 @@ class EppService:
                 text="ready" if self.ready else "not ready", status=200 if self.ready else 503
             )
 
-        async def endpoints(_: web.Request) -> web.Response:
-            return web.json_response(
-                [
-                    {
-                        "name": e.name,
-                        "address": e.address,
-                        "model": e.model,
-                        "health": round(e.health, 3),
-                        "queue_depth": e.queue_depth,
-                        "kv_usage": e.kv_usage,
-                        "in_flight": e.in_flight,
-                        "in_flight_tokens": e.in_flight_tokens,
-                        "concurrency": e.concurrency,
-                        "running_slots": e.slots,
-                        "load": round(e.load, 3),
-                        "excluded": e.excluded,
-                        "gauges_frozen": e.gauges_frozen,
-                        "error_rate": round(e.error_rate, 3),
-                        "adapters": sorted(e.adapters),
-                        "prefix_blocks": self.index.blocks(e.name),
-                        "index_mode": self.precise.mode_of(e.name),
-                        "kv_events": self._kv_events_state(e.name),
-                        "scrape_failures": e.consecutive_failures,
-                        # The server process's start time (process_start_time_seconds):
-                        # a later one is a restart (entries dropped, then resynced).
-                        "start_time": e.metrics.start_time if e.metrics else None,
-                        "last_error": e.last_error,
-                    }
-                    for e in self.store.all()
-                ]
-            )
-
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/ready", ready)
-
-        async def index_view(request: web.Request) -> web.Response:
-            # One pod's entries: for a precise pod, the engine block hashes its events say
-            # it holds (each once, hex); a test compares them with the engine's own view.
-            pod = request.query.get("pod", "")
-            if pod not in self.index.pods():
-                return web.json_response({"error": f"unknown pod {pod!r}"}, status=404)
-            return web.json_response(
-                {
-                    "pod": pod,
-                    "mode": self.precise.mode_of(pod),
-                    "blocks": self.index.blocks(pod),
-                    "capacity": self.index.capacity(pod),
-                    "engine_blocks": sorted(f"{h:016x}" for h in self.index.engine_blocks(pod)),
-                }
-            )
-
-        app.router.add_get("/debug/endpoints", endpoints)
-        app.router.add_get("/debug/index", index_view)
+        if self.config.server.debug_port is not None and self._debug_shares_metrics():
+            app.add_routes(self._debug_routes())
         return app
+
+    def _debug_shares_metrics(self) -> bool:
+        """A metrics port on a loopback address is as private as the debug port would be."""
+        return is_loopback(self.config.server.metrics_host)
+
+    async def _start_debug_pages(self) -> None:
+        """The debug pages on a loopback address only (server.debug_host, debug_port): they
+        show which pod holds which prefix, and cost routing-loop time."""
+        server = self.config.server
+        if server.debug_port is None:
+            return
+        if self._debug_shares_metrics():
+            self.debug_address = f"{server.metrics_host}:{self.metrics_port}"
+            return
+        app = web.Application()
+        app.add_routes(self._debug_routes())
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, server.debug_host, server.debug_port).start()
+        except OSError as err:  # optional pages never stop the service
+            await runner.cleanup()
+            log.warning("debug_pages_unavailable", host=server.debug_host, error=str(err))
+            return
+        self._debug_runner = runner
+        port = runner.addresses[0][1]
+        self.debug_address = f"{server.debug_host}:{port}"
+        if is_loopback(server.debug_host):
+            log.info("debug_pages", address=self.debug_address)
+        else:
+            log.warning("debug_pages_exposed", address=self.debug_address)
+
+    def _debug_routes(self) -> list[web.RouteDef]:
+        def pod_index(pod: str) -> dict[str, Any]:
+            return {
+                "mode": self.precise.mode_of(pod),
+                "blocks": self.index.blocks(pod),
+                "capacity": self.index.capacity(pod),
+            }
+
+        return debug_routes(
+            self._endpoint_rows, self.index.pods, pod_index, self.index.engine_block_slices
+        )
+
+    def _endpoint_rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": e.name,
+                "address": e.address,
+                "model": e.model,
+                "health": round(e.health, 3),
+                "queue_depth": e.queue_depth,
+                "kv_usage": e.kv_usage,
+                "in_flight": e.in_flight,
+                "in_flight_tokens": e.in_flight_tokens,
+                "concurrency": e.concurrency,
+                "running_slots": e.slots,
+                "load": round(e.load, 3),
+                "excluded": e.excluded,
+                "gauges_frozen": e.gauges_frozen,
+                "error_rate": round(e.error_rate, 3),
+                "adapters": sorted(e.adapters),
+                "prefix_blocks": self.index.blocks(e.name),
+                "index_mode": self.precise.mode_of(e.name),
+                "kv_events": self._kv_events_state(e.name),
+                "scrape_failures": e.consecutive_failures,
+                # The server process's start time (process_start_time_seconds):
+                # a later one is a restart (entries dropped, then resynced).
+                "start_time": e.metrics.start_time if e.metrics else None,
+                "last_error": e.last_error,
+            }
+            for e in self.store.all()
+        ]
 
     def _kv_events_state(self, pod: str) -> dict[str, Any] | None:
         sub = self.precise.subscriber(pod)

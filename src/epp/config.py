@@ -225,6 +225,12 @@ class ServerConfig(Strict):
     grpc_health_port: int = Field(9003, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9090, ge=0, le=65535)
+    # The debug pages (/debug/endpoints, /debug/index) show which pod holds which prefix
+    # and cost routing-loop time: served on this loopback address only (kubectl
+    # port-forward reaches it), or on the metrics port when metrics_host is loopback.
+    # 0: a free port chosen at start (EppService.debug_address, logged); null: not served.
+    debug_host: str = "127.0.0.1"
+    debug_port: int | None = Field(9091, ge=0, le=65535)
     max_grpc_message_bytes: int = Field(64 * 1024 * 1024, ge=4 * 1024 * 1024)
     # Larger bodies get 413. The default keeps the worst event-loop pause of one body at
     # the limit (decode, parse, tokenize, hash, lookup, record) under 50 ms on 2 cores even

@@ -260,6 +260,21 @@ class EngineMap:
         out.extend(self._other)
         return out
 
+    def hash_slices(self, records: int = 4096) -> Iterator[list[int]]:
+        """The engine hashes in slices of about `records` (whole buckets), so that a reader
+        can yield to the event loop between slices. Each bucket is read in one go; the map
+        may change between slices (a slice is its buckets as they were when it was read)."""
+        yield list(self._other)
+        buckets = self._buckets  # a resize replaces the list; this one stays as it was
+        out: list[int] = []
+        for buf in buckets:
+            if buf:
+                out += [h for h, _ in _PAIR.iter_unpack(buf)]
+                if len(out) >= records:
+                    yield out
+                    out = []
+        yield out
+
     def values(self) -> Iterator[EngineKeys]:
         for buf in self._buckets:
             if buf:

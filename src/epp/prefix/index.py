@@ -525,6 +525,14 @@ class PrefixIndex:
             return []
         return slot.engine.hashes()
 
+    def engine_block_slices(self, pod: str) -> tuple[int, Iterator[list[int]]]:
+        """How many engine blocks the precise pod holds, and their hashes in slices (see
+        EngineMap.hash_slices): for readers that must not hold the loop for the whole map."""
+        slot = self._pods.get(pod)
+        if slot is None or slot.engine is None:
+            return 0, iter(())
+        return len(slot.engine), slot.engine.hash_slices()
+
     def store_engine_blocks(
         self, pod: str, engine_hashes: Sequence[int], keys: Sequence[BlockHash], per_block: int
     ) -> bool:
