@@ -45,8 +45,18 @@ def engine_blocks(address: str) -> set[str]:
 
 
 def index_view(r: Rig, pod: str) -> dict:
-    status, _, body = http(f"http://{HOST}:{r.epp_metrics_port}/debug/index?pod={pod}", timeout=5)
-    return json.loads(body) if status == 200 else {"mode": None, "engine_blocks": []}
+    """The pod's /debug/index, every page of its engine blocks joined."""
+    url = f"http://{HOST}:{r.epp_metrics_port}/debug/index?pod={pod}&limit=10000"
+    status, _, body = http(url, timeout=5)
+    if status != 200:
+        return {"mode": None, "engine_blocks": []}
+    view = json.loads(body)
+    while "next" in view:
+        status, _, body = http(f"{url}&after={view['next']}", timeout=5)
+        assert status == 200
+        page = json.loads(body)
+        view = {**page, "engine_blocks": view["engine_blocks"] + page["engine_blocks"]}
+    return view
 
 
 def page_start_time(address: str) -> float:

@@ -187,10 +187,16 @@ class Stack:
     def index_view(self, pod: str) -> dict:
         """GET /debug/index?pod=: `engine_blocks` (what its events stored), `blocks` (every
         entry, predicted ones too)."""
-        url = f"http://{HOST}:{self.rig.epp_metrics_port}/debug/index?pod={pod}"
+        url = f"http://{HOST}:{self.rig.epp_metrics_port}/debug/index?pod={pod}&limit=10000"
         status, _, body = http(url, timeout=10)
         assert status == 200, f"/debug/index?pod={pod} -> {status}: {body[:200]!r}"
-        return json.loads(body)
+        view = json.loads(body)
+        while "next" in view:  # every page of the engine blocks
+            status, _, body = http(f"{url}&after={view['next']}", timeout=10)
+            assert status == 200, f"/debug/index?pod={pod} -> {status}: {body[:200]!r}"
+            page = json.loads(body)
+            view = {**page, "engine_blocks": view["engine_blocks"] + page["engine_blocks"]}
+        return view
 
     def index(self, pod: str) -> set[str]:
         return set(self.index_view(pod)["engine_blocks"])
