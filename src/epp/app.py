@@ -255,7 +255,7 @@ class EppService:
             client = self.kube_client
             if client is None:
                 client = make_api_client(str(config.kubeconfig) if config.kubeconfig else None)
-            from epp.datalayer.discovery.pool import standalone_pool
+            from epp.datalayer.discovery.pool import MetricsLocation, standalone_pool
 
             standalone = None
             if config.endpoint_selector:
@@ -271,6 +271,11 @@ class EppService:
                 read_models=config.read_models,
                 pool_group=config.pool_group,
                 standalone=standalone,
+                metrics=MetricsLocation(
+                    self.config.datalayer.metrics_scheme,
+                    self.config.datalayer.metrics_port,
+                    self.config.datalayer.metrics_path,
+                ),
             )
         if self.config.endpoints_file is not None:
             return EndpointsFileWatcher(

@@ -173,12 +173,55 @@ class DataLayerConfig(Strict):
     scrape_client_cert_file: Path | None = None
     scrape_client_key_file: Path | None = None
     scrape_insecure_skip_verify: bool = False
+    # Where a discovered pod's page is (upstream's --model-server-metrics-port/-path/-scheme):
+    # <scheme>://<pod IP>:<port><path>, port 0 being the pod's target port. Static
+    # endpoints give their own metrics_url.
+    metrics_scheme: Literal["http", "https"] = "http"
+    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_path: str = Field("/metrics", pattern=r"^/\S*$")
+    # The series read from each page (upstream's --total-queued-requests-metric, ...): a
+    # Prometheus metric spec, `name` or `name{label="v",...}`; the series that match are
+    # summed (data-parallel engines), KV usage averaged; "" reads none. vLLM's names by
+    # default (datalayer/metrics_parser.py; vLLM's older vllm:gpu_* names as fallbacks).
+    waiting_metric: str = "vllm:num_requests_waiting"
+    running_metric: str = "vllm:num_requests_running"
+    kv_usage_metric: str = "vllm:kv_cache_usage_perc"
+    lora_info_metric: str = "vllm:lora_requests_info"
+    # Labels block_size / num_gpu_blocks (vLLM), or page_size / num_pages (SGLang).
+    cache_info_metric: str = "vllm:cache_config_info"
 
     @model_validator(mode="after")
     def _client_pair(self) -> DataLayerConfig:
         if (self.scrape_client_cert_file is None) != (self.scrape_client_key_file is None):
             raise ValueError("scrape_client_cert_file and scrape_client_key_file go together")
         return self
+
+    @model_validator(mode="after")
+    def _metric_specs(self) -> DataLayerConfig:
+        # Imported here: the datalayer package imports this module.
+        from epp.datalayer.metrics_parser import MetricSpecError, parse_metric_spec
+
+        for key in METRIC_SPEC_KEYS:
+            try:
+                parse_metric_spec(getattr(self, key))
+            except MetricSpecError as exc:
+                raise ValueError(f"datalayer.{key}: {exc}") from None
+        if not any(getattr(self, key).strip() for key in METRIC_SPEC_KEYS[:3]):
+            raise ValueError(
+                "datalayer.waiting_metric, running_metric and kv_usage_metric are all empty: "
+                "no page would be read"
+            )
+        return self
+
+
+# The DataLayerConfig keys of the series read, in PageReader's order.
+METRIC_SPEC_KEYS = (
+    "waiting_metric",
+    "running_metric",
+    "kv_usage_metric",
+    "lora_info_metric",
+    "cache_info_metric",
+)
 
 
 class FlowControlConfig(Strict):
@@ -311,6 +354,23 @@ class DiscoveryConfig(Strict):
     # model CRD is read then, as upstream.
     endpoint_selector: str | None = Field(None, min_length=1)
     target_ports: list[int] = Field(default_factory=list)
+    # One active replica among several (upstream's --ha-enable-leader-election): the
+    # replica holding a coordination.k8s.io/v1 Lease in pool_namespace answers the health
+    # names readiness, "" and the ext_proc service's; the others stand by (epp/leader.py).
+    # Needs Kubernetes discovery and a Role granting get/create/update on leases.
+    leader_election: bool = False
+    # The Lease; default upstream's `epp-<pool_namespace>-<pool_name>.llm-d.ai` (standalone:
+    # the EPP Deployment's name, from $POD_NAME, in place of the pool's).
+    leader_election_lease: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _leader_election_needs_kubernetes(self) -> DiscoveryConfig:
+        if self.leader_election and not (self.pool_name or self.endpoint_selector):
+            raise ValueError(
+                "discovery.leader_election needs Kubernetes discovery (discovery.pool_name "
+                "or endpoint_selector): its Lease lives in the API server"
+            )
+        return self
 
     @model_validator(mode="after")
     def _standalone(self) -> DiscoveryConfig:

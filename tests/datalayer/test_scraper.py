@@ -84,7 +84,7 @@ async def test_scraper_updates_good_pods_and_degrades_bad_ones():
             pod = store.get(name)
             assert pod.health < 0.3, (name, pod.health, pod.last_error)
             assert pod.consecutive_failures >= 1 and pod.last_error
-        assert "no vLLM metrics" in store.get("garbage").last_error
+        assert "no model server metrics" in store.get("garbage").last_error
         # Removing a pod stops its loop; adding one starts a loop.
         good_config = EndpointConfig(
             name="good", address=f"127.0.0.1:{port}", metrics_url=f"http://127.0.0.1:{port}/good"

@@ -1,9 +1,16 @@
-"""A targeted reader of vLLM's Prometheus page: the handful of series routing uses.
+"""A targeted reader of a model server's Prometheus page: the handful of series routing uses.
 
 A general Prometheus parser spends most of its time on histogram buckets (most of a vLLM
-page). This scanner looks only at lines whose metric name is in `VLLM_METRICS` (so comments,
-`_bucket` and `_created` lines never match), sums over the `engine` label (data-parallel
-engines of one pod), and treats garbage as absent rather than failing the whole page.
+page). This scanner looks only at lines whose metric name is wanted (so comments,
+`_bucket` and `_created` lines never match), sums the series that match a spec (the
+`engine` label of vLLM's data-parallel engines, SGLang's data-parallel ranks), and treats
+garbage as absent rather than failing the whole page.
+
+What is wanted is a `PageReader`, built once per configuration: the waiting, running, KV
+usage, LoRA info and cache info series as Prometheus metric specs (`name` or
+`name{label="v",...}`, upstream's --total-queued-requests-metric syntax), vLLM's names by
+default, plus vLLM's own counters (prefix cache, preemptions, tokens, finished requests) and
+`process_start_time_seconds`, which other servers simply do not have.
 """
 
 from __future__ import annotations
@@ -13,13 +20,18 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# metric name -> field of PodMetrics; old names (vLLM <= 0.11) map to the same field, and
-# the new name wins when a page has both.
-VLLM_METRICS: dict[str, str] = {
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_requests_running": "running",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:gpu_cache_usage_perc": "kv_usage_old",
+# vLLM's names: the defaults of the five specs.
+DEFAULT_WAITING = "vllm:num_requests_waiting"
+DEFAULT_RUNNING = "vllm:num_requests_running"
+DEFAULT_KV_USAGE = "vllm:kv_cache_usage_perc"
+DEFAULT_LORA_INFO = "vllm:lora_requests_info"
+DEFAULT_CACHE_INFO = "vllm:cache_config_info"
+# vLLM <= 0.11's name for KV usage, read when the KV spec is the default and the page has
+# no series of the new name.
+OLD_KV_USAGE = "vllm:gpu_cache_usage_perc"
+# vLLM's counters, read by name whatever the specs (old names map to `<field>_old`; the new
+# name wins when a page has both).
+VLLM_COUNTERS: dict[str, str] = {
     "vllm:prefix_cache_queries_total": "prefix_queries",
     "vllm:gpu_prefix_cache_queries_total": "prefix_queries_old",
     "vllm:prefix_cache_hits_total": "prefix_hits",
@@ -32,12 +44,13 @@ VLLM_METRICS: dict[str, str] = {
     "vllm:request_prompt_tokens_count": "finished_requests",
     "vllm:request_prompt_tokens_sum": "finished_prompt_tokens",
 }
-LORA_INFO = "vllm:lora_requests_info"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-# prometheus_client's process collector (vLLM's API server has it): the unix time the
-# process started. A new value is a restarted server even if its counters have grown past
-# the old ones. Not a vLLM series: alone it does not make a page a vLLM page.
+# prometheus_client's process collector (vLLM's and SGLang's API servers have it): the unix
+# time the process started. A new value is a restarted server even if its counters have
+# grown past the old ones. Alone it does not make a page a model server's page.
 START_TIME = "process_start_time_seconds"
+# Cache info labels: vLLM's (and trtllm-serve's) names, then SGLang's.
+BLOCK_SIZE_LABELS = ("block_size", "page_size")
+NUM_BLOCKS_LABELS = ("num_gpu_blocks", "num_pages")
 
 
 @dataclass(slots=True)
@@ -65,6 +78,79 @@ class MetricsFormatError(ValueError):
     """The page has none of the series routing needs."""
 
 
+class MetricSpecError(ValueError):
+    """A metric spec that cannot be read; the message is one line for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A metric name and the label values a series must have (all of them) to be read."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        if not self.labels:
+            return self.name
+        inner = ",".join(f'{key}="{_escape(value)}"' for key, value in self.labels)
+        return f"{self.name}{{{inner}}}"
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_MATCHER = re.compile(
+    r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|!~|=)\s*"""
+    r"""(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|([^"',}\s]+))\s*(,|$)"""
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
+
+
+def parse_metric_spec(text: str) -> MetricSpec | None:
+    """Upstream's metric spec, a PromQL instant vector selector with equality matchers:
+    `name`, `name{a="x",b="y"}`, label values quoted or not (`{request_type=waiting}`, as
+    GIE's chart passes them). "" (or blanks) is None: the series is not read. Raises
+    MetricSpecError for anything else (another matcher than `=` included: upstream drops
+    those silently, which would read series the operator meant to exclude)."""
+    spec = text.strip()
+    if not spec:
+        return None
+    brace = spec.find("{")
+    name = (spec if brace < 0 else spec[:brace]).strip()
+    if not _METRIC_NAME.fullmatch(name):
+        raise MetricSpecError(f"{text!r}: not a metric name (e.g. vllm:num_requests_waiting)")
+    if brace < 0:
+        return MetricSpec(name)
+    if not spec.endswith("}"):
+        raise MetricSpecError(f"{text!r}: the label block must close with '}}' at the end")
+    body = spec[brace + 1 : -1]
+    labels: dict[str, str] = {}
+    pos = 0
+    while body[pos:].strip():
+        match = _MATCHER.match(body, pos)
+        if match is None:
+            raise MetricSpecError(f'{text!r}: expected label="value" at {body[pos:]!r}')
+        key, op = match[1], match[2]
+        if op != "=":
+            raise MetricSpecError(f"{text!r}: only '=' label matchers are supported, not {op!r}")
+        raw = match[3] if match[3] is not None else match[4] if match[4] is not None else match[5]
+        if key in labels:
+            raise MetricSpecError(f"{text!r}: label {key!r} is given twice")
+        labels[key] = _unescape(raw)
+        pos = match.end()
+        if match[6] == ",":
+            if not body[pos:].strip():
+                break  # PromQL allows a trailing comma
+        elif pos < len(body):
+            raise MetricSpecError(f"{text!r}: unexpected {body[pos:]!r}")
+    return MetricSpec(name, tuple(sorted(labels.items())))
+
+
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -73,7 +159,7 @@ def _split_labels(text: str) -> dict[str, str]:
     labels = dict(_LABEL.findall(text))
     if "\\" in text:
         for key, value in labels.items():
-            labels[key] = re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value)
+            labels[key] = _unescape(value)
     return labels
 
 
@@ -89,12 +175,9 @@ def _names(value: str) -> frozenset[str]:
     return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
-_WANTED = (*VLLM_METRICS, LORA_INFO, CACHE_CONFIG_INFO, START_TIME)
-
-
-def _series(page: str) -> Iterator[tuple[str, str, str]]:
+def _series(page: str, wanted: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
     """(name, label text, value text) of every series line of the wanted metrics."""
-    for name in _WANTED:
+    for name in wanted:
         needle = "\n" + name
         pos = page.find(needle) if not page.startswith(name) else -1
         while True:
@@ -117,70 +200,129 @@ def _series(page: str) -> Iterator[tuple[str, str, str]]:
                 break
 
 
+# What a wanted series feeds: a sum (a PodMetrics field, or `<field>_old`), the start time,
+# the LoRA info or the cache info.
+_SUM, _START, _LORA, _CACHE = range(4)
+# (field, kind, label values required)
+_Want = tuple[str, int, tuple[tuple[str, str], ...]]
+
+
+class PageReader:
+    """Reads the routing signals from one page. Built once per configuration: the table of
+    wanted names (one C-speed substring search each per page) is fixed here."""
+
+    __slots__ = ("_looked_for", "_table", "_wanted")
+
+    def __init__(
+        self,
+        waiting: MetricSpec | None = MetricSpec(DEFAULT_WAITING),
+        running: MetricSpec | None = MetricSpec(DEFAULT_RUNNING),
+        kv_usage: MetricSpec | None = MetricSpec(DEFAULT_KV_USAGE),
+        lora_info: MetricSpec | None = MetricSpec(DEFAULT_LORA_INFO),
+        cache_info: MetricSpec | None = MetricSpec(DEFAULT_CACHE_INFO),
+    ) -> None:
+        table: dict[str, list[_Want]] = {}
+
+        def want(spec: MetricSpec | None, field: str, kind: int) -> None:
+            if spec is not None:
+                table.setdefault(spec.name, []).append((field, kind, spec.labels))
+
+        want(waiting, "waiting", _SUM)
+        want(running, "running", _SUM)
+        want(kv_usage, "kv_usage", _SUM)
+        if kv_usage == MetricSpec(DEFAULT_KV_USAGE):
+            want(MetricSpec(OLD_KV_USAGE), "kv_usage_old", _SUM)
+        for name, field in VLLM_COUNTERS.items():
+            want(MetricSpec(name), field, _SUM)
+        want(lora_info, "lora", _LORA)
+        want(cache_info, "cache", _CACHE)
+        want(MetricSpec(START_TIME), "start_time", _START)
+        self._table = {name: tuple(wants) for name, wants in table.items()}
+        self._wanted = tuple(self._table)
+        specs = (waiting, running, kv_usage, lora_info, cache_info)
+        self._looked_for = ", ".join(str(s) for s in specs if s is not None)
+
+    @classmethod
+    def from_texts(
+        cls, waiting: str, running: str, kv_usage: str, lora_info: str, cache_info: str
+    ) -> PageReader:
+        """From spec strings (`parse_metric_spec`); MetricSpecError names the bad one."""
+        return cls(
+            *(parse_metric_spec(t) for t in (waiting, running, kv_usage, lora_info, cache_info))
+        )
+
+    def parse(self, page: str) -> PodMetrics:
+        """The page's routing signals; MetricsFormatError if it has none of them."""
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        result = PodMetrics()
+        lora_stamp = -math.inf
+        table = self._table
+        # A C-speed substring search per wanted name: the ~90% of lines that are histogram
+        # buckets are never split into Python strings.
+        for name, label_text, value_text in _series(page, self._wanted):
+            value = _value(value_text)
+            if value is None:
+                continue
+            labels = _split_labels(label_text) if label_text else {}
+            for field, kind, required in table[name]:
+                if required and any(labels.get(k) != v for k, v in required):
+                    continue
+                if kind == _SUM:
+                    sums[field] = sums.get(field, 0.0) + value
+                    counts[field] = counts.get(field, 0) + 1
+                    if result.model is None and labels.get("model_name"):
+                        result.model = labels["model_name"]
+                elif kind == _START:
+                    result.start_time = value
+                elif kind == _LORA:
+                    # Old label sets are never removed; the newest (largest timestamp) is
+                    # current.
+                    if value > lora_stamp:
+                        lora_stamp = value
+                        result.running_adapters = _names(labels.get("running_lora_adapters", ""))
+                        result.waiting_adapters = _names(labels.get("waiting_lora_adapters", ""))
+                        max_lora = labels.get("max_lora", "")
+                        result.max_loras = int(max_lora) if max_lora.isdigit() else None
+                else:
+                    _cache_info(result, labels)
+        if not sums and result.block_size is None and lora_stamp == -math.inf:
+            raise MetricsFormatError(
+                f"no model server metrics on the page (wanted: {self._looked_for})"
+            )
+        for new in ("kv_usage", "prefix_queries", "prefix_hits"):
+            old = new + "_old"
+            if new not in sums and old in sums:
+                sums[new], counts[new] = sums[old], counts[old]
+        result.waiting = sums.get("waiting", 0.0)
+        result.running = sums.get("running", 0.0)
+        # Usage is a ratio per engine: the pod's usage is the mean of the series read.
+        engines = max(1, counts.get("kv_usage", 1))
+        result.kv_usage = min(1.0, max(0.0, sums.get("kv_usage", 0.0) / engines))
+        result.prefix_queries = sums.get("prefix_queries", 0.0)
+        result.prefix_hits = sums.get("prefix_hits", 0.0)
+        result.preemptions = sums.get("preemptions", 0.0)
+        result.generation_tokens = sums.get("generation_tokens", 0.0)
+        result.finished_requests = sums.get("finished_requests")
+        result.finished_prompt_tokens = sums.get("finished_prompt_tokens")
+        return result
+
+
+def _cache_info(result: PodMetrics, labels: dict[str, str]) -> None:
+    block_size = next((labels[k] for k in BLOCK_SIZE_LABELS if k in labels), "")
+    blocks = next((labels[k] for k in NUM_BLOCKS_LABELS if k in labels), "")
+    if block_size.isdigit():
+        result.block_size = int(block_size)
+    if blocks.isdigit():
+        # Data-parallel engines each hold their own KV blocks.
+        result.num_gpu_blocks = (result.num_gpu_blocks or 0) + int(blocks)
+
+
+# vLLM's names: what `parse_vllm_metrics` reads (benchmarks, the demo, tests).
+VLLM_READER = PageReader()
+
+
 def parse_vllm_metrics(page: str) -> PodMetrics:
-    """Read the routing signals from one /metrics page (raises MetricsFormatError if none)."""
-    sums: dict[str, float] = {}
-    result = PodMetrics()
-    lora_stamp = -math.inf
-    # A C-speed substring search per wanted name: the ~90% of lines that are histogram
-    # buckets are never split into Python strings.
-    for name, label_text, value_text in _series(page):
-        value = _value(value_text)
-        if value is None:
-            continue
-        labels = _split_labels(label_text) if label_text else {}
-        target = VLLM_METRICS.get(name)
-        if target is not None:
-            sums[target] = sums.get(target, 0.0) + value
-            if result.model is None and labels.get("model_name"):
-                result.model = labels["model_name"]
-        elif name == START_TIME:
-            result.start_time = value
-        elif name == LORA_INFO:
-            # Old label sets are never removed; the newest (largest timestamp) is current.
-            if value > lora_stamp:
-                lora_stamp = value
-                result.running_adapters = _names(labels.get("running_lora_adapters", ""))
-                result.waiting_adapters = _names(labels.get("waiting_lora_adapters", ""))
-                max_lora = labels.get("max_lora", "")
-                result.max_loras = int(max_lora) if max_lora.isdigit() else None
-        else:
-            block_size = labels.get("block_size", "")
-            blocks = labels.get("num_gpu_blocks", "")
-            if block_size.isdigit():
-                result.block_size = int(block_size)
-            if blocks.isdigit():
-                # Data-parallel engines each hold their own KV blocks.
-                result.num_gpu_blocks = (result.num_gpu_blocks or 0) + int(blocks)
-    if not sums and result.block_size is None and lora_stamp == -math.inf:
-        raise MetricsFormatError("no vLLM metrics found on the page")
-    for new, old in (
-        ("kv_usage", "kv_usage_old"),
-        ("prefix_queries", "prefix_queries_old"),
-        ("prefix_hits", "prefix_hits_old"),
-    ):
-        if new not in sums and old in sums:
-            sums[new] = sums[old]
-    engines = max(1, _count_engines(page)) if "kv_usage" in sums else 1
-    result.waiting = sums.get("waiting", 0.0)
-    result.running = sums.get("running", 0.0)
-    # Usage is a ratio per engine: the pod's usage is the engines' mean.
-    result.kv_usage = min(1.0, max(0.0, sums.get("kv_usage", 0.0) / engines))
-    result.prefix_queries = sums.get("prefix_queries", 0.0)
-    result.prefix_hits = sums.get("prefix_hits", 0.0)
-    result.preemptions = sums.get("preemptions", 0.0)
-    result.generation_tokens = sums.get("generation_tokens", 0.0)
-    result.finished_requests = sums.get("finished_requests")
-    result.finished_prompt_tokens = sums.get("finished_prompt_tokens")
-    return result
-
-
-def _count_engines(page: str) -> int:
-    """Number of kv-usage series (one per data-parallel engine)."""
-    count = 0
-    for prefix in ("vllm:kv_cache_usage_perc{", "vllm:kv_cache_usage_perc "):
-        count += page.count("\n" + prefix) + (1 if page.startswith(prefix) else 0)
-    if count == 0:
-        for prefix in ("vllm:gpu_cache_usage_perc{", "vllm:gpu_cache_usage_perc "):
-            count += page.count("\n" + prefix) + (1 if page.startswith(prefix) else 0)
-    return count
+    """Read the routing signals from one vLLM /metrics page (raises MetricsFormatError if
+    none)."""
+    return VLLM_READER.parse(page)

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import structlog
 
-from epp.config import DataLayerConfig
+from epp.config import METRIC_SPEC_KEYS, DataLayerConfig
 from epp.datalayer.endpoint import Endpoint
-from epp.datalayer.metrics_parser import MetricsFormatError, parse_vllm_metrics
+from epp.datalayer.metrics_parser import MetricsFormatError, PageReader
 from epp.datalayer.store import EndpointStore
 from epp.tls import ScrapeTls
 
@@ -29,6 +29,11 @@ log = structlog.get_logger("epp.scraper")
 
 # A vLLM page is 50-70 KB; anything far larger is not a metrics page.
 MAX_PAGE_BYTES = 8 * 1024 * 1024
+
+
+def page_reader(config: DataLayerConfig) -> PageReader:
+    """The reader of the series `config` names (validated at config load)."""
+    return PageReader.from_texts(*(getattr(config, key) for key in METRIC_SPEC_KEYS))
 
 
 class MetricsScraper:
@@ -46,6 +51,8 @@ class MetricsScraper:
         self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        # The series read from each page: built once, not per scrape.
+        self.reader = page_reader(config)
         self.first_round = asyncio.Event()
         # https metrics URLs: CA / client certificate files, re-read when they change.
         self.tls = ScrapeTls(config, clock=clock)
@@ -98,7 +105,7 @@ class MetricsScraper:
                 raw = await response.content.read(MAX_PAGE_BYTES + 1)
                 if len(raw) > MAX_PAGE_BYTES:
                     raise MetricsFormatError("metrics page larger than 8 MiB")
-            metrics = parse_vllm_metrics(raw.decode("utf-8", "replace"))
+            metrics = self.reader.parse(raw.decode("utf-8", "replace"))
         except (aiohttp.ClientError, TimeoutError, MetricsFormatError, OSError) as exc:
             self._store.scrape_failed(endpoint, f"{type(exc).__name__}: {exc}")
             if endpoint.consecutive_failures in (1, 10) or endpoint.consecutive_failures % 200 == 0:

@@ -12,6 +12,7 @@ from kube_standin import admitted, pod, pool, upstream_objects
 from epp.datalayer.discovery.pool import (
     EndpointPickerRef,
     InvalidPool,
+    MetricsLocation,
     endpoints_for_pool,
     parse_alpha_pool,
     parse_label_selector,
@@ -124,6 +125,24 @@ def test_endpoint_fields_come_from_the_pod() -> None:
     assert second.metrics_url == "http://10.0.0.1:9000/metrics"
     assert first.labels == {"app": "vllm", "tier": "gpu"}
     assert first.model is None  # learned from the pod's metrics
+
+
+def test_metrics_url_from_the_model_server_metrics_flags() -> None:
+    # upstream's --model-server-metrics-scheme/-port/-path; port 0: each rank's own port.
+    spec = parse_pool(pool("p", VLLM, [8000, 9000]))
+    pods = [pod("a", VLLM, "10.0.0.1"), pod("b", VLLM, "fd00::2")]
+    triton = MetricsLocation("http", 8002, "/metrics")
+    assert [e.metrics_url for e in endpoints_for_pool(spec, pods, triton)] == [
+        "http://10.0.0.1:8002/metrics",
+        "http://10.0.0.1:8002/metrics",
+        "http://[fd00::2]:8002/metrics",
+        "http://[fd00::2]:8002/metrics",
+    ]
+    trtllm = MetricsLocation("https", 0, "/prometheus/metrics")
+    [first, second] = endpoints_for_pool(spec, pods[:1], trtllm)
+    assert first.metrics_url == "https://10.0.0.1:8000/prometheus/metrics"
+    assert second.metrics_url == "https://10.0.0.1:9000/prometheus/metrics"
+    assert first.address == "10.0.0.1:8000"  # what Envoy dials is unchanged
 
 
 def test_parse_pool_reads_selector_ports_and_picker_ref() -> None:

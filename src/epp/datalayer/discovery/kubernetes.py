@@ -53,6 +53,7 @@ from epp.config import EndpointConfig
 from epp.datalayer.discovery.models import ModelTable, build_model_table
 from epp.datalayer.discovery.pool import (
     InvalidPool,
+    MetricsLocation,
     PoolSpec,
     endpoints_for_pool,
     parse_alpha_pool,
@@ -205,11 +206,13 @@ class KubernetesDiscovery:
         read_models: bool = True,
         pool_group: str = POOL_GROUP,
         standalone: PoolSpec | None = None,
+        metrics: MetricsLocation | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool_name = pool_name
         self.standalone = standalone
+        self.metrics = metrics  # where each pod's metrics page is (None: pool.py's default)
         self.pool_group = pool_group
         self.pool_resource = pool_resource(pool_group)  # ValueError for an unknown group
         self._parse_pool = (
@@ -398,7 +401,7 @@ class KubernetesDiscovery:
         ):
             return  # the first pod list is on its way
         else:
-            endpoints = endpoints_for_pool(view.pool, view.pods.objects.values())
+            endpoints = endpoints_for_pool(view.pool, view.pods.objects.values(), self.metrics)
         if self._delivered_endpoints and endpoints == self.endpoints:
             return
         self.endpoints = endpoints

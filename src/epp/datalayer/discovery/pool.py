@@ -9,12 +9,13 @@ Ready=True), is not terminating (no `metadata.deletionTimestamp`) and has a
     name     <pod>            with one target port
              <pod>-rank-<i>   with several (i = the port's index in targetPorts)
     address  podIP:port       ([podIP]:port for IPv6)
-    metrics  <scheme>://address/metrics
+    metrics  <scheme>://podIP:<metrics port><path> (`MetricsLocation`: by default
+             http://address/metrics; upstream's --model-server-metrics-scheme/-port/-path)
     labels   the pod's labels
 
 `spec.appProtocol` ("http", default: HTTP/1.1; "kubernetes.io/h2c": HTTP/2 cleartext) is
-what the gateway speaks to the pods; neither value is TLS, so the scheme of the pods and
-of their metrics URL is `http` for both (`SCHEME`). Any other value makes the pool
+what the gateway speaks to the pods; neither value is TLS, so the scheme of the pods is
+`http` for both (`SCHEME`), and so is that of their metrics URL unless told otherwise. Any other value makes the pool
 invalid (the CRD's enum admits only these two). `spec.endpointPickerRef` (optional in v1:
 name, kind, group, port, failureMode) is the gateway's, not ours: parsed with its CRD
 defaults and reported.
@@ -48,6 +49,19 @@ APP_PROTOCOL_H2C = "kubernetes.io/h2c"
 # appProtocol -> the URL scheme of the pods and of their metrics: both are cleartext.
 SCHEME: Mapping[str, str] = {APP_PROTOCOL_HTTP: "http", APP_PROTOCOL_H2C: "http"}
 FAILURE_MODES = ("FailOpen", "FailClose")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsLocation:
+    """Where each pod's metrics page is (datalayer.metrics_scheme/_port/_path): `port` 0 is
+    the endpoint's own target port, as upstream's --model-server-metrics-port."""
+
+    scheme: str = "http"
+    port: int = 0
+    path: str = "/metrics"
+
+    def url(self, ip: str, target_port: int) -> str:
+        return f"{self.scheme}://{_address(ip, self.port or target_port)}{self.path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +259,11 @@ def _address(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
-def endpoints_for_pool(pool: PoolSpec, pods: Iterable[Obj]) -> list[EndpointConfig]:
-    """The endpoints of the pool's serving pods, sorted by pod name then rank.
+def endpoints_for_pool(
+    pool: PoolSpec, pods: Iterable[Obj], metrics: MetricsLocation | None = None
+) -> list[EndpointConfig]:
+    """The endpoints of the pool's serving pods, sorted by pod name then rank; each one's
+    metrics URL from `metrics` (default: the pool's scheme, the target port, /metrics).
 
     A pod whose IP:port another pod (earlier by name) already gives is skipped: two pods
     cannot be told apart by Envoy (host-network pods on one node)."""
@@ -273,7 +290,11 @@ def endpoints_for_pool(pool: PoolSpec, pods: Iterable[Obj]) -> list[EndpointConf
                 EndpointConfig(
                     name=f"{name}-rank-{rank}" if several else name,
                     address=address,
-                    metrics_url=f"{pool.scheme}://{address}/metrics",
+                    metrics_url=(
+                        metrics.url(ip, port)
+                        if metrics is not None
+                        else f"{pool.scheme}://{address}/metrics"
+                    ),
                     labels=labels,
                 )
             )
