@@ -49,6 +49,8 @@ class _Pod:
     in_flight: int = 0
     consecutive_failures: int = 0
     excluded: bool = False
+    unhealthy: bool = False
+    panic: bool = False
 
 
 def test_names_known_from_config_or_pods_keep_their_series_after_the_limit():
