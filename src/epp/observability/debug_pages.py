@@ -15,7 +15,6 @@ on the last one). Sorting and formatting a whole pod's index at once took 27 ms 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import ipaddress
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,19 +43,24 @@ async def smallest_after(
     slices: Iterator[list[int]], after: int, limit: int
 ) -> tuple[list[int], bool]:
     """The `limit` smallest values above `after`, ascending, and whether more exist; the
-    loop runs between slices."""
+    loop runs between slices. Once `limit` are held, only values below the largest held
+    are looked at again (`cutoff`)."""
     best: list[int] = []
     more = False
+    cutoff: int | None = None  # set once `best` is full: its largest value
     for piece in slices:
-        above = [h for h in piece if h > after]
+        if cutoff is None:
+            above = [h for h in piece if h > after]
+        else:
+            above = [h for h in piece if after < h < cutoff]
+            more = more or len(above) < sum(1 for h in piece if h > after)
         if above:
-            merged = (
-                heapq.nsmallest(limit + 1, best + above)
-                if best
-                else heapq.nsmallest(limit + 1, above)
-            )
-            more = more or len(merged) > limit
-            best = merged[:limit]
+            best = sorted(best + above) if best else sorted(above)
+            if len(best) > limit:
+                more = True
+                del best[limit:]
+            if len(best) == limit and limit:
+                cutoff = best[-1]
         await asyncio.sleep(0)
     return best, more
 
