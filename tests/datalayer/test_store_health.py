@@ -500,3 +500,22 @@ def test_the_scheduler_routes_to_pods_the_floor_keeps_though_their_health_is_low
         scrape_round(store, clock, failing={"a", "b"})
     decision = Scheduler(SchedulingConfig()).schedule(request(model="m"), store.all()[:2])
     assert sorted(e.name for e in decision.candidates) == ["a", "b"]
+
+
+def test_a_flapping_panic_is_counted_each_time_and_logged_once_in_ten_seconds():
+    from structlog.testing import capture_logs
+
+    store, clock = store_of(["a", "x"], model_of=lambda n: "other" if n == "x" else "m")
+    scrape_round(store, clock, failing=set())
+    with capture_logs() as logs:
+        for _ in range(3):  # in and out of panic three times within a second
+            for _ in range(3):
+                scrape_round(store, clock, failing={"a"})
+            assert store.get("a").panic
+            scrape_round(store, clock, failing=set())
+            assert not store.get("a").panic
+        clock.now += 10.0
+        for _ in range(3):
+            scrape_round(store, clock, failing={"a"})
+    assert store.floor_stats.panics == 4
+    assert [e["event"] for e in logs if e["event"] == "health_panic"] == ["health_panic"] * 2
