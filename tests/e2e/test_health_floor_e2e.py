@@ -198,6 +198,28 @@ def test_without_the_floor_the_same_burst_fails_other_clients(tmp_path):
     assert figures["other_failures"][(503, "rejected-no-healthy-endpoints")] > 0, figures
 
 
+def test_panic_serves_other_clients_when_errors_exclude_every_pod(tmp_path):
+    """Errors allowed to exclude every pod (max_error_exclusion_share 1.0): the model goes
+    into panic and is routed to all its pods, so other clients are still served; the
+    panic is counted and logged."""
+    with LocalStack(
+        pods=4,
+        sim_args=FAST_PODS,
+        work_dir=tmp_path,
+        log_level="warning",
+        epp_config_yaml="scheduling: {max_error_exclusion_share: 1.0}\n",
+    ) as stack:
+        figures = one_client_burst(stack)
+        figures["panics"] = epp_series(stack, "epp_health_panics_total").get("")
+        figures["panic_requests"] = epp_series(stack, "epp_health_panic_requests_total").get("")
+        report("all excluded, panic", figures)
+        log = stack.log_paths["epp"].read_text()
+    assert figures["most_excluded"] == 4, figures
+    assert figures["panics"] and figures["panic_requests"], figures
+    assert "health_panic" in log
+    assert figures["other_failed"] == 0, figures
+
+
 @pytest.mark.parametrize("fault", ["hang", "garbage"])
 def test_a_partition_from_every_metrics_port_excludes_nobody(tmp_path, fault):
     """Issue 15, finding 3: every pod's /metrics hangs (the EPP's scrapes time out, as
