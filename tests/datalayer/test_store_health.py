@@ -232,6 +232,19 @@ def test_frozen_gauges_stop_counting_when_the_pod_generates_nothing():
     assert not a.gauges_frozen and a.queue_depth == 30
 
 
+def test_gauges_of_a_page_without_a_generation_counter_never_look_frozen():
+    """vLLM's frozen gauges are vLLM's bug, told by its generation counter: an SGLang or
+    Triton page has none, and its busy gauges must keep counting while this EPP sends
+    nothing (another replica's or a direct client's load)."""
+    store, clock, _ = make_store(frozen_gauges_after_s=5.0)
+    a = store.get("a")
+    page = dict(running=8, waiting=30, kv_usage=0.99, generation_tokens=None)
+    for _ in range(60):
+        clock.now += 0.1
+        store.scraped(a, PodMetrics(**page))
+    assert not a.gauges_frozen and a.queue_depth == 30 and a.kv_usage == pytest.approx(0.99)
+
+
 def test_counter_going_backwards_signals_engine_reset():
     store, _, events = make_store()
     a = store.get("a")

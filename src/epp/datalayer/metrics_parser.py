@@ -61,7 +61,9 @@ class PodMetrics:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     preemptions: float = 0.0
-    generation_tokens: float = 0.0
+    # vLLM's generation counter; None: the page has none (another server), so whether its
+    # gauges froze cannot be told (store.py's frozen-gauge check then never applies).
+    generation_tokens: float | None = 0.0
     model: str | None = None
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
@@ -302,7 +304,7 @@ class PageReader:
         result.prefix_queries = sums.get("prefix_queries", 0.0)
         result.prefix_hits = sums.get("prefix_hits", 0.0)
         result.preemptions = sums.get("preemptions", 0.0)
-        result.generation_tokens = sums.get("generation_tokens", 0.0)
+        result.generation_tokens = sums.get("generation_tokens")
         result.finished_requests = sums.get("finished_requests")
         result.finished_prompt_tokens = sums.get("finished_prompt_tokens")
         return result

@@ -271,9 +271,11 @@ class EndpointStore:
         for adapter, seen in list(endpoint.adapters_seen.items()):
             if now - seen > memory:
                 del endpoint.adapters_seen[adapter]
-        # Frozen gauges: work shown, nothing generated, nothing of ours in flight.
+        # Frozen gauges: work shown, nothing generated, nothing of ours in flight. A page
+        # without vLLM's generation counter (another model server) never looks frozen.
         if (
             previous is None
+            or metrics.generation_tokens is None
             or metrics.generation_tokens != previous.generation_tokens
             or endpoint.progress_at is None
         ):
