@@ -100,11 +100,19 @@ SAMPLE_VALUES = {
     "cert-path": "/etc/epp/certs",
     "config-text": "scheduling: {max_queue: 3}",
     "endpoint-selector": "app=vllm",
+    "total-queued-requests-metric": "sglang:num_queue_reqs",
+    "total-running-requests-metric": 'nv_trt_llm_request_metrics{request_type="scheduled"}',
+    "kv-cache-usage-percentage-metric": '"sglang:token_usage"',
+    "lora-info-metric": "",
+    "cache-info-metric": "sglang:cache_config_info",
+    "model-server-metrics-path": "/prometheus/metrics",
+    "model-server-metrics-scheme": "https",
 }
 # Flags that are valid only together (as upstream's Validate has it).
 COMPANIONS = {
     "endpoint-selector": ["--endpoint-target-ports", "8000"],
     "endpoint-target-ports": ["--endpoint-selector", "app=vllm"],
+    "ha-enable-leader-election": ["--pool-name", "p"],  # a Lease needs Kubernetes discovery
 }
 
 
@@ -176,6 +184,27 @@ def check_mapped(args: list[str], config: EppConfig) -> None:
     verbosity = value_of(args, "-v", "--v")
     expected = {None: "info", "1": "info", "2": "info", "3": "debug", "4": "debug"}
     assert config.log_level == expected[verbosity]
+    # The model server's series and page: as given, without the quotes the charts render.
+    datalayer = config.datalayer
+    defaults = EppConfig().datalayer
+    for flags, key in METRIC_FLAGS.items():
+        given = value_of(args, *flags)
+        expected_spec = getattr(defaults, key) if given is None else given.strip('"')
+        assert getattr(datalayer, key) == expected_spec, (flags, key)
+    path = value_of(args, "--model-server-metrics-path", "-modelServerMetricsPath")
+    assert datalayer.metrics_path == (path.strip('"') if path else "/metrics")
+    port = value_of(args, "--model-server-metrics-port", "-modelServerMetricsPort")
+    assert datalayer.metrics_port == int(port or 0)
+
+
+# Upstream's metric spec flags (both spellings) -> the DataLayerConfig key they set.
+METRIC_FLAGS = {
+    ("--total-queued-requests-metric", "-totalQueuedRequestsMetric"): "waiting_metric",
+    ("--total-running-requests-metric", "-totalRunningRequestsMetric"): "running_metric",
+    ("--kv-cache-usage-percentage-metric", "-kvCacheUsagePercentageMetric"): "kv_usage_metric",
+    ("--lora-info-metric", "-loraInfoMetric"): "lora_info_metric",
+    ("--cache-info-metric", "-cacheInfoMetric"): "cache_info_metric",
+}
 
 
 def upstream_ignored(args: list[str]) -> set[str]:
@@ -257,12 +286,11 @@ def test_llm_d_router_chart_args(render_chart, tmp_path):  # noqa: F811
     assert "--metrics-endpoint-auth=false" in args
     check_all(args, files, tmp_path)
     config, upstream = parse(with_local_config(args, files, tmp_path))
-    assert set(upstream.ignored) == {
-        "--ha-enable-leader-election",
-        "--tracing",
-        "--metrics-endpoint-auth",
-    }
+    assert set(upstream.ignored) == {"--tracing", "--metrics-endpoint-auth"}
     assert config.log_level == "debug"  # the chart's flags map: --v=4
+    # Several replicas: the chart asks for leader election and probes `readiness`.
+    assert config.discovery.leader_election is True
+    assert upstream.mapped["--ha-enable-leader-election"].startswith("discovery.leader_election")
 
 
 def test_llm_d_router_chart_standalone_args(render_chart, tmp_path):  # noqa: F811
@@ -299,8 +327,73 @@ def test_gie_v15_chart_args(render_chart, tmp_path, operator_values):  # noqa: F
         # Its flags map renders `--secure-serving` `"false"`: read as the operator meant.
         assert value_of(args, "--secure-serving") == "false"
         assert config.server.secure_serving is False
-        assert "--lora-info-metric" in upstream.ignored  # `--lora-info-metric ""`
-        assert "--ha-enable-leader-election" in upstream.ignored
+        # Triton: `--lora-info-metric ""` reads no LoRA series.
+        assert config.datalayer.lora_info_metric == ""
+        assert config.discovery.leader_election is True
+        assert "--ha-enable-leader-election" in upstream.mapped
+
+
+# What GIE v1.5.0's chart passes for each `inferencePool.modelServerType` (its
+# _deployment.yaml), as the EPP's configuration must then read it.
+MODEL_SERVER_SERIES = {
+    "sglang": (
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+        "vllm:lora_requests_info",  # not passed: upstream's default, absent from the page
+        "sglang:cache_config_info",
+        "/metrics",
+    ),
+    "triton-tensorrt-llm": (
+        "nv_trt_llm_request_metrics{request_type=waiting}",
+        "nv_trt_llm_request_metrics{request_type=scheduled}",
+        "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
+        "",
+        "vllm:cache_config_info",
+        "/metrics",
+    ),
+    "trtllm-serve": (
+        "trtllm_num_requests_waiting",
+        "trtllm_num_requests_running",
+        "trtllm_kv_cache_utilization",
+        "",
+        "trtllm_cache_config_info",
+        "/prometheus/metrics",
+    ),
+}
+
+
+@pytest.mark.parametrize("model_server", sorted(MODEL_SERVER_SERIES))
+def test_gie_v15_chart_model_server_types(render_chart, tmp_path, model_server):  # noqa: F811
+    user = tmp_path / "values.yaml"
+    user.write_text(
+        yaml.safe_dump(
+            {
+                "inferencePool": {
+                    "modelServers": {"matchLabels": {"app": model_server}},
+                    "modelServerType": model_server,
+                }
+            }
+        )
+    )
+    rendered = render_chart(
+        GIE_V15_VALUES, user, chart=gie_v15_chart(tmp_path), name="pool", namespace="llm"
+    )
+    (container,) = epp_containers(rendered.objects)
+    files = plugins_files(rendered.objects)
+    check_all(container["args"], files, tmp_path)
+    config, upstream = parse(with_local_config(container["args"], files, tmp_path))
+    d = config.datalayer
+    read = (
+        d.waiting_metric,
+        d.running_metric,
+        d.kv_usage_metric,
+        d.lora_info_metric,
+        d.cache_info_metric,
+        d.metrics_path,
+    )
+    assert read == MODEL_SERVER_SERIES[model_server]
+    assert not {f for f in upstream.ignored if "metric" in f}
 
 
 def test_endpoint_target_ports_is_a_comma_list_and_adds_up():
@@ -354,13 +447,37 @@ def test_booleans(args, secure):
 def test_a_boolean_does_not_take_the_next_flag_as_its_value():
     config, upstream = parse(["--tracing", "--pool-name", "p", "--ha-enable-leader-election"])
     assert config.discovery.pool_name == "p"
-    assert upstream.ignored == ["--tracing", "--ha-enable-leader-election"]
+    assert upstream.ignored == ["--tracing"]
+    assert config.discovery.leader_election is True
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--ha-enable-leader-election"], True),
+        (["-haEnableLeaderElection"], True),
+        (["--ha-enable-leader-election=false"], False),
+        ([], False),
+    ],
+)
+def test_leader_election_flag_maps_to_discovery_leader_election(args, expected):
+    config, upstream = parse(["--pool-name", "p", *args])
+    assert config.discovery.leader_election is expected
+    assert not upstream.ignored
+
+
+def test_leader_election_needs_kubernetes_discovery(tmp_path):
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints: [{name: a, address: '127.0.0.1:8000'}]\n")
+    with pytest.raises(ValueError, match="leader_election needs Kubernetes discovery"):
+        parse(["--endpoints", str(endpoints), "--ha-enable-leader-election"])
 
 
 def test_a_value_flag_takes_the_next_argument_whatever_it_is():
     # GIE v1.5's chart: `--lora-info-metric ""` (Triton has no LoRA metric).
     config, upstream = parse(["--lora-info-metric", "", "--pool-name", "p"])
-    assert config.discovery.pool_name == "p" and upstream.ignored == ["--lora-info-metric"]
+    assert config.discovery.pool_name == "p" and config.datalayer.lora_info_metric == ""
+    assert upstream.mapped["--lora-info-metric"] == "datalayer.lora_info_metric"
 
 
 @pytest.mark.parametrize(
@@ -416,6 +533,20 @@ def test_drain_timeout_is_a_go_duration():
         parse(["--drain-timeout", "soon"])
 
 
+def test_https_model_server_metrics_are_not_verified_unless_asked_as_upstream():
+    # Upstream's --model-server-metrics-https-insecure-skip-verify defaults to true.
+    config, upstream = parse(["--model-server-metrics-scheme=https", "--pool-name", "p"])
+    assert config.datalayer.metrics_scheme == "https"
+    assert config.datalayer.scrape_insecure_skip_verify is True
+    assert any("not verified" in note for note in upstream.notes)
+    config, upstream = parse(
+        ["--model-server-metrics-scheme", '"https"', "--pool-name", "p",
+         "--model-server-metrics-https-insecure-skip-verify=false"]
+    )  # fmt: skip
+    assert config.datalayer.scrape_insecure_skip_verify is False and not upstream.notes
+    assert parse(["--model-server-metrics-port", "9400"])[0].datalayer.metrics_port == 9400
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -424,6 +555,10 @@ def test_drain_timeout_is_a_go_duration():
         (["-v", "lots"], "invalid integer"),
         (["--zap-encoder", "xml"], "invalid encoder"),
         (["--tracing=maybe"], "invalid boolean"),
+        (["--total-queued-requests-metric", "q{a!=b}"], "only '=' label matchers"),
+        (["--kv-cache-usage-percentage-metric", "kv{a=b"], "must close with '}'"),
+        (["--model-server-metrics-scheme", "ftp"], "not a scheme"),
+        (["--model-server-metrics-path", "metrics"], "not a URL path"),
     ],
 )
 def test_malformed_upstream_flags_are_one_line_errors(args, message, capsys):
@@ -541,7 +676,6 @@ def test_one_warning_names_every_ignored_flag(tmp_path):
     assert len(ignored) == 1
     assert ignored[0]["flags"] == [
         "--tracing",
-        "--ha-enable-leader-election",
         "--metrics-endpoint-auth",
         "-enablePprof",
     ]

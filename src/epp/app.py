@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from epp.extproc.server import (
     build_health_server,
 )
 from epp.observability.debug_pages import debug_routes, is_loopback
+from epp.leader import LeaderElectionError, LeaderElector, LeaseTimings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
@@ -150,6 +152,9 @@ class EppService:
     # The Kubernetes API client for pool discovery (default: in-cluster or kubeconfig);
     # tests pass one pointed at a stand-in API server.
     kube_client: Any = None
+    # Leader election's timings (epp/leader.py; default controller-runtime's, as upstream);
+    # tests shorten them.
+    lease_timings: LeaseTimings | None = None
 
     def __post_init__(self) -> None:
         config = self.config
@@ -203,12 +208,14 @@ class EppService:
             adapters=config.adapters,
         )
         self.discovery: Discovery | None = None
+        # With discovery.leader_election: this replica's bid for the Lease (start()).
+        self.leader: LeaderElector | None = None
         # Observability (docs/metrics.md): the limits the alert rules compare with, and
         # discovery's state read at each scrape (nothing while the config lists endpoints).
         sched = config.scheduling
         self.metrics.set_limits(max_queue=sched.max_queue, health_threshold=sched.health_threshold)
         self.metrics.watch_discovery(lambda: self.discovery.state() if self.discovery else None)
-        self.health = HealthState()
+        self.health = HealthState(leader_election=config.discovery.leader_election)
         self.grpc_port = 0
         self.grpc_health_port = 0  # the health-only server's (server.grpc_health_port)
         self.metrics_port = 0
@@ -223,17 +230,29 @@ class EppService:
     @property
     def ready(self) -> bool:
         """HTTP /ready: endpoints known and scraped once, not draining."""
-        if self._draining:
+        if self._draining or not self.leading:
             return False
         return len(self.store) > 0 and self.scraper.first_round.is_set()
+
+    @property
+    def leading(self) -> bool:
+        """Without leader election, always. With it, while this replica holds the Lease
+        (epp/leader.py): `ready` and `serving` need it, as the upstream EPP's readiness,
+        "" and ext_proc health do. A standby still routes whatever reaches it, as
+        upstream's (its ext_proc server runs outside leader election, on a datastore kept
+        populated on every replica): only its health says it is not the one to use."""
+        if self.leader is None:
+            return not self.config.discovery.leader_election
+        return self.leader.is_leader
 
     @property
     def serving(self) -> bool:
         """What the gRPC health names other than `liveness` answer (READY_SERVICES in
         epp/extproc/server.py): discovery delivered its first list and, if it holds pods,
         they were scraped once; the InferencePool exists; not draining. Unlike `ready`
-        (HTTP /ready), a pool with no pod is serving, as the upstream EPP answers it."""
-        if self._draining:
+        (HTTP /ready), a pool with no pod is serving, as the upstream EPP answers it.
+        With leader election, only while this replica leads (`leading`)."""
+        if self._draining or not self.leading:
             return False
         if self.discovery is not None:
             state = self.discovery.state()
@@ -255,6 +274,7 @@ class EppService:
             client = self.kube_client
             if client is None:
                 client = make_api_client(str(config.kubeconfig) if config.kubeconfig else None)
+                self.kube_client = client  # leader election's too
             from epp.datalayer.discovery.pool import MetricsLocation, standalone_pool
 
             standalone = None
@@ -286,8 +306,31 @@ class EppService:
             )
         return None
 
+    def _leader_elector(self) -> LeaderElector | None:
+        """With discovery.leader_election: a bid for the Lease in the pool's namespace,
+        named as upstream names it, on discovery's API client."""
+        config = self.config.discovery
+        if not config.leader_election:
+            return None
+        from epp.datalayer.discovery.kubernetes import default_namespace
+        from epp.leader import KubernetesLeases, holder_identity, lease_name
+
+        namespace = config.pool_namespace or default_namespace()
+        pod = os.environ.get("POD_NAME") or socket.gethostname()  # a Pod's host name is its name
+        name = config.leader_election_lease or lease_name(namespace, config.pool_name, pod)
+        return LeaderElector(
+            KubernetesLeases(self.kube_client),
+            namespace,
+            name,
+            holder_identity(pod),
+            timings=self.lease_timings,
+        )
+
     async def start(self) -> None:
         self.discovery = self._discovery()
+        self.leader = self._leader_elector()  # before anything binds: a bad name stops here
+        if self.leader is not None:
+            await self.leader.start()
         if self.discovery is None:
             self.store.sync(self.config.endpoints)
         else:
@@ -342,15 +385,22 @@ class EppService:
         started = loop.time()
         self._draining = True
         await self.health.set(live=True, ready=False)
+        # As upstream on SIGTERM: the Lease is given up at once, so that a standby leads
+        # (and turns Ready) within a retry period while this replica drains.
+        released = asyncio.ensure_future(self.leader.stop()) if self.leader else None
         log.info("epp_draining", timeout_s=server.drain_timeout_s, quiet_s=server.drain_quiet_s)
         streams = self.routing_streams
         while (elapsed := loop.time() - started) < server.drain_timeout_s:
             if min(streams.quiet_for(), elapsed) >= server.drain_quiet_s:
                 break
             await asyncio.sleep(DRAIN_POLL_S)
+        if released is not None:
+            await released
         log.info("epp_drained", after_s=round(loop.time() - started, 3), open=streams.open)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self.leader is not None:
+            await self.leader.stop()  # releases the Lease (once: drain() may have)
         await self.health.set(live=False, ready=False)
         if self.discovery is not None:
             await self.discovery.stop()
@@ -715,7 +765,8 @@ def main(argv: list[str]) -> int:
         runner = asyncio.run
     try:
         runner(EppService(config).run_until_stopped())
-    except (OSError, TlsError, SecretError) as exc:  # a port taken, a file that cannot serve
+    except (OSError, TlsError, SecretError, LeaderElectionError) as exc:
+        # A port taken, a file that cannot serve, no Lease name.
         log.error("epp_failed", error=str(exc))
         return 1
     return 0

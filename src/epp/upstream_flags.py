@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from epp.datalayer.metrics_parser import MetricSpecError, parse_metric_spec
+
 # The InferencePool API groups an EPP can be told to watch (--pool-group).
 POOL_GROUPS = ("inference.networking.k8s.io", "inference.networking.x-k8s.io")
 # An upstream plugins file: kind EndpointPickerConfig in one of these API groups.
@@ -72,6 +74,24 @@ MAPPED: dict[str, str] = {
     "v": "log_level (<=2 info, 3-4 debug, >=5 trace)",
     "zap-log-level": "log_level (debug, info, warn, error; an integer as -v)",
     "zap-encoder": "log_format (json, console)",
+    "ha-enable-leader-election": "discovery.leader_election (one Ready replica: the Lease holder)",
+    "total-queued-requests-metric": "datalayer.waiting_metric",
+    "total-running-requests-metric": "datalayer.running_metric",
+    "kv-cache-usage-percentage-metric": "datalayer.kv_usage_metric",
+    "lora-info-metric": "datalayer.lora_info_metric",
+    "cache-info-metric": "datalayer.cache_info_metric",
+    "model-server-metrics-port": "datalayer.metrics_port (0: the target port)",
+    "model-server-metrics-path": "datalayer.metrics_path",
+    "model-server-metrics-scheme": "datalayer.metrics_scheme",
+    "model-server-metrics-https-insecure-skip-verify": "datalayer.scrape_insecure_skip_verify",
+}
+# The metric spec flags -> their DataLayerConfig key.
+METRIC_SPEC_FLAGS = {
+    "total-queued-requests-metric": "waiting_metric",
+    "total-running-requests-metric": "running_metric",
+    "kv-cache-usage-percentage-metric": "kv_usage_metric",
+    "lora-info-metric": "lora_info_metric",
+    "cache-info-metric": "cache_info_metric",
 }
 # Upstream switches for what this EPP always does: no warning.
 HONOURED: dict[str, str] = {
@@ -82,7 +102,6 @@ HONOURED: dict[str, str] = {
 IGNORED = frozenset(
     {
         "allow-experimental-plugins",
-        "cache-info-metric",
         "destination-endpoint-hint-key",
         "destination-endpoint-hint-metadata-namespace",
         "disable-endpoint-subset-filter",
@@ -91,25 +110,16 @@ IGNORED = frozenset(
         "enable-pprof",
         "grpc-max-recv-msg-size",
         "grpc-max-send-msg-size",
-        "ha-enable-leader-election",
-        "kv-cache-usage-percentage-metric",
-        "lora-info-metric",
         "metrics-cert-dir",
         "metrics-client-ca-file",
         "metrics-endpoint-auth",
         "metrics-staleness-threshold",
-        "model-server-metrics-https-insecure-skip-verify",
-        "model-server-metrics-path",
-        "model-server-metrics-port",
-        "model-server-metrics-scheme",
         "refresh-metrics-interval",
         "refresh-pods-interval",
         "refresh-prometheus-metrics-interval",
         "target-endpoint-key",
         "tls-cipher-suites",
         "tls-min-version",
-        "total-queued-requests-metric",
-        "total-running-requests-metric",
         "tracing",
         "zap-devel",
         "zap-stacktrace-level",
@@ -323,6 +333,8 @@ def _apply(result: UpstreamArgs, spelling: str, key: str, value: str | bool) -> 
         result.set("discovery.pool_group", text)
     elif key == "secure-serving":
         result.set("server.secure_serving", bool(value))
+    elif key == "ha-enable-leader-election":
+        result.set("discovery.leader_election", bool(value))
     elif key == "drain-timeout":
         result.set("server.drain_timeout_s", parse_duration(text, spelling))
     elif key == "endpoint-selector":
@@ -353,6 +365,30 @@ def _apply(result: UpstreamArgs, spelling: str, key: str, value: str | bool) -> 
                 "server.tls",
                 {"cert_file": str(Path(text) / "tls.crt"), "key_file": str(Path(text) / "tls.key")},
             )
+    elif key in METRIC_SPEC_FLAGS:
+        spec = _unquoted(text)
+        try:
+            parse_metric_spec(spec)
+        except MetricSpecError as exc:
+            raise FlagError(f"{spelling}: {exc}") from None
+        result.set(f"datalayer.{METRIC_SPEC_FLAGS[key]}", spec)
+    elif key == "model-server-metrics-port":
+        port = _int(_unquoted(text), spelling)
+        if not 0 <= port <= 65535:
+            raise FlagError(f"{spelling}: {port} is not a port (0: the target port)")
+        result.set("datalayer.metrics_port", port)
+    elif key == "model-server-metrics-path":
+        path = _unquoted(text)
+        if not path.startswith("/") or any(c.isspace() for c in path):
+            raise FlagError(f"{spelling}: {path!r} is not a URL path (e.g. /metrics)")
+        result.set("datalayer.metrics_path", path)
+    elif key == "model-server-metrics-scheme":
+        scheme = _unquoted(text)
+        if scheme not in ("http", "https"):
+            raise FlagError(f"{spelling}: {scheme!r} is not a scheme (http or https)")
+        result.set("datalayer.metrics_scheme", scheme)
+    elif key == "model-server-metrics-https-insecure-skip-verify":
+        result.set("datalayer.scrape_insecure_skip_verify", bool(value))
     elif key in HONOURED:
         return
     elif key in IGNORED:
@@ -362,6 +398,15 @@ def _apply(result: UpstreamArgs, spelling: str, key: str, value: str | bool) -> 
     _mapped(result, spelling, key)
 
 
+def _unquoted(text: str) -> str:
+    """A value without the double quotes around it: upstream's charts render
+    `--total-queued-requests-metric="sglang:num_queue_reqs"` as one YAML plain scalar, so
+    the quotes reach the flag as part of its value (Go's flag parser keeps them too)."""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    return text
+
+
 def _mapped(result: UpstreamArgs, spelling: str, key: str) -> None:
     result.mapped[spelling] = MAPPED[key]
 
@@ -369,6 +414,20 @@ def _mapped(result: UpstreamArgs, spelling: str, key: str) -> None:
 def _finish(result: UpstreamArgs, raw: list[tuple[str, str, str | bool]]) -> None:
     # As upstream's LoggingOptions.Complete: an explicit --zap-log-level wins over -v.
     result.log_level = result.zap_level or result.verbosity_level
+    datalayer = result.overrides.get("datalayer", {})
+    if (
+        datalayer.get("metrics_scheme") == "https"
+        and "scrape_insecure_skip_verify" not in datalayer
+    ):
+        # Upstream's --model-server-metrics-https-insecure-skip-verify defaults to true: a
+        # pool scraped over https with its flags is not verified there either.
+        datalayer["scrape_insecure_skip_verify"] = True
+        result.notes.append(
+            "--model-server-metrics-scheme=https without "
+            "--model-server-metrics-https-insecure-skip-verify: pods' certificates are not "
+            "verified, as upstream's default; pass it =false (or set datalayer.scrape_ca_file "
+            "and the flag =false) to verify them"
+        )
     server = result.overrides.get("server", {})
     if server.get("secure_serving") is False and "tls" in server:
         # Upstream serves plaintext then and never reads the directory.

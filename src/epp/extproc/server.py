@@ -262,16 +262,29 @@ READY_SERVICES = ("readiness", "", UPSTREAM_HEALTH_SERVICE, EXT_PROC_SERVICE)
 
 class HealthState:
     """`liveness`: the process serves. READY_SERVICES: see there. One servicer,
-    registered on the ext_proc server and on the health-only server."""
+    registered on the ext_proc server and on the health-only server.
 
-    def __init__(self) -> None:
+    With `leader_election`, `ready` is passed as serving-and-leading (EppService.leading)
+    and `inference-extension` answers SERVICE_UNKNOWN, as the upstream EPP's health.go
+    does then: its Check switches on `readiness`, "", `liveness` and the ext_proc name
+    only, and every other name, `inference-extension` included, takes the default branch,
+    a SERVICE_UNKNOWN response (not an error). The upstream charts probe `liveness` and
+    `readiness` whenever they enable leader election, so nothing of theirs asks for it; a
+    probe that did would fail on either EPP (the kubelet passes only SERVING)."""
+
+    def __init__(self, leader_election: bool = False) -> None:
         self.servicer = health.aio.HealthServicer()
+        self.leader_election = leader_election
 
     async def set(self, *, live: bool, ready: bool) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         await self.servicer.set("liveness", serving if live else not_serving)
         for service in READY_SERVICES:
+            if self.leader_election and service == UPSTREAM_HEALTH_SERVICE:
+                unknown = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                await self.servicer.set(service, unknown)
+                continue
             await self.servicer.set(service, serving if ready else not_serving)
 
 
