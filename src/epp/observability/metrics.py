@@ -35,8 +35,8 @@ from epp.observability.upstream import UpstreamMetrics
 if TYPE_CHECKING:
     from epp.datalayer.discovery.state import DiscoveryState
     from epp.datalayer.kv_subscriber import KvEventSubscriber
-    from epp.prefix.kv_events import KvEventStats
     from epp.datalayer.store import FloorStats
+    from epp.prefix.kv_events import KvEventStats
 
 log = structlog.get_logger("epp.datalayer")
 
@@ -82,7 +82,6 @@ class _PodCollector(Collector):
                 " hysteresis).",
                 lambda e: 1.0 if e.excluded else 0.0,
             ),
-        }
             "epp_pod_exclusion_capped": (
                 "1 while the pod's 5xx answers would exclude it but the floor keeps it"
                 " routable (scheduling.max_error_exclusion_share of its model are out).",
@@ -92,6 +91,7 @@ class _PodCollector(Collector):
                 "1 while the pod's model is in panic: too few routable pods, so all are routed to.",
                 lambda e: 1.0 if e.panic else 0.0,
             ),
+        }
         endpoints = list(self._endpoints())
         for name, (doc, value) in families.items():
             family = GaugeMetricFamily(name, doc, labels=["pod"])
@@ -106,7 +106,6 @@ class _PodCollector(Collector):
         )
 
 
-def _trace_report(endpoint: Endpoint) -> None:
 class _FloorCollector(Collector):
     """The floor under exclusion's counts (EndpointStore.floor_stats), read at scrape time."""
 
@@ -127,6 +126,7 @@ class _FloorCollector(Collector):
         )
 
 
+def _trace_report(endpoint: Endpoint) -> None:
     page = endpoint.metrics
     trace(
         log,
@@ -278,13 +278,13 @@ class EppMetrics:
         self.health_threshold.set(health_threshold)
         self.upstream.watch(max_queue=max_queue)
 
-    def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
-        """Export discovery's state (`EppService.discovery`), read at each scrape."""
-        self.registry.register(DiscoveryCollector(state))
     def watch_floor(self, stats: FloorStats) -> None:
         """Export the floor under health exclusion (EndpointStore.floor_stats)."""
         self.registry.register(_FloorCollector(stats))
 
+    def watch_discovery(self, state: Callable[[], DiscoveryState | None]) -> None:
+        """Export discovery's state (`EppService.discovery`), read at each scrape."""
+        self.registry.register(DiscoveryCollector(state))
 
     def watch_kv_events(
         self,
