@@ -85,6 +85,7 @@ def test_sglang_page_read_with_the_charts_specs(render_chart, tmp_path):  # noqa
     # What SGLang does not export: vLLM's prefix-cache counters, LoRA info, cache info.
     assert (m.prefix_queries, m.prefix_hits, m.block_size) == (0.0, 0.0, None)
     assert m.generation_tokens is None  # so its busy gauges never count as frozen
+    assert not m.prefix_counters  # nor its decisions as stale
     assert m.running_adapters == frozenset()
     # vLLM's reader finds nothing there: the 503 the flags used to cause.
     with pytest.raises(MetricsFormatError):

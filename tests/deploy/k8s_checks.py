@@ -29,6 +29,7 @@ from deploy.crd_schemas import validate_custom
 BUILTIN_KINDS = {
     "ConfigMap",
     "Deployment",
+    "NetworkPolicy",
     "PodDisruptionBudget",
     "Role",
     "RoleBinding",

@@ -53,13 +53,16 @@ EXPECTED_KINDS = {
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
         "PodDisruptionBudget", "InferencePool", "InferenceObjective", "InferenceModelRewrite",
         "InferenceModel", "GatewayClass", "Gateway", "HTTPRoute", "ServiceMonitor", "Secret",
-        "DestinationRule",
+        "DestinationRule", "NetworkPolicy",
     },
-    "values-static": {"ConfigMap", "Service", "Deployment", "PodDisruptionBudget"},
+    # Several replicas: the peers' NetworkPolicy too (their Secret exists already).
+    "values-static": {
+        "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+    },
     "values-upstream": {
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
         "PodDisruptionBudget", "InferencePool", "InferenceObjective", "HTTPRoute",
-        "DestinationRule",
+        "DestinationRule", "Secret", "NetworkPolicy",
     },
 }  # fmt: skip
 # Gateways each render's HTTPRoute attaches to without creating them (namespace "llm").
@@ -87,7 +90,9 @@ def test_every_static_file_is_listed_in_the_kustomization():
 def test_static_manifests_validate(version):
     objects = static_objects() + standalone_envoy_objects() + example_objects()
     assert validate_objects(objects, version) == []
-    assert {o["kind"] for o in objects} >= BUILTIN_KINDS - {"Secret", "PodDisruptionBudget"}
+    # One replica: no peers port, so no peers Secret or NetworkPolicy (the chart has them).
+    one_replica = {"Secret", "PodDisruptionBudget", "NetworkPolicy"}
+    assert {o["kind"] for o in objects} >= BUILTIN_KINDS - one_replica
     assert {o["kind"] for o in example_objects()} == {
         "Gateway", "GatewayClass", "InferenceObjective", "InferenceModelRewrite",
     }  # fmt: skip

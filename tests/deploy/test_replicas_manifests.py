@@ -5,9 +5,13 @@ chart's default, and deploy/kubernetes/) has no peers port and no peers configur
 No RBAC: DNS needs none (tests/deploy/test_rbac.py keeps the grants to the watched
 resources).
 
-With `replicas.secret` the replicas share a secret (an existing Secret or one the chart
-creates), mounted as a directory and named in `replicas.secret_file`; without it the
-peers port is unauthenticated, and the notes say so."""
+With several replicas they share a secret by default (issue 15, finding 4): an existing
+Secret, or one the chart creates from `replicas.secret.value` or generates (random, and
+kept across upgrades: Helm's `lookup`, which tools/helm_render answers from `--lookup`
+files), mounted as a directory and named in `replicas.secret_file`. Only with
+`replicas.secret.generate: false` and no secret is the peers port unauthenticated, and the
+notes say so. A NetworkPolicy (`replicas.networkPolicy.enabled`, on by default) lets only
+the EPP pods reach the peers port and leaves every other port as open as without it."""
 
 from __future__ import annotations
 
@@ -130,13 +134,144 @@ def check_secret_wiring(rendered, secret_name: str, key: str) -> None:
     assert validate_objects(rendered.objects, KUBE_VERSION) == []
 
 
-def test_without_a_secret_the_peers_port_is_unauthenticated_and_the_notes_say_so(render_chart):
-    rendered = render_chart(set=["replicaCount=2"])
+def test_only_without_generate_the_peers_port_is_unauthenticated_and_the_notes_say_so(
+    render_chart,
+):
+    rendered = render_chart(set=["replicaCount=2", "replicas.secret.generate=false"])
     _, volume, mount, secret_file = peers_secret(rendered)
     assert (volume, mount, secret_file) == (None, None, None)
     assert rendered.of_kind("Secret") == []
     assert "the peers port 9010 is unauthenticated" in rendered.notes
     assert "unauthenticated" not in render_chart().notes  # one replica: no peers port
+    assert "unauthenticated" not in render_chart(set=["replicaCount=2"]).notes
+
+
+def generated_secret(rendered) -> str:
+    secret = rendered.one("Secret", "epp-peers-secret")
+    return base64.b64decode(secret["data"]["secret"]).decode()
+
+
+def test_several_replicas_get_a_generated_secret_by_default(render_chart):
+    rendered = render_chart(set=["replicaCount=2"])
+    value = generated_secret(rendered)
+    assert len(value) == 64 and value.isalnum()  # randAlphaNum 64: about 380 bits
+    check_secret_wiring(rendered, "epp-peers-secret", "secret")
+    assert "Secret epp-peers-secret (key secret)" in rendered.notes
+    assert generated_secret(render_chart(set=["replicaCount=2"])) != value  # random
+
+
+def test_the_generated_secret_is_kept_across_upgrades(render_chart, tmp_path):
+    """On upgrade Helm's lookup finds the release's Secret and the chart keeps its value: a
+    new one at every upgrade would split the replicas until every pod had the new file."""
+    first = render_chart(set=["replicaCount=2"])
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all(first.objects))
+    args = ["--lookup", str(cluster)]
+    again = render_chart(set=["replicaCount=3"], extra_args=args)
+    assert generated_secret(again) == generated_secret(first)
+    check_secret_wiring(again, "epp-peers-secret", "secret")
+    # A value given later wins over the kept one; another key, or another namespace's
+    # Secret of that name, is not this release's secret.
+    given = render_chart(set=["replicaCount=2", f"replicas.secret.value={SECRET_VALUE}"])
+    assert generated_secret(given) == SECRET_VALUE
+    other_key = render_chart(set=["replicaCount=2", "replicas.secret.key=token"], extra_args=args)
+    assert base64.b64decode(other_key.one("Secret")["data"]["token"]).decode() != generated_secret(
+        first
+    )
+    elsewhere = render_chart(set=["replicaCount=2"], namespace="other", extra_args=args)
+    assert generated_secret(elsewhere) != generated_secret(first)
+
+
+def test_the_renderer_looks_up_as_helm_does(render_chart, tmp_path):
+    """tools/helm_render's --lookup: an object by name, {} when absent, a list with name ""."""
+    chart = tmp_path / "chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (chart / "templates" / "probe.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\ndata:\n"
+        '  found: {{ dig "data" "k" "" (lookup "v1" "Secret" "ns" "s") | quote }}\n'
+        '  absent: {{ len (lookup "v1" "Secret" "ns" "nope") | quote }}\n'
+        '  listed: {{ len (dig "items" list (lookup "v1" "Secret" "" "")) | quote }}\n'
+        '  kind: {{ dig "kind" "" (lookup "v1" "Secret" "ns" "") | quote }}\n'
+        "  upgrade: {{ .Release.IsUpgrade | quote }}\n"
+    )
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        yaml.safe_dump_all(
+            [
+                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": n, "namespace": ns}}
+                | ({"data": {"k": "dg=="}} if n == "s" else {})
+                for n, ns in (("s", "ns"), ("t", "other"))
+            ]
+        )
+    )
+    data = render_chart(chart=chart, extra_args=["--lookup", str(cluster)]).one("ConfigMap")["data"]
+    assert data == {
+        "found": "dg==",
+        "absent": "0",
+        "listed": "2",
+        "kind": "SecretList",
+        "upgrade": "true",
+    }
+    assert render_chart(chart=chart).one("ConfigMap")["data"]["found"] == ""  # helm template
+
+
+# -- the NetworkPolicy of the peers port ---------------------------------------------------
+def allowed(policy: dict, port: int, name: str, from_epp: bool, protocol: str = "TCP") -> bool:
+    """Whether the policy's ingress rules let a connection to the pod's `port` (named
+    `name`, "" for none) in, from an EPP pod or from anything else."""
+    for rule in policy["spec"]["ingress"]:
+        sources = rule.get("from")
+        if sources is not None:
+            if not from_epp:
+                continue
+            selectors = [s["podSelector"]["matchLabels"] for s in sources]
+            pod_labels = policy["spec"]["podSelector"]["matchLabels"]
+            if not any(sel.items() <= pod_labels.items() for sel in selectors):
+                continue
+        for entry in rule.get("ports", [{}]):
+            if entry.get("protocol", "TCP") != protocol:
+                continue
+            first = entry.get("port")
+            if first is None or first == name:
+                return True
+            if isinstance(first, int) and first <= port <= entry.get("endPort", first):
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [["replicaCount=2"], ["replicaCount=3", "ports.peers=9100", "fullnameOverride=picker"]],
+    ids=["default", "other-port"],
+)
+def test_only_the_epp_pods_reach_the_peers_port_and_every_other_port_stays_open(render_chart, sets):
+    rendered = render_chart(set=sets)
+    policy = rendered.one("NetworkPolicy")
+    deployment = rendered.one("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress untouched
+    ports = {p["name"]: p["containerPort"] for p in epp_container(rendered.objects)["ports"]}
+    peers = ports.pop("peers")
+    assert not allowed(policy, peers, "peers", from_epp=False)
+    assert allowed(policy, peers, "peers", from_epp=True)
+    for name, port in ports.items():  # grpc, grpc-health, metrics: by name and by range
+        assert allowed(policy, port, name, from_epp=False), name
+        assert allowed(policy, port, "", from_epp=False), name
+    for port in (1, 15006, 15090, peers - 1, peers + 1, 65535):  # a mesh's sidecar ports...
+        assert allowed(policy, port, "", from_epp=False), port
+    assert allowed(policy, 53, "", from_epp=False, protocol="UDP")
+    assert validate_objects(rendered.objects, KUBE_VERSION) == []
+
+
+def test_the_network_policy_is_optional_and_absent_with_one_replica(render_chart):
+    assert render_chart().of_kind("NetworkPolicy") == []
+    assert render_chart(set=["replicas.networkPolicy.enabled=true"]).of_kind("NetworkPolicy") == []
+    off = render_chart(set=["replicaCount=2", "replicas.networkPolicy.enabled=false"])
+    assert off.of_kind("NetworkPolicy") == []
+    assert "NetworkPolicy" not in off.notes
+    assert "only the EPP pods reach port 9010" in render_chart(set=["replicaCount=2"]).notes
 
 
 def test_an_existing_secret_is_mounted_and_named_in_the_config(render_chart):
@@ -198,10 +333,15 @@ def test_the_values_schema_checks_the_secret_values():
     jsonschema.validate(defaults, schema)
     jsonschema.validate(with_secret(value=SECRET_VALUE), schema)
     jsonschema.validate(with_secret(existingSecret="fleet-peers", key="token"), schema)
+    jsonschema.validate(with_secret(generate=False), schema)
+    off = {**defaults, "replicas": {**defaults["replicas"], "networkPolicy": {"enabled": False}}}
+    jsonschema.validate(off, schema)
     for bad in (
         with_secret(value="short"),
         with_secret(key="a/b"),
         with_secret(existing_secret="typo"),
+        with_secret(generate="yes"),
+        {**defaults, "replicas": {**defaults["replicas"], "networkPolicy": {"enable": True}}},
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)

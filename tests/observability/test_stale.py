@@ -78,6 +78,19 @@ def test_hits_that_arrive_keep_decisions_fresh_missing_hits_make_them_stale():
     assert (value(pod.stale.checked), value(pod.stale.stale)) == (2, 1)
 
 
+def test_a_pod_whose_page_has_no_hit_counter_is_never_checked():
+    """SGLang's or Triton's page has no vLLM prefix-cache counter: no hit is ever seen, and
+    counting its decisions would call every predicted hit stale."""
+    pod = Pod()
+    for name in ("cold", "warm", "again"):
+        routed = pod.route(name)
+        pod.router.complete(routed, 200)
+        for _ in range(3):
+            pod.store.scraped(pod.endpoint, PodMetrics(model="m", prefix_counters=False))
+    assert (value(pod.stale.checked), value(pod.stale.stale)) == (0, 0)
+    assert pod.stale.pending(pod.endpoint) == 0
+
+
 def test_half_the_prediction_is_enough_less_is_stale():
     pod = Pod()
     pod.router.complete(pod.route("cold"), 200)

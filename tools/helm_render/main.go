@@ -365,7 +365,8 @@ func baseFuncMap() template.FuncMap {
 		"fromJsonArray": fromJSONArray,
 		"required":      required,
 		"fail":          func(msg string) (string, error) { return "", errors.New(msg) },
-		// No cluster here: lookup finds nothing, as with `helm template`.
+		// No cluster here: lookup finds nothing, as with `helm template`, unless
+		// --lookup gives the objects a cluster holds (renderAll replaces it then).
 		"lookup": func(string, string, string, string) (map[string]interface{}, error) {
 			return map[string]interface{}{}, nil
 		},
@@ -483,13 +484,68 @@ func sortTemplates(names []string) []string {
 	return names
 }
 
+// lookupIn is Helm's `lookup apiVersion kind namespace name` against a fixed set of
+// objects (what `helm install`/`upgrade` would find in the cluster): the object as a map,
+// or an empty map when there is none; with name "" a list ({"apiVersion", "kind":
+// <Kind>List, "items"}); namespace "" matches every namespace, as for Helm.
+func lookupIn(objects []map[string]interface{}) func(string, string, string, string) (map[string]interface{}, error) {
+	return func(apiVersion, kind, namespace, name string) (map[string]interface{}, error) {
+		items := []interface{}{}
+		for _, obj := range objects {
+			meta, _ := obj["metadata"].(map[string]interface{})
+			objNamespace, _ := meta["namespace"].(string)
+			objName, _ := meta["name"].(string)
+			if obj["apiVersion"] != apiVersion || obj["kind"] != kind {
+				continue
+			}
+			if namespace != "" && objNamespace != "" && objNamespace != namespace {
+				continue
+			}
+			if name == "" {
+				items = append(items, copyValue(obj))
+			} else if objName == name {
+				return copyValue(obj).(map[string]interface{}), nil
+			}
+		}
+		if name != "" {
+			return map[string]interface{}{}, nil
+		}
+		return map[string]interface{}{"apiVersion": apiVersion, "kind": kind + "List", "items": items}, nil
+	}
+}
+
+// readObjects reads a multi-document YAML file of Kubernetes objects (for --lookup).
+func readObjects(file string) ([]map[string]interface{}, error) {
+	data, err := ioutil.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []map[string]interface{}
+	for _, doc := range docSeparator.Split(string(data), -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		obj, err := readYAMLMap([]byte(doc), file)
+		if err != nil {
+			return nil, err
+		}
+		if len(obj) > 0 {
+			out = append(out, obj)
+		}
+	}
+	return out, nil
+}
+
 // renderAll executes every template that is not a partial (base name starting with "_"),
 // with Helm's engine settings, and returns name -> text.
-func renderAll(c *chartFiles, top map[string]interface{}) (map[string]string, error) {
+func renderAll(c *chartFiles, top map[string]interface{}, cluster []map[string]interface{}) (map[string]string, error) {
 	t := template.New("gotpl")
 	t.Option("missingkey=zero")
 	included := map[string]int{}
 	funcs := baseFuncMap()
+	if cluster != nil {
+		funcs["lookup"] = lookupIn(cluster)
+	}
 	funcs["include"] = includeFun(t, included)
 	funcs["tpl"] = tplFun(t, included)
 	t.Funcs(funcs)
@@ -602,6 +658,8 @@ func run() error {
 	fs.Var(&valueFiles, "values", "values file (same as -f)")
 	fs.Var(&sets, "set", "a.b.c=value (repeatable; applied after -f files)")
 	fs.Var(&apiVersions, "api-versions", "extra API version for .Capabilities.APIVersions")
+	var lookups multiFlag
+	fs.Var(&lookups, "lookup", "YAML file of objects `lookup` finds, as in a cluster (repeatable); also sets .Release.IsUpgrade")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -662,7 +720,19 @@ func run() error {
 		"Capabilities": caps,
 		"Files":        c.files,
 	}
-	rendered, err := renderAll(c, top)
+	var cluster []map[string]interface{}
+	for _, file := range lookups {
+		objects, err := readObjects(file)
+		if err != nil {
+			return err
+		}
+		cluster = append(append([]map[string]interface{}{}, cluster...), objects...)
+	}
+	if lookups != nil {
+		release := top["Release"].(map[string]interface{})
+		release["IsInstall"], release["IsUpgrade"], release["Revision"] = false, true, 2
+	}
+	rendered, err := renderAll(c, top, cluster)
 	if err != nil {
 		return err
 	}

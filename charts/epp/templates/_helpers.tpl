@@ -46,12 +46,13 @@ true
 
 {{/*
 The Secret holding the replicas' shared secret: replicas.secret.existingSecret, or the one
-the chart creates from replicas.secret.value (templates/secret-peers.yaml); empty: none.
+the chart creates (templates/secret-peers.yaml) from replicas.secret.value or, with
+replicas.secret.generate, a random one; empty: none (the peers port is unauthenticated).
 */}}
 {{- define "epp.peersSecretName" -}}
 {{- if .Values.replicas.secret.existingSecret -}}
 {{- .Values.replicas.secret.existingSecret -}}
-{{- else if .Values.replicas.secret.value -}}
+{{- else if or .Values.replicas.secret.value .Values.replicas.secret.generate -}}
 {{- printf "%s-peers-secret" (include "epp.fullname" .) -}}
 {{- end -}}
 {{- end -}}

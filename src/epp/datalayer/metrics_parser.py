@@ -60,6 +60,9 @@ class PodMetrics:
     kv_usage: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    # False: the page has no vLLM prefix-cache counters (another model server), so the
+    # stale-cache check cannot tell a hit on this pod from a miss.
+    prefix_counters: bool = True
     preemptions: float = 0.0
     # vLLM's generation counter; None: the page has none (another server), so whether its
     # gauges froze cannot be told (store.py's frozen-gauge check then never applies).
@@ -303,6 +306,7 @@ class PageReader:
         result.kv_usage = min(1.0, max(0.0, sums.get("kv_usage", 0.0) / engines))
         result.prefix_queries = sums.get("prefix_queries", 0.0)
         result.prefix_hits = sums.get("prefix_hits", 0.0)
+        result.prefix_counters = "prefix_hits" in sums
         result.preemptions = sums.get("preemptions", 0.0)
         result.generation_tokens = sums.get("generation_tokens")
         result.finished_requests = sums.get("finished_requests")

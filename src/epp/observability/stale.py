@@ -177,6 +177,13 @@ class StaleCacheTracker:
         ledger = self._ledgers.get(endpoint)
         if ledger is None:
             ledger = self._ledgers[endpoint] = _Ledger()
+        if not metrics.prefix_counters:
+            # No hit counter on the page (SGLang, Triton): a hit cannot be told from a
+            # miss, so nothing queued for this pod is checked (each would count stale).
+            self.dropped += sum(1 for entry in ledger.pending if entry.predicted)
+            ledger.pending.clear()
+            ledger.hits = None
+            return
         if ledger.hits is None or hits < ledger.hits:
             # First page, or the engine restarted (its counters start again from zero):
             # the queued decisions cannot be told apart from the old counts.
