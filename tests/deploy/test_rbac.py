@@ -1,15 +1,22 @@
 """RBAC by reading the manifests: the EPP's ServiceAccount may get, list and watch exactly
 the resources the code reads (WATCHED_RESOURCES x VERBS), in its own namespace, and
-nothing else."""
+nothing else; with leaderElection.enabled also get, create and update its Lease
+(LEADER_ELECTION_RESOURCES x LEASE_VERBS), and only then."""
 
 from __future__ import annotations
 
 import pytest
 
 from deploy.conftest import VALUES_ALL, VALUES_STATIC, static_objects
-from epp.datalayer.kubernetes_resources import VERBS, WATCHED_RESOURCES
+from epp.datalayer.kubernetes_resources import (
+    LEADER_ELECTION_RESOURCES,
+    LEASE_VERBS,
+    VERBS,
+    WATCHED_RESOURCES,
+)
 
 EXPECTED = {(r.group, r.resource, verb) for r in WATCHED_RESOURCES for verb in VERBS}
+LEASES = {(r.group, r.resource, verb) for r in LEADER_ELECTION_RESOURCES for verb in LEASE_VERBS}
 CLUSTER_WIDE = {"ClusterRole", "ClusterRoleBinding"}
 
 
@@ -37,11 +44,11 @@ def epp_service_account(objects: list[dict]) -> str:
     return deployment["spec"]["template"]["spec"]["serviceAccountName"]
 
 
-def check_rbac(objects: list[dict]) -> None:
+def check_rbac(objects: list[dict], expected: set[tuple[str, str, str]] = EXPECTED) -> None:
     assert not [o for o in objects if o["kind"] in CLUSTER_WIDE], "no cluster-wide RBAC"
     (role,) = [o for o in objects if o["kind"] == "Role"]
     (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert granted(role) == EXPECTED
+    assert granted(role) == expected
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -68,6 +75,13 @@ def test_chart_grants_exactly_the_watched_resources(render_chart, values):
     rendered = render_chart(*values, namespace="inference")
     check_rbac(rendered.objects)
     assert rendered.one("Role")["metadata"]["namespace"] == "inference"
+
+
+@pytest.mark.parametrize("values", [(), (VALUES_ALL,)], ids=["defaults", "values-all"])
+def test_leader_election_adds_exactly_its_lease_verbs(render_chart, values):
+    assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} == LEASES
+    rendered = render_chart(*values, set=["leaderElection.enabled=true"], namespace="inference")
+    check_rbac(rendered.objects, EXPECTED | LEASES)
 
 
 def test_static_discovery_gets_no_rbac_and_no_token(render_chart):
