@@ -56,8 +56,8 @@ from epp.extproc.server import (
     build_grpc_server,
     build_health_server,
 )
-from epp.observability.debug_pages import debug_routes, is_loopback
 from epp.leader import LeaderElectionError, LeaderElector, LeaseTimings
+from epp.observability.debug_pages import debug_routes, is_loopback
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
