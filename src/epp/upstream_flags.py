@@ -485,7 +485,7 @@ def refuse_disaggregation(data: dict[str, Any], where: str) -> None:
     profiles = data.get("schedulingProfiles")
     several = isinstance(profiles, list) and len(profiles) > 1
     if types or several:
-        what = ", ".join(types) if types else f"{len(profiles)} scheduling profiles"
+        what = ", ".join(types) if types else f"{len(profiles or ())} scheduling profiles"
         raise ValueError(
             f"{where}: a disaggregated-serving EndpointPickerConfig ({what}): this EPP "
             "schedules every pod of the pool as a full server and cannot stand in for it"
