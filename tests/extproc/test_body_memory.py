@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
+import weakref
 
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.fakes import BUFFERED, DUPLEX, FakeRouter, body_msg, headers_msg
 from extproc.test_server import Context, Envoy, settle, until
 
 from epp.config import ServerConfig
 from epp.extproc.machine import ExtProcStream, Phase
-from epp.extproc.server import ExternalProcessor
+from epp.extproc.server import ExternalProcessor, HealthState, _read_each, build_grpc_server
 from epp.observability.metrics import EppMetrics
 
 MIB = 1024 * 1024
@@ -167,5 +171,71 @@ def test_a_declared_length_over_the_limit_through_the_servicer():
         await until(lambda: task.done())
         assert [r.immediate_response.status.code for r in replies] == [413]
         assert router.calls == []
+
+    asyncio.run(scenario())
+
+
+def test_messages_read_from_grpc_are_not_kept_by_the_reader():
+    """grpc's own request iterator keeps the last message while it waits for the next;
+    `_read_each` (context.read()) keeps none: a BUFFERED body is not held twice."""
+
+    class Message:
+        pass
+
+    class ReadingContext:
+        def __init__(self) -> None:
+            self.sent = [Message(), Message()]
+
+        async def read(self):
+            return self.sent.pop(0) if self.sent else grpc.aio.EOF
+
+    async def scenario() -> None:
+        context = ReadingContext()
+        reader = _read_each(context)
+        first = await anext(reader)
+        alive = weakref.ref(first)
+        del first
+        gc.collect()
+        assert alive() is None, "the reader still holds the message it handed on"
+        assert isinstance(await anext(reader), Message)
+        assert await anext(reader, None) is None
+
+    asyncio.run(scenario())
+
+
+def test_one_body_message_over_the_limit_is_refused_by_grpc_itself():
+    """A BUFFERED body without Content-Length is one message: the real server's receive
+    limit is the body limit plus framing, so gRPC refuses it instead of buffering it all
+    (tools/body_rss.py: 127 MB peak before, 6 MB after, for 40 MiB over a 32 MiB limit).
+    A body at the limit still passes."""
+
+    async def scenario() -> None:
+        router = FakeRouter()
+        config = ServerConfig(
+            grpc_host="127.0.0.1", grpc_port=0, secure_serving=False, max_body_bytes=MIB
+        )
+        server, port = build_grpc_server(
+            ExternalProcessor(router, config, EppMetrics()), HealthState(), config
+        )
+        await server.start()
+        options = [("grpc.max_send_message_length", 64 * MIB)]
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+                stub = pb_grpc.ExternalProcessorStub(channel)
+                for size, refused in ((MIB, False), (4 * MIB, True)):
+                    call = stub.Process()
+                    await call.write(headers_msg(mode=BUFFERED))
+                    assert (await call.read()).HasField("request_headers")
+                    await call.write(body_msg(_body(size), True))
+                    if refused:
+                        with pytest.raises(grpc.aio.AioRpcError) as error:
+                            await call.read()
+                        assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                    else:
+                        assert (await call.read()).HasField("request_body")
+                    call.cancel()
+        finally:
+            await server.stop(None)
+        assert [len(c["body"]) for c in router.calls] == [MIB]
 
     asyncio.run(scenario())

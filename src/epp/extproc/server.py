@@ -45,7 +45,22 @@ INTERNAL_ERROR_BODY = (
     b'{"error": {"message": "internal error in the endpoint picker", '
     b'"type": "InternalServerError", "param": null, "code": 500}}'
 )
+# What a request_body message holds besides the body (protobuf framing, end_of_stream),
+# with room to spare; request_headers messages are far smaller than the least body limit.
+BODY_MESSAGE_HEADROOM = 64 * 1024
 _RESPONSE_PATH = frozenset({"response_headers", "response_body", "response_trailers"})
+
+
+async def _read_each(context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingRequest]:
+    """The stream's messages, none of them referenced here once handed on."""
+    slot: list[pb.ProcessingRequest] = []
+    while True:
+        message = await context.read()
+        if message is grpc.aio.EOF:
+            return
+        slot.append(message)
+        del message
+        yield slot.pop()
 
 
 class RoutingStreams:
@@ -95,7 +110,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-        iterator = aiter(request_iterator)
+        # grpc's own request iterator keeps its last message referenced until the next
+        # arrives: a BUFFERED body's message would be held beside the machine's copy while
+        # routing waits. Reading with context.read() keeps none.
+        iterator = _read_each(context) if hasattr(context, "read") else aiter(request_iterator)
         try:
             first = await anext(iterator)
         except StopAsyncIteration:
@@ -319,9 +337,13 @@ def build_grpc_server(
     for (epp.tls.grpc_transport), or `transport` when given: a caller that needs the
     generated certificate (a test's client) builds the SelfSignedTls itself."""
     limit = config.max_grpc_message_bytes
+    # A message larger than a body at the limit plus its framing is refused by gRPC
+    # itself (the stream fails, the gateway answers its error status): a BUFFERED body
+    # without Content-Length is one message, and is never buffered past the limit here.
+    receive = min(limit, config.max_body_bytes + BODY_MESSAGE_HEADROOM)
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_receive_message_length", receive),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
         ]
