@@ -540,7 +540,8 @@ class Router:
             (prepared, future),
             prepared.priority,
             prepared.request.model or "",
-            prepared.size,
+            # What the wait holds: the body, and the copy naming a target model if any.
+            prepared.size + len(prepared.body or b""),
             now,
             now + flow.ttl_s,
             placement=self._placement(prepared),
