@@ -9,7 +9,10 @@ plaintext, and ext_proc on 9002 is TLS (the self-signed certificate) and routes 
 The args fix the ports (9002, 9003, 9090): if another process holds one the test fails
 and says which. What stays unproven here: a real kubelet's probes and a real API server.
 The one change to the chart's args: `--config-file /config/default-plugins.yaml` points
-at a local copy of that file (the chart's ConfigMap, rendered).
+at a local copy of that file (the chart's ConfigMap, rendered). The llm-d router's chart
+with several replicas passes --ha-enable-leader-election: the EPP takes the Lease on the
+stand-in, is Ready (`readiness`) as its holder, answers `inference-extension`
+SERVICE_UNKNOWN as upstream's does then, and releases the Lease when stopped.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from upstream_args import (
     plugins_files,
 )
 
-from epp.datalayer.kubernetes_resources import INFERENCE_POOL, POD
+from epp.datalayer.kubernetes_resources import INFERENCE_POOL, LEASE, POD
 from vllm_sim.server import SimPodConfig, start_pod
 
 pytestmark = pytest.mark.e2e
@@ -239,19 +242,23 @@ async def test_llm_d_router_chart_args(standin, sim_pod, tmp_path, render_chart)
 
     serve_pool(standin, "qwen", "llm-d", sim_pod.port)
     kubeconfig = kubeconfig_for(standin, tmp_path / "kubeconfig")
+    lease = "epp-llm-d-qwen.llm-d.ai"  # upstream's name: epp-<namespace>-<pool>.llm-d.ai
     async with Epp(args, kubeconfig, tmp_path / "epp.log") as epp:
-        await epp.until_serving("readiness")
-        for service in ("liveness", "inference-extension"):
-            assert await health(9003, service) == SERVING, service
+        await epp.until_serving("readiness")  # as the holder of the Lease
+        assert await health(9003, "liveness") == SERVING
+        # Under leader election upstream's health.go has no branch for it.
+        unknown = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        assert await health(9003, "inference-extension") == unknown
+        holder = standin.get(LEASE, lease, "llm-d")["spec"]["holderIdentity"]
+        assert holder.startswith(f"{os.environ.get('POD_NAME') or socket.gethostname()}_")
         assert await route_over_tls(9002) == f"127.0.0.1:{sim_pod.port}"
         lines = epp.lines()
+    assert standin.get(LEASE, lease, "llm-d")["spec"]["holderIdentity"] == ""  # released
     (ignored,) = [line for line in lines if line.get("event") == "upstream_flags_ignored"]
     assert ignored["level"] == "warning"
-    assert ignored["flags"] == [
-        "--ha-enable-leader-election",
-        "--tracing",
-        "--metrics-endpoint-auth",
-    ]
+    assert ignored["flags"] == ["--tracing", "--metrics-endpoint-auth"]
+    (mapped,) = [line for line in lines if line.get("event") == "upstream_flags_mapped"]
+    assert "--ha-enable-leader-election" in mapped["flags"]
     (unapplied,) = [line for line in lines if line.get("event") == "upstream_config_not_applied"]
     assert "llm-d.ai/v1alpha1 EndpointPickerConfig" in unapplied["config"]
     assert any(line.get("level") == "debug" for line in lines)  # --v=4 from the flags map
