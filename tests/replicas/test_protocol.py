@@ -17,6 +17,7 @@ from epp.replicas.protocol import (
     Completion,
     Decision,
     Hello,
+    Ping,
     ProtocolError,
     decode,
     encode,
@@ -56,6 +57,8 @@ def body(frame: bytes) -> bytes:
         decision(hashes=[]),
         Completion("r1.00ff", 200, "10.0.0.1:8000"),
         Completion("r1.00ff", None, None),
+        Hello("abc123", 1, 16, idle_timeout_s=30.0),
+        Ping(),
     ],
 )
 def test_every_message_round_trips_through_one_frame(message):
@@ -138,9 +141,12 @@ def test_replicas_of_the_previous_version_read_the_extended_hello_and_it_theirs(
     old_reader = msgspec.msgpack.Decoder(HelloV1 | Decision | Completion)
     extended = Hello("abc", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * PROOF_BYTES,))
     assert old_reader.decode(body(encode(extended))) == HelloV1("abc", 1, 16)
+    announcing = Hello("abc", 1, 16, idle_timeout_s=30.0)  # the idle timeout trails too
+    assert old_reader.decode(body(encode(announcing))) == HelloV1("abc", 1, 16)
     assert old_reader.decode(body(encode(Hello("abc", 1, 16)))) == HelloV1("abc", 1, 16)
     old = msgspec.msgpack.encode(HelloV1("abc", 1, 16))
     assert decode(old) == Hello("abc", 1, 16, nonce=None, proofs=())
+    assert decode(old).idle_timeout_s == 0.0  # an older listener: no pings for it
 
 
 @pytest.mark.parametrize(
@@ -152,8 +158,21 @@ def test_replicas_of_the_previous_version_read_the_extended_hello_and_it_theirs(
         Hello("abc", 1, 16, nonce=b"n" * NONCE_BYTES, proofs=(b"p" * PROOF_BYTES,) * 3),
         Auth(b"p" * (PROOF_BYTES + 1)),
         Auth(b""),
+        Hello("abc", 1, 16, idle_timeout_s=-1.0),
+        Hello("abc", 1, 16, idle_timeout_s=float("nan")),
+        Hello("abc", 1, 16, idle_timeout_s=1e9),
     ],
-    ids=["short-nonce", "long-nonce", "short-proof", "three-proofs", "long-auth", "empty-auth"],
+    ids=[
+        "short-nonce",
+        "long-nonce",
+        "short-proof",
+        "three-proofs",
+        "long-auth",
+        "empty-auth",
+        "negative-idle",
+        "nan-idle",
+        "huge-idle",
+    ],
 )
 def test_nonces_and_proofs_have_their_exact_sizes(message):
     with pytest.raises(ProtocolError):
