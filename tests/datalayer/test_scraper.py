@@ -74,9 +74,15 @@ async def test_scraper_updates_good_pods_and_degrades_bad_ones():
     store.on_change(scraper.on_endpoint_change)  # as the app connects it
     await scraper.start()
     try:
-        # Every pod tried once (the hung one until its 0.2 s timeout): that is enough.
+        # Every pod tried once (the hung one until its 0.2 s timeout), and the good pod
+        # answered after that: a failure counts once another pod answered after it.
         await asyncio.wait_for(scraper.first_round.wait(), 5)
-        store.refresh_health()
+        bad = [store.get(name) for name in ("garbage", "dead", "hung")]
+        for _ in range(100):
+            store.refresh_health()
+            if all(pod.charged_failures for pod in bad):
+                break
+            await asyncio.sleep(0.01)
         good_pod = store.get("good")
         assert good_pod.metrics.waiting == 3.0 and good_pod.health == 1.0
         assert good_pod.model == "meta-llama/Llama-3.1-8B-Instruct"

@@ -46,9 +46,11 @@ def test_never_scraped_pod_is_half_healthy_then_failures_exclude_it():
     a, b = store.get("a"), store.get("b")
     assert a.health == 0.5
     clock.now += 0.05
-    store.scraped(b, PodMetrics())  # the EPP reaches pods: a's failure is a's
-    clock.now += 0.05
     store.scrape_failed(a, "refused")
+    assert a.health == 0.5  # nobody answered since: it could be the EPP's failure
+    clock.now += 0.05
+    store.scraped(b, PodMetrics())  # the EPP reaches pods: a's failure is a's
+    store.refresh_health()
     assert a.health == 0.0 and a.excluded
 
 
@@ -60,9 +62,10 @@ def test_consecutive_failures_lower_health_and_a_success_restores_it():
     healths = []
     for _ in range(3):
         clock.now += 0.025
-        store.scraped(b, PodMetrics())  # b answers between a's attempts
-        clock.now += 0.025
         store.scrape_failed(a, "timeout")
+        clock.now += 0.025
+        store.scraped(b, PodMetrics())  # b answers after a's failure
+        store.refresh_health()
         healths.append(a.health)
     assert healths == [0.75, 0.5, 0.25]  # the third failure is below the 0.3 cut-off
     store.scraped(a, PodMetrics())
@@ -363,7 +366,7 @@ def test_a_partition_from_every_pods_metrics_excludes_nobody():
         scrape_round(store, clock, failing=everyone)
         assert not any(e.excluded or e.down for e in store.all())
     assert all(e.consecutive_failures == 200 for e in store.all())
-    assert all(e.health >= 0.75 for e in store.all())  # at most the first failure charged
+    assert all(e.health == 1.0 and e.charged_failures == 0 for e in store.all())
     # The network comes back for a, not for the others: now their failures are theirs.
     for _ in range(3):
         scrape_round(store, clock, failing=everyone - {"a"})

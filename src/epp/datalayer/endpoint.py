@@ -57,10 +57,11 @@ class Endpoint:
     metrics: PodMetrics | None = None
     metrics_at: float | None = None  # store time of the last good scrape
     consecutive_failures: int = 0
-    # Of those, the failures held against the pod: some other pod's page was fetched
-    # since its previous attempt, so the EPP could reach pods (datalayer/health.py).
+    # Of those, the failures held against the pod: another pod's page was fetched after
+    # them, so the EPP could reach pods (datalayer/health.py). The others wait in
+    # `unconfirmed_failures` (their store times, oldest first; a few at most).
     charged_failures: int = 0
-    attempt_at: float = 0.0  # store time its last scrape attempt ended (or it was added)
+    unconfirmed_failures: deque[float] = field(default_factory=deque)
     last_error: str | None = None
     # False while the gauges cannot be trusted (stale page, frozen gauges): load then comes
     # from the EPP's own counts only, so old numbers never keep a pod "full" for ever.

@@ -2,10 +2,11 @@
 
 - Scrape failures: each consecutive failure costs `failure_health_step` (default 0.25), so
   three in a row (150 ms at the default interval) put a dead pod below the 0.3 cut-off.
-  One good scrape restores it. A failure is charged only if some other pod's page was
-  fetched since the pod's previous attempt: failures that hit every pod at once (a
-  partition between the EPP and the pods, the EPP's own network or loop) are the EPP's
-  problem, and excluding everybody would stop traffic that Envoy can still deliver.
+  One good scrape restores it. A failure is charged only once another pod's page has
+  been fetched after it: failures that hit every pod at once (a partition between the
+  EPP and the pods, the EPP's own network or loop) are the EPP's problem, and excluding
+  everybody would stop traffic that Envoy can still deliver. A dead pod whose peers
+  answer is charged within a scrape interval of each failure.
 - Staleness: metrics older than `stale_after_s` mean 0, so a frozen pod whose scrapes
   hang never looks idle on old numbers. Likewise only when some other pod's page was
   fetched after this one's went stale; otherwise staleness is not held against it, the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class EndpointStore:
         # The latest fetch of any pod's page: failures and staleness of a pod count only
         # against evidence that the EPP could reach pods meanwhile (datalayer/health.py).
         self._reached_at = float("-inf")
+        self._max_unconfirmed = math.ceil(1.0 / config.failure_health_step) + 1
         # name -> the model whose floor last counted the pod; models in panic.
         self._grouped: dict[str, str | None] = {}
         self._panicking: set[str | None] = set()
@@ -133,7 +135,6 @@ class EndpointStore:
                 labels=dict(config.labels),
                 configured_model=config.model,
                 configured_slots=self._slots,
-                attempt_at=now,
             )
             self._by_name[name] = endpoint
             self._set_health(endpoint, now)
@@ -163,6 +164,10 @@ class EndpointStore:
         return self._staleness_counts
 
     def _set_health(self, endpoint: Endpoint, now: float) -> None:
+        unconfirmed = endpoint.unconfirmed_failures
+        while unconfirmed and unconfirmed[0] <= self._reached_at:
+            unconfirmed.popleft()  # another pod answered after it: this failure is the pod's
+            endpoint.charged_failures += 1
         base = base_health(endpoint, now, self._config, self._reached_at)
         endpoint.health = with_errors(base, endpoint, now, self._config)
         was = (endpoint.down, endpoint.unhealthy)
@@ -226,10 +231,10 @@ class EndpointStore:
         now = self._clock()
         endpoint.metrics = metrics
         endpoint.metrics_at = now
-        endpoint.attempt_at = now
         self._reached_at = now
         endpoint.consecutive_failures = 0
         endpoint.charged_failures = 0
+        endpoint.unconfirmed_failures.clear()
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
@@ -326,9 +331,9 @@ class EndpointStore:
     def scrape_failed(self, endpoint: Endpoint, error: str) -> None:
         now = self._clock()
         endpoint.consecutive_failures += 1
-        if self._reached_at > endpoint.attempt_at:
-            endpoint.charged_failures += 1  # another pod answered meanwhile
-        endpoint.attempt_at = now
+        unconfirmed = endpoint.unconfirmed_failures
+        if len(unconfirmed) < self._max_unconfirmed:  # more could not lower health further
+            unconfirmed.append(now)
         endpoint.last_error = error
         self._set_health(endpoint, now)
         self._emit("updated", endpoint)
