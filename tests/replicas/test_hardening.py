@@ -294,3 +294,23 @@ async def test_a_link_pings_only_a_listener_that_announced_an_idle_timeout(annou
         ping = encode(Ping())
         assert (received.count(ping) >= 3) == pings and len(received) % len(ping) == 0
     server.close()
+
+
+async def test_a_failing_membership_update_costs_one_round_not_the_loop(monkeypatch):
+    names = Names()
+    a, b = Replica("ra", ["b:1"], names, resolve_s=0.05), Replica("rb", [], names)
+    calls = []
+    update = a.sync.peers.update
+
+    def failing_once(targets):
+        calls.append(targets)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in update()")
+        update(targets)
+
+    monkeypatch.setattr(a.sync.peers, "update", failing_once)
+    async with running(a, b):
+        names.table = {"b": [("127.0.0.1", b.port)]}
+        a.sync.peers.start()
+        await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="next round")
+        assert len(calls) >= 2

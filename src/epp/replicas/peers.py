@@ -468,7 +468,10 @@ class PeerSet:
 
     async def _resolve_loop(self) -> None:
         while True:
-            self.update(await self.resolve_all())
+            try:
+                self.update(await self.resolve_all())
+            except Exception:  # a bug must cost one round, never the membership for good
+                log.exception("replica_peers_update_failed")
             await asyncio.sleep(self.resolve_s)
 
     async def resolve_all(self) -> set[Address]:

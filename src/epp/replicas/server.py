@@ -136,6 +136,13 @@ class PeerServer:
             replica=self.hello.replica,
             authentication="shared_secret" if self._auth is not None else "none",
         )
+        if self._auth is None:
+            log.warning(
+                "replica_peers_unauthenticated",
+                address=f"{self.host}:{self.port}",
+                detail="whatever reaches this port is taken for a peer: set "
+                "replicas.secret_file (the chart does with replicaCount > 1)",
+            )
 
     async def stop(self) -> None:
         if self._server is None:
