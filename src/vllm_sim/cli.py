@@ -77,10 +77,15 @@ failure injection (for testing routers):
   --failure-rate F --failure-kinds 429,500,503 [--seed S]: the same, at random, on a
     fraction F of the generation requests (kinds: 429, 500, 503, hang, drop).
   --metrics-delay-ms N: every /metrics answers N wall-clock ms late.
-  POST /sim/fail {{"health": 503 | null, "metrics": "garbage" | "hang" | null,
-    "tokenize": "garbage" | "hang" | "error" | null}}: /health answers that status,
-    /metrics answers garbage or never, POST /tokenize garbage, never or 500; null switches
-    back, a key left out stays as it is. GET /sim/fail shows the switches.
+  POST /sim/fail {{"health": 503 | null, "metrics": "garbage" | "hang" | "frozen" | null,
+    "tokenize": "garbage" | "hang" | "error" | null, "generation": "500" | "hang" | ... |
+    null, "delay_ms": N, "kv_events": "drop" | "reorder" | "duplicate" | null}}: /health
+    answers that status, /metrics answers garbage, never, or its page of that moment again
+    and again, POST /tokenize garbage, never or 500, every generation request fails that
+    way or starts N ms late, KV-event batches are lost, swapped in pairs or sent twice;
+    null switches back, a key left out stays as it is. GET /sim/fail shows the switches.
+  POST /sim/kv/restart: the KV-event publisher restarts (sequence from the start, replay
+    buffer empty) while the engine keeps its blocks.
   Responses produced by an injected failure carry x-sim-injected-failure: <kind>.
 """
 

@@ -16,8 +16,11 @@ Kinds:
 - `slow-metrics` (on GET /metrics only): the page comes after `--metrics-delay-ms`, or
   after `SLOW_METRICS_DEFAULT_S` when no delay is configured.
 
-Per pod, at runtime (`POST /sim/fail`, see `PodFaults`): /health answers an error status,
-and /metrics answers garbage or hangs; `--metrics-delay-ms` slows every /metrics.
+Per pod, at runtime (`POST /sim/fail`, see `PodFaults`): /health answers an error status;
+/metrics answers garbage, hangs, or repeats its last page (frozen); every generation
+request fails one way (`generation`: an error status, hang or drop) or starts late
+(`delay_ms`: a slow pod); the KV-event publisher loses, reorders or duplicates batches
+(`kv_events`). `--metrics-delay-ms` slows every /metrics.
 
 This module decides; the server carries the decision out.
 """
@@ -148,6 +151,20 @@ def parse_header(value: str) -> FailureKind:
 class MetricsFault(StrEnum):
     GARBAGE = "garbage"  # 200 with a body no Prometheus parser accepts
     HANG = "hang"  # never answers
+    FROZEN = "frozen"  # 200 with the page of the switch's moment, again and again
+
+
+class KvEventsFault(StrEnum):
+    """What the publisher does to each batch (numbered and buffered for replay as usual)."""
+
+    DROP = "drop"  # never sent: the subscriber sees a gap at the next batch
+    REORDER = "reorder"  # held back and sent after the next batch
+    DUPLICATE = "duplicate"  # sent twice
+
+
+# Pod-wide generation faults (`generation`): the per-request kinds except slow-metrics.
+GENERATION_FAULTS = frozenset(RANDOM_KINDS)
+MAX_DELAY_MS = 600_000
 
 
 class TokenizeFault(StrEnum):
@@ -168,13 +185,17 @@ class PodFaults:
     health_status: int | None = None  # /health answers this instead of 200
     metrics: MetricsFault | None = None
     tokenize: TokenizeFault | None = None
+    generation: FailureKind | None = None  # every generation request fails so
+    delay_ms: int = 0  # every generation request starts this much later (a slow pod)
+    kv_events: KvEventsFault | None = None
 
     def update(self, body: Mapping[str, Any]) -> None:
         """Apply a `/sim/fail` body: a key present sets its switch (null clears it).
 
         Raises ApiError(400) on an unknown key or value, changing nothing.
         """
-        unknown = sorted(set(body) - {"health", "metrics", "tokenize"})
+        keys = {"health", "metrics", "tokenize", "generation", "delay_ms", "kv_events"}
+        unknown = sorted(set(body) - keys)
         if unknown:
             raise ApiError(400, f"Unknown keys: {', '.join(unknown)}.")
         health = self.health_status
@@ -187,10 +208,34 @@ class PodFaults:
             health = value
         metrics = _switch(body, "metrics", MetricsFault, self.metrics)
         tokenize = _switch(body, "tokenize", TokenizeFault, self.tokenize)
+        generation = _switch(body, "generation", FailureKind, self.generation)
+        if generation is not None and generation not in GENERATION_FAULTS:
+            raise ApiError(400, "'generation' must be null or one of 429, 500, 503, hang, drop.")
+        delay_ms = self.delay_ms
+        if "delay_ms" in body:
+            value = body["delay_ms"] or 0
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 0 <= value <= MAX_DELAY_MS
+            ):
+                raise ApiError(
+                    400, f"'delay_ms' must be null or an integer in [0, {MAX_DELAY_MS}]."
+                )
+            delay_ms = value
+        kv_events = _switch(body, "kv_events", KvEventsFault, self.kv_events)
         self.health_status, self.metrics, self.tokenize = health, metrics, tokenize
+        self.generation, self.delay_ms, self.kv_events = generation, delay_ms, kv_events
 
     def state(self) -> dict[str, Any]:
-        return {"health": self.health_status, "metrics": self.metrics, "tokenize": self.tokenize}
+        return {
+            "health": self.health_status,
+            "metrics": self.metrics,
+            "tokenize": self.tokenize,
+            "generation": self.generation,
+            "delay_ms": self.delay_ms,
+            "kv_events": self.kv_events,
+        }
 
 
 _Fault = TypeVar("_Fault", bound=StrEnum)

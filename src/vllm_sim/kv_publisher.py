@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from vllm_sim.failures import KvEventsFault
 from vllm_sim.kv_events import (
     REPLAY_END_SEQ,
     SEQ_BYTES,
@@ -87,6 +89,8 @@ class KvEventPublisher:
         self._next_seq = config.first_seq
         self.pub_port: int | None = None
         self.replay_port: int | None = None
+        self.fault: KvEventsFault | None = None  # what happens to each batch sent (tests)
+        self._held: tuple[bytes, bytes] | None = None  # a batch `reorder` sends late
 
     @property
     def next_seq(self) -> int:
@@ -116,8 +120,35 @@ class KvEventPublisher:
             events, time.time() if ts is None else ts, self.config.data_parallel_rank
         )
         self._buffer.append((seq, payload))
-        self._outbox.put_nowait((encode_seq(seq), payload))
+        message = (encode_seq(seq), payload)
+        fault = self.fault
+        if fault is KvEventsFault.DROP:
+            return seq
+        if fault is KvEventsFault.REORDER and self._held is None:
+            self._held = message
+            return seq
+        self._outbox.put_nowait(message)
+        if fault is KvEventsFault.DUPLICATE:
+            self._outbox.put_nowait(message)
+        if self._held is not None:
+            self._outbox.put_nowait(self._held)
+            self._held = None
         return seq
+
+    async def restart(self) -> None:
+        """Close and rebind both sockets on the same ports, as a restarted publisher: the
+        sequence starts again at `first_seq`, the replay buffer is empty, batches not sent
+        yet are gone."""
+        await self.close()
+        self._context = zmq.asyncio.Context()
+        self._buffer.clear()
+        self._outbox = asyncio.Queue()
+        self._held = None
+        self._next_seq = self.config.first_seq
+        self.config = dataclasses.replace(
+            self.config, port=self.pub_port or 0, replay_port=self.replay_port
+        )
+        await self.start()
 
     async def close(self) -> None:
         """Stop the tasks, close the sockets, end the context; safe to call twice."""

@@ -221,6 +221,8 @@ class SimPod:
         # Handler tasks with a request in the engine (or hanging on purpose), cancelled on
         # shutdown so that they do not hold the process up for aiohttp's shutdown timeout.
         self._in_flight: set[asyncio.Task[object]] = set()
+        # The page /metrics repeats while the `frozen` switch is on.
+        self._frozen_page: bytes | None = None
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._clock_origin) / self.config.time_scale
@@ -255,6 +257,10 @@ class SimPod:
 
     async def generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         failure = self.failures.for_generation(request.headers.get(FAIL_HEADER))
+        if failure is None:
+            failure = self.faults.generation
+        if self.faults.delay_ms:
+            await asyncio.sleep(self.faults.delay_ms / 1000.0)
         if failure is not None:
             self._note_injected(failure, request)
             if failure in ERROR_KINDS:
@@ -520,8 +526,19 @@ class SimPod:
         """GET: the pod-wide failure switches; POST: change them (see `PodFaults`)."""
         if request.method == "POST":
             self.faults.update(parse_json_object(await request.read()))
+            if self.kv_publisher is not None:
+                self.kv_publisher.fault = self.faults.kv_events
             log.info("pod failures set pod=%s state=%s", self.config.pod_name, self.faults.state())
         return web.json_response(self.faults.state(), dumps=_dumps)
+
+    async def sim_kv_restart(self, request: web.Request) -> web.Response:
+        """POST /sim/kv/restart: the publisher restarts (same ports, its sequence from the
+        start, its replay buffer empty) while the engine keeps its blocks."""
+        if self.kv_publisher is None:
+            raise ApiError(404, "This pod publishes no KV events.")
+        await self.kv_publisher.restart()
+        log.info("kv publisher restarted pod=%s", self.config.pod_name)
+        return web.json_response({"next_seq": self.kv_publisher.next_seq}, dumps=_dumps)
 
     async def sim_kv(self, request: web.Request) -> web.Response:
         """GET /sim/kv: the engine's cached blocks, each hash once (16 hex digits), sorted:
@@ -554,6 +571,8 @@ class SimPod:
             self.lora_info.observe(
                 self.engine.running_adapters, self.engine.waiting_adapters, time.time()
             )
+        if self.faults.metrics is MetricsFault.FROZEN and self._frozen_page is not None:
+            return web.Response(body=self._frozen_page, headers={"Content-Type": CONTENT_TYPE})
         page = render_metrics_page(
             self.engine,
             model_name=self.config.model,
@@ -563,7 +582,9 @@ class SimPod:
             now=self.engine_now(),
             process_start_unix=self.process_start_unix,
         )
-        return web.Response(body=page.encode(), headers={"Content-Type": CONTENT_TYPE})
+        body = page.encode()
+        self._frozen_page = body if self.faults.metrics is MetricsFault.FROZEN else None
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     # -- failure injection ---------------------------------------------------------------
 
@@ -692,6 +713,7 @@ def create_app(config: SimPodConfig) -> web.Application:
     app.router.add_get("/sim/fail", pod.sim_fail)
     app.router.add_post("/sim/fail", pod.sim_fail)
     app.router.add_get("/sim/kv", pod.sim_kv)
+    app.router.add_post("/sim/kv/restart", pod.sim_kv_restart)
     return app
 
 

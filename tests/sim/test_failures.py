@@ -27,6 +27,8 @@ from .test_server import wait_until
 COMPLETION = {"prompt": "hello there", "max_tokens": 5}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 SHORT = aiohttp.ClientTimeout(total=0.3)
+# The switches of the fault suite (tests/sim/test_fault_switches.py), off.
+NO_NEW_SWITCHES = {"generation": None, "delay_ms": 0, "kv_events": None}
 
 
 def fail(kind: str) -> dict[str, str]:
@@ -273,13 +275,13 @@ async def test_sim_fail_switches_health_and_metrics_at_runtime(
     pod = await start()
     assert await fail_switch(http, pod, {"health": 503}) == (
         200,
-        {"health": 503, "metrics": None, "tokenize": None},
+        {"health": 503, "metrics": None, "tokenize": None, **NO_NEW_SWITCHES},
     )
     async with http.get(pod.url + "/health") as resp:
         assert resp.status == 503
     assert await fail_switch(http, pod, {"metrics": "garbage"}) == (
         200,
-        {"health": 503, "metrics": "garbage", "tokenize": None},
+        {"health": 503, "metrics": "garbage", "tokenize": None, **NO_NEW_SWITCHES},
     )
     async with http.get(pod.url + "/metrics") as resp:
         assert resp.status == 200
@@ -292,14 +294,19 @@ async def test_sim_fail_switches_health_and_metrics_at_runtime(
             pass
     assert await fail_switch(http, pod, {"health": None, "metrics": None}) == (
         200,
-        {"health": None, "metrics": None, "tokenize": None},
+        {"health": None, "metrics": None, "tokenize": None, **NO_NEW_SWITCHES},
     )
     async with http.get(pod.url + "/health") as resp:
         assert resp.status == 200
     async with http.get(pod.url + "/metrics") as resp:
         assert "vllm:num_requests_running" in await resp.text()
     async with http.get(pod.url + "/sim/fail") as resp:
-        assert await resp.json() == {"health": None, "metrics": None, "tokenize": None}
+        assert await resp.json() == {
+            "health": None,
+            "metrics": None,
+            "tokenize": None,
+            **NO_NEW_SWITCHES,
+        }
 
 
 @pytest.mark.parametrize(
@@ -323,7 +330,12 @@ async def test_sim_fail_refuses_bad_bodies_and_changes_nothing(
     assert status == 400
     assert payload["error"]["code"] == 400
     async with http.get(pod.url + "/sim/fail") as resp:
-        assert await resp.json() == {"health": 500, "metrics": None, "tokenize": None}
+        assert await resp.json() == {
+            "health": 500,
+            "metrics": None,
+            "tokenize": None,
+            **NO_NEW_SWITCHES,
+        }
 
 
 # -- configuration -----------------------------------------------------------------------
