@@ -14,7 +14,7 @@ import json
 import re
 from array import array
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, compress
 from typing import Annotated, Any, Literal
@@ -168,8 +168,10 @@ class _PartType(msgspec.Struct, gc=False):
     type: Any = None
 
 
-class _TurnContent(msgspec.Struct, gc=False):
-    content: msgspec.Raw = msgspec.Raw()
+class _TurnParts(msgspec.Struct, gc=False):
+    """A turn whose content is a list of parts (a string content fails at its first byte)."""
+
+    content: list[msgspec.Raw] | None = None
 
 
 # Parts and turns larger than this are looked into for media: a part that large is
@@ -182,7 +184,7 @@ _MEDIA_TYPES = frozenset(MEDIA_MODALITY) | {"image", "audio", "video", "document
 
 _BODY = msgspec.json.Decoder(_Body)
 _PART_TYPE = msgspec.json.Decoder(_PartType)
-_TURN_CONTENT = msgspec.json.Decoder(_TurnContent)
+_TURN_PARTS = msgspec.json.Decoder(_TurnParts)
 # A part's type read from its first bytes when it leads the object (as every SDK writes
 # it): no scan of a multi-megabyte part. The body was validated as JSON already.
 # A list longer than _WINDOWED x its head budget is cut from a window (_windowed_head)
@@ -190,7 +192,7 @@ _TURN_CONTENT = msgspec.json.Decoder(_TurnContent)
 _WINDOWED = 4
 _MAX_WINDOW = 8
 _CUT_TRIES = 16
-_ELEMENT_END = re.compile(rb"\}\s*,")
+_BRACE_CHECKS = 4096
 _BASE64_RUN = re.compile(rb";base64,[A-Za-z0-9+/=]{%d,}" % _BIG_PART)
 _LEADING_TYPE = re.compile(rb'\{\s*"type"\s*:\s*"([A-Za-z_]{1,32})"')
 _PROMPT_TEXT = msgspec.json.Decoder(str)
@@ -311,14 +313,12 @@ def _turn_bytes(turn: msgspec.Raw) -> int:
     if size <= _BIG_PART:
         return size
     try:
-        content = _TURN_CONTENT.decode(turn).content
-        if bytes(memoryview(content)[:1]) != b"[":
-            return size  # a string (not copied out) or nothing
-        for part in _MESSAGE_RAWS.decode(content):
-            if len(part) > _BIG_PART and _part_type(part) in _MEDIA_TYPES:
-                size -= len(part) - _STAND_IN_BYTES
+        parts = _TURN_PARTS.decode(turn).content or ()
     except (msgspec.ValidationError, msgspec.DecodeError):
-        pass  # refused with its own message when decoded
+        return size  # string content (not copied out), or refused when decoded
+    for part in parts:
+        if len(part) > _BIG_PART and _part_type(part) in _MEDIA_TYPES:
+            size -= len(part) - _STAND_IN_BYTES
     return size
 
 
@@ -342,18 +342,33 @@ def _windowed_head(raw: msgspec.Raw, budget: int) -> tuple[list[msgspec.Raw], in
     view = memoryview(raw)
     window = budget
     while 2 * window < len(view) and window <= _MAX_WINDOW * budget:
-        for tries, cut in enumerate(_ELEMENT_END.finditer(view, window, 2 * window)):
-            if tries == _CUT_TRIES:
-                break
+        for close, rest in _element_ends(view, window, 2 * window):
             try:
-                raws = _MESSAGE_RAWS.decode(bytes(view[: cut.start() + 1]) + b"]")
+                raws = _MESSAGE_RAWS.decode(bytes(view[: close + 1]) + b"]")
             except (msgspec.ValidationError, msgspec.DecodeError):
                 continue
             if sum(_sizes(raws)) >= budget:
-                return raws, cut.end()
+                return raws, rest
             break  # media made the window's turns short of the budget: widen it
         window *= 2
     return None
+
+
+def _element_ends(view: memoryview, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """In view[start:end], up to _CUT_TRIES `}` followed (after whitespace) by `,`: the
+    brace's offset and the offset past the comma. Searched with bytes.find (memchr): a
+    base64 image holds no brace and is passed over at memory speed."""
+    chunk = bytes(view[start:end])
+    found = checked = 0
+    at = chunk.find(b"}")
+    while at >= 0 and found < _CUT_TRIES and checked < _BRACE_CHECKS:
+        checked += 1
+        after = chunk[at + 1 : at + 17]
+        stripped = after.lstrip()
+        if stripped[:1] == b",":
+            found += 1
+            yield start + at, start + at + 2 + len(after) - len(stripped)
+        at = chunk.find(b"}", at + 1)
 
 
 def _tail_bytes(tail: memoryview, head: list[msgspec.Raw]) -> tuple[int, int]:
