@@ -275,11 +275,14 @@ class ServerConfig(Strict):
     debug_host: str = "127.0.0.1"
     debug_port: int | None = Field(9091, ge=0, le=65535)
     max_grpc_message_bytes: int = Field(64 * 1024 * 1024, ge=4 * 1024 * 1024)
-    # Larger bodies get 413. The default keeps the worst event-loop pause of one body at
-    # the limit (decode, parse, tokenize, hash, lookup, record) under 50 ms on 2 cores even
-    # for the costliest shape, ~100k tiny chat turns (docs/benchmarks/pause.md); a plain
-    # text prompt costs ~2 ms per MiB. Raise it only with that trade in mind.
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    # Larger bodies get 413 (at the headers when Content-Length says so). 32 MiB: vision
+    # requests with base64 images fit (vLLM and the reference EPP set no cap). Work per
+    # body is bounded (images are hashed, not decoded or tokenized; a long conversation is
+    # cut from a window of its head), but decoding still grows with the bytes: one body at
+    # the limit pauses the event loop 50-75 ms on 2 cores for the costliest shapes (one
+    # text turn, ~800k tiny turns, token ids), ~40 ms for an image (docs/reliability.md
+    # "Large bodies", `epp bench pause --skip-live --step-sizes 4,32`).
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
     # Used only when Envoy does not announce its body mode (protocol_config, Envoy < 1.34).
     assumed_body_mode: Literal["FULL_DUPLEX_STREAMED", "BUFFERED"] = "FULL_DUPLEX_STREAMED"
     stream_chunk_bytes: int = Field(62 * 1024, ge=1024, le=62 * 1024)
