@@ -15,6 +15,7 @@ the simulated pod sees it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from array import array
 from dataclasses import dataclass
@@ -262,7 +263,12 @@ def _message_text(content: object, where: str) -> str:
             400, f"{where}.content must be a string or a list of parts.", param="messages"
         )
     texts: list[str] = []
+    media: list[str] = []
     for part in content:
+        placeholder = _media_placeholder(part)
+        if placeholder is not None:
+            media.append(placeholder)
+            continue
         if (
             not isinstance(part, dict)
             or part.get("type") != "text"
@@ -270,10 +276,36 @@ def _message_text(content: object, where: str) -> str:
         ):
             raise ApiError(
                 400,
-                f"{where}.content parts must be {{'type': 'text', 'text': str}}; "
-                "the simulator serves a text-only model.",
+                f"{where}.content parts must be {{'type': 'text', 'text': str}} or media "
+                "({'type': 'image_url', 'image_url': {'url': str}}, audio_url, video_url, "
+                "input_audio).",
                 param="messages",
             )
         texts.append(part["text"])
-    # vLLM joins text parts with newlines when it flattens content for a string template.
-    return "\n".join(texts)
+    # vLLM joins text parts with newlines when it flattens content for a string template,
+    # and puts the media placeholders before the text.
+    return "\n".join([*media, "\n".join(texts)] if texts else media)
+
+
+_MEDIA_URL_PARTS = {"image_url": "image", "audio_url": "audio", "video_url": "video"}
+
+
+def _media_placeholder(part: object) -> str | None:
+    """A media part as the simulated vision model sees it: one placeholder naming its
+    modality and a hash of its data (equal media share cache blocks, different media do
+    not, as vLLM's multimodal hashes make them). A real model expands it to as many tokens
+    as the media needs; the simulator counts the placeholder's few. None: not media."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    value = part.get(kind) if isinstance(kind, str) else None
+    if kind in _MEDIA_URL_PARTS and isinstance(value, dict):
+        data, modality = value.get("url"), _MEDIA_URL_PARTS[kind]
+    elif kind == "input_audio" and isinstance(value, dict):
+        data, modality = value.get("data"), "audio"
+    else:
+        return None
+    if not isinstance(data, str) or not data:
+        return None
+    digest = hashlib.blake2b(data.encode(), digest_size=8).hexdigest()
+    return f"<{modality}:{digest}>"

@@ -194,6 +194,26 @@ async def test_chat_without_stream_returns_a_message(
     assert body["choices"][0]["finish_reason"] == "length"
 
 
+async def test_chat_with_an_image_is_served_as_a_vision_model_would(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    """Media parts become one placeholder each, before the text (vLLM's order), hashed from
+    their data: a base64 image is taken, and costs the placeholder's few tokens."""
+    pod = await start()
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 500_000}}
+    usage = []
+    for content in ([{"type": "text", "text": "what is it?"}, image], "what is it?"):
+        status, body, _ = await post(
+            http,
+            pod,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": content}], "max_tokens": 1},
+        )
+        assert status == 200, body
+        usage.append(body["usage"]["prompt_tokens"])
+    assert 0 < usage[0] - usage[1] < 40
+
+
 async def test_completion_stream_without_usage(
     start: StartPod, http: aiohttp.ClientSession
 ) -> None:
