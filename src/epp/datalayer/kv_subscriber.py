@@ -18,10 +18,14 @@ A `KvEventSubscriber` per followed pod:
   `reconnect_max_s`), the pod's entries are dropped and rebuilt from a full replay (from
   seq 0: whatever the pod's buffer holds). A disconnect drops the entries at once: the
   publisher's process may be gone with its cache.
-- **Publisher restart**: the sequence going back, a restart seen elsewhere (`restarted()`:
-  the store saw the pod's counters go back) or a new start time (`observe_start_time`:
-  the pod's `process_start_time_seconds`, fed from every page by the wiring) drops the
-  pod's entries and resyncs, even without a replay socket; except as follows.
+- **Duplicates**: a live batch whose sequence number was applied lately with the same
+  payload (length and CRC-32 of the last `_RECENT` batches) is a copy (a batch sent
+  twice, or a late one a replay already applied): ignored, not taken for a restart.
+- **Publisher restart**: the sequence going back (with another payload), a restart seen
+  elsewhere (`restarted()`: the store saw the pod's counters go back) or a new start time
+  (`observe_start_time`: the pod's `process_start_time_seconds`, fed from every page by
+  the wiring) drops the pod's entries and resyncs, even without a replay socket; except
+  as follows.
 - **A restart the subscriber already caught up with**: the new process's first page is
   often read after the subscriber has reconnected to it and rebuilt the entries from its
   replay (vLLM serves its page only once the engine is up, 20-70 s after the process
@@ -63,6 +67,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -204,6 +210,8 @@ class KvEventSubscriber:
         self._monitor: zmq.asyncio.Socket | None = None
         self._resync_reason: str | None = None  # a full resync is due
         self._skip_through = -1  # live seqs up to this were applied by a replay
+        # seq -> (length, CRC-32) of the batches applied lately: a copy is not a restart.
+        self._recent: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._start_time: float | None = None
         self._slice_started = 0.0
         # A replay socket that did not answer is not asked again (each ask waits up to
@@ -444,6 +452,9 @@ class KvEventSubscriber:
             return
         self._skip_through = -1
         if expected is not None and seq != expected:
+            if seq < expected and self._recent.get(seq) == _fingerprint(frames[2]):
+                state.duplicates += 1
+                return
             if seq < expected:
                 # The sequence went back: a new publisher (its process restarted).
                 state.restarts += 1
@@ -461,6 +472,11 @@ class KvEventSubscriber:
     async def _apply_payload(self, payload: bytes, seq: int) -> None:
         batch = self.decoder.decode(payload, self.pod)
         self.state.next_seq = seq + 1
+        recent = self._recent
+        recent[seq] = _fingerprint(payload)
+        recent.move_to_end(seq)
+        if len(recent) > _RECENT:
+            recent.popitem(last=False)
         if batch is None:
             # A batch we cannot read is a batch lost: what it changed is unknown.
             self._sink.reset_pod(self.pod)
@@ -577,6 +593,15 @@ class KvEventSubscriber:
             # sends is seq 0 (a later one means batch 0 was lost on the way).
             state.next_seq = start
         return last
+
+
+_RECENT = 64  # batches whose fingerprints are kept to recognise copies
+
+
+def _fingerprint(payload: bytes) -> tuple[int, int]:
+    """A batch's identity for duplicate detection: a restarted publisher's batch of the
+    same sequence number differs (its timestamp, at least)."""
+    return len(payload), zlib.crc32(payload)
 
 
 def format_endpoint(template: str, address: str, model: str | None, name: str) -> str | None:
