@@ -17,9 +17,21 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.pressure",
         "bursts and the thundering herd through the real stack",
     ),
+    "streams": (
+        "epp_bench.picker.streams",
+        "10,000 concurrent streaming generations held through Envoy and the EPP",
+    ),
+    "faults": (
+        "epp_bench.picker.faults",
+        "the fault suite: time to move away and to return, failed requests, index divergence",
+    ),
     "replicas": (
         "epp_bench.picker.replicas",
         "several EPP replicas behind one Envoy: sharing, hit rate, a replica killed",
+    ),
+    "soak": (
+        "epp_bench.soak.cli",
+        "minutes at the measured ceiling: EPP memory, fds, tasks, latency; a 10x burst",
     ),
     "tokenize": (
         "epp_bench.picker.tokenize",
