@@ -30,6 +30,7 @@ from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
 from epp.observability.logs import trace, trace_enabled
 from epp.observability.loop_lag import LoopLagMonitor
 from epp.observability.stale import StaleCacheTracker
+from epp.observability.tasks import register_task_gauge
 from epp.observability.upstream import UpstreamMetrics
 
 if TYPE_CHECKING:
@@ -271,6 +272,8 @@ class EppMetrics:
         self.loop_lag = LoopLagMonitor(r)
         # Exceptions in background work (maintenance loop, queue release passes), survived.
         self.background = BackgroundErrors(r)
+        # Tasks alive on the loop: flat under steady load, or something leaks (epp bench soak).
+        self.asyncio_tasks = register_task_gauge(r)
 
     def set_limits(self, *, max_queue: int, health_threshold: float) -> None:
         """The configured limits the alert rules compare with (deploy/prometheus)."""
