@@ -1,0 +1,1 @@
+"""`epp bench soak`: hours of traffic compressed into minutes at the measured ceiling."""
