@@ -7,11 +7,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo run test typecheck lint format clean deploy-configs image-lock bench bench-virtual bench-overhead bench-live vllm-setup
+.PHONY: setup demo run test typecheck lint format clean deploy-configs image-lock bench bench-virtual bench-overhead bench-live vllm-setup audit
 
+# --upgrade-deps: the interpreter's bundled pip and setuptools are old enough to carry known
+# vulnerabilities (make audit audits this environment too).
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || $(PYTHON) -m venv --upgrade-deps $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$*]'
 	@touch $@
 
@@ -76,6 +78,12 @@ image-lock: $(STAMP)
 	@$(BIN)/uv --version 2>/dev/null | grep -qE '^uv $(UV_VERSION)( |$$)' \
 	    || $(BIN)/python -m pip install --quiet --disable-pip-version-check 'uv==$(UV_VERSION)'
 	$(BIN)/python tools/image_lock.py --uv $(BIN)/uv $(ARGS)
+
+# Known vulnerabilities (pip-audit) in the image's locks and the dev environment: PyPI's
+# data first, else the saved advisories (requirements/advisories.json) with a loud warning.
+# Fails on a found vulnerability, not on an unreachable service (ARGS=--require-live does).
+audit: $(STAMP)
+	$(BIN)/python -m tools.dependency_audit $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
