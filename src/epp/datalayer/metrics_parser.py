@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -168,12 +169,25 @@ def _split_labels(text: str) -> dict[str, str]:
     return labels
 
 
+# Every series read is a count, a ratio, a time or an info gauge's 1: none is negative.
+# A sum of engines' values stops at the largest float instead of becoming infinite.
+_MAX_VALUE = sys.float_info.max
+# Integer labels (block size, blocks, max LoRAs): ASCII digits, at most this many (int()
+# refuses "²", which isdigit() accepts, and strings past 4,300 digits).
+_MAX_DIGITS = 18
+
+
 def _value(text: str) -> float | None:
+    """A sample value: finite and >= 0 (-0 is 0), else None (garbage, read as absent)."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return None if math.isnan(value) or math.isinf(value) else value
+    return value + 0.0 if 0.0 <= value <= _MAX_VALUE else None
+
+
+def _count(text: str) -> int | None:
+    return int(text) if len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit() else None
 
 
 def _names(value: str) -> frozenset[str]:
@@ -274,7 +288,7 @@ class PageReader:
                 if required and any(labels.get(k) != v for k, v in required):
                     continue
                 if kind == _SUM:
-                    sums[field] = sums.get(field, 0.0) + value
+                    sums[field] = min(_MAX_VALUE, sums.get(field, 0.0) + value)
                     counts[field] = counts.get(field, 0) + 1
                     if result.model is None and labels.get("model_name"):
                         result.model = labels["model_name"]
@@ -287,8 +301,7 @@ class PageReader:
                         lora_stamp = value
                         result.running_adapters = _names(labels.get("running_lora_adapters", ""))
                         result.waiting_adapters = _names(labels.get("waiting_lora_adapters", ""))
-                        max_lora = labels.get("max_lora", "")
-                        result.max_loras = int(max_lora) if max_lora.isdigit() else None
+                        result.max_loras = _count(labels.get("max_lora", ""))
                 else:
                     _cache_info(result, labels)
         if not sums and result.block_size is None and lora_stamp == -math.inf:
@@ -317,11 +330,12 @@ class PageReader:
 def _cache_info(result: PodMetrics, labels: dict[str, str]) -> None:
     block_size = next((labels[k] for k in BLOCK_SIZE_LABELS if k in labels), "")
     blocks = next((labels[k] for k in NUM_BLOCKS_LABELS if k in labels), "")
-    if block_size.isdigit():
-        result.block_size = int(block_size)
-    if blocks.isdigit():
+    size, count = _count(block_size), _count(blocks)
+    if size is not None:
+        result.block_size = size
+    if count is not None:
         # Data-parallel engines each hold their own KV blocks.
-        result.num_gpu_blocks = (result.num_gpu_blocks or 0) + int(blocks)
+        result.num_gpu_blocks = (result.num_gpu_blocks or 0) + count
 
 
 # vLLM's names: what `parse_vllm_metrics` reads (benchmarks, the demo, tests).
