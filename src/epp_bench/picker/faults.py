@@ -195,6 +195,7 @@ class DecisionWatch:
     def __init__(self, stack: FaultStack) -> None:
         self.url = stack.epp_url("/metrics")
         self.routed: dict[str, list[float]] = {}  # pod -> times an increase was seen
+        self.counts: dict[str, list[tuple[float, float]]] = {}  # pod -> (time, decisions)
         self._last: dict[str, float] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -218,13 +219,24 @@ class DecisionWatch:
             with self._lock:
                 for pod, count in counts.items():
                     last = self._last.get(pod, 0.0)
-                    if count > last or (count < last and count > 0):
+                    new = count - last if count >= last else count
+                    if new > 0:
                         self.routed.setdefault(pod, []).append(seen)
+                        self.counts.setdefault(pod, []).append((seen, new))
                     self._last[pod] = count
 
     def times(self, pod: str, after: float) -> list[float]:
         with self._lock:
             return [t for t in self.routed.get(pod, []) if t > after]
+
+    def share(self, pod: str, after: float, before: float) -> float:
+        """The pod's share of the decisions seen between two times."""
+        with self._lock:
+            per_pod = {
+                p: sum(n for t, n in seen if after < t <= before) for p, seen in self.counts.items()
+            }
+        total = sum(per_pod.values())
+        return per_pod.get(pod, 0.0) / total if total else 0.0
 
     def others(self, pod: str, after: float) -> int:
         with self._lock:
@@ -345,8 +357,12 @@ def pod_fault(name: str, fault: str, on: dict, off: dict) -> Callable[[Bench], R
         moved_s, moved = b.hold_until_moved_away(FAULTY, t_fault)
         b.stack.sim_fail([FAULTY], off)
         t_repair = time.monotonic()
+        share = b.watch.share(FAULTY, t_fault, t_repair)
         returned_s, returned = b.wait_return(FAULTY, t_repair)
-        return b.finish(Result(name, fault, moved_s, moved, returned_s, returned), t_fault)
+        result = Result(name, fault, moved_s, moved, returned_s, returned)
+        result.note = f"pod-1's share of the decisions during the fault: {share:.0%} (of 4 pods)"
+        result.extra["share"] = share
+        return b.finish(result, t_fault)
 
     return run
 
@@ -400,7 +416,7 @@ def partition(b: Bench) -> Result:
     result = Result("partition", "every pod's /metrics hangs; Envoy still reaches them")
     result.note = (
         f"after 5 failed scrapes each: {excluded:.0f} pods excluded, {len(routed)} of"
-        f" {len(pods)} routed to (those not charged at the onset)"
+        f" {len(pods)} routed to"
     )
     result.extra |= {"pods_routed_after": len(routed), "excluded_after": excluded}
     return b.finish(result, t_fault)
@@ -428,7 +444,10 @@ def epp_kill(b: Bench) -> Result:
     t_repair = time.monotonic()
     result = Result("EPP SIGKILL", "SIGKILL epp serve; restarted on its ports")
     result.returned_s, result.returned = first_routed(b, t_repair)
-    result.note = "returned: first decision after the new EPP is ready; failed: while down"
+    result.note = (
+        f"down {t_repair - t_fault:.1f} s (to the new process ready; Envoy answers 500 meanwhile);"
+        " returned: its first decision"
+    )
     return b.finish(result, t_fault)
 
 
