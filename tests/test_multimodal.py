@@ -14,11 +14,12 @@ from tokenizer_fixtures import tokenizer_dir
 
 from epp.conversation import HashedMedia
 from epp.prefix.blocks import prompt_blocks
-from epp.request import CHAT_PATH, DEFAULT_MAX_PROMPT_TOKENS, parse_request
+from epp.request import CHAT_PATH, DEFAULT_MAX_PROMPT_TOKENS, MESSAGES_PATH, parse_request
 from epp.tokenization import load_tokenizer_dir
 
 MIB = 1024 * 1024
 SYSTEM = "You are a careful assistant who describes pictures for a museum catalogue. " * 80
+QUESTION = "What is in this picture?"
 
 
 def image_part(size: int, seed: int = 1) -> dict:
@@ -122,3 +123,36 @@ def test_a_small_image_part_keeps_its_canonical_stand_in():
         for p in (part, swapped)
     ]
     assert contents[0] == contents[1] and contents[0].startswith("<image:")
+
+
+def anthropic_body(blocks: list[dict]) -> bytes:
+    messages = [{"role": "user", "content": blocks}]
+    return json.dumps(
+        {"model": "m", "system": SYSTEM, "messages": messages, "max_tokens": 8}
+    ).encode()
+
+
+def anthropic_image(size: int, seed: int = 1) -> dict:
+    data = base64.b64encode(random.Random(seed).randbytes(size * 3 // 4)).decode()
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+def test_an_anthropic_image_block_is_not_decoded_into_a_string():
+    body = anthropic_body([{"type": "text", "text": QUESTION}, anthropic_image(5 * MIB)])
+    tracemalloc.start()
+    try:
+        request = parse_request(MESSAGES_PATH, body, {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(body) / 2, f"parsing allocated {peak / MIB:.1f} MiB for a 5 MiB image"
+    system, user = request.prompt.messages
+    assert system.content == SYSTEM
+    assert user.content.startswith("<image:") and user.content.endswith(QUESTION)
+    assert user.parts == ({"type": "text", "text": QUESTION}, {"type": "image"})
+    other = parse_request(
+        MESSAGES_PATH,
+        anthropic_body([{"type": "text", "text": QUESTION}, anthropic_image(5 * MIB, 2)]),
+        {},
+    )
+    assert other.prompt.messages[1].content != user.content

@@ -13,7 +13,8 @@ OpenAI chat turns
   tokens as the media needs), so each stands in as `<image:HASH>` (its JSON's xxh64),
   put before the text as vLLM puts its placeholders: equal media give equal tokens, and
   different media different ones. A large media part (a base64 image) arrives from the
-  parser as a `HashedMedia` (the xxh64 of its JSON as sent), never decoded into a string.
+  parser as a `HashedMedia` (the xxh64 of its JSON as sent), never decoded into a string
+  (so does a large Anthropic image block).
   For templates that iterate over parts the parts are kept: `{"type": "text", "text": ...}`,
   `{"type": "image"}`, ...
 - A system turn's text part that starts with Claude Code's `x-anthropic-billing-header`
@@ -395,6 +396,10 @@ def anthropic_turns(system: object, messages: Sequence[Any]) -> list[ChatMessage
         calls: list[dict[str, Any]] = []
         reasoning: list[str] = []
         for block in content:
+            if isinstance(block, HashedMedia):  # a large image block, not decoded
+                stand_ins.append(block.stand_in)
+                parts.append({"type": block.modality})
+                continue
             if not isinstance(block, dict):
                 raise BadConversation(f"{where}.content blocks must be objects")
             kind = block.get("type")

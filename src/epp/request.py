@@ -185,6 +185,14 @@ _MEDIA_TYPES = frozenset(MEDIA_MODALITY) | {"image", "audio", "video", "document
 _BODY = msgspec.json.Decoder(_Body)
 _PART_TYPE = msgspec.json.Decoder(_PartType)
 _TURN_PARTS = msgspec.json.Decoder(_TurnParts)
+_ANTHROPIC_MEDIA = {"image": "image"}
+
+
+class _TurnRole(msgspec.Struct, gc=False):
+    role: Any = None
+
+
+_TURN_ROLE = msgspec.json.Decoder(_TurnRole)
 # A part's type read from its first bytes when it leads the object (as every SDK writes
 # it): no scan of a multi-megabyte part. The body was validated as JSON already.
 # A list longer than _WINDOWED x its head budget is cut from a window (_windowed_head)
@@ -292,14 +300,15 @@ def _part_type(part: msgspec.Raw) -> object:
         return None  # not an object: decoded in full, and refused there
 
 
-def _content_parts(raws: list[msgspec.Raw]) -> list[Any]:
-    """A turn's content parts: decoded, except large media parts (a base64 image), which
-    become their stand-in's hash without a string being made of them."""
+def _content_parts(raws: list[msgspec.Raw], media: Mapping[str, str] = MEDIA_MODALITY) -> list[Any]:
+    """A turn's content parts: decoded, except large media parts (a base64 image; their
+    types -> modality in `media`), which become their stand-in's hash without a string
+    being made of them."""
     parts: list[Any] = []
     for part in raws:
         if len(part) > _BIG_PART:
             kind = _part_type(part)
-            modality = MEDIA_MODALITY.get(kind) if isinstance(kind, str) else None
+            modality = media.get(kind) if isinstance(kind, str) else None
             if modality is not None:
                 parts.append(HashedMedia(modality, xxhash.xxh64_hexdigest(part)))
                 continue
@@ -457,11 +466,25 @@ def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Pro
     return Prompt(messages=tuple(turns), omitted_tokens=omitted, chat=options)
 
 
+def _anthropic_turn(turn: msgspec.Raw) -> object:
+    """One Anthropic turn as epp.conversation reads it (`role`, `content`); a large turn's
+    image blocks stay undecoded (HashedMedia)."""
+    if len(turn) > _BIG_PART:
+        try:
+            blocks = _TURN_PARTS.decode(turn).content
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            blocks = None  # string content, or not an object: decoded as it is
+        if blocks is not None:
+            role = _TURN_ROLE.decode(turn).role
+            return {"role": role, "content": _content_parts(blocks, _ANTHROPIC_MEDIA)}
+    return _ANY.decode(turn)
+
+
 def _messages_prompt(data: _Body, max_tokens: int, options: ChatOptions) -> Prompt:
     """An Anthropic /v1/messages body as a chat prompt (epp.conversation)."""
     head, omitted = _head_of_list(data.messages, max_tokens, "messages", "a messages request")
     try:
-        messages = _ANY.decode(head)
+        messages = [_anthropic_turn(turn) for turn in _MESSAGE_RAWS.decode(head)]
         system = None if _is_null(data.system) else _ANY.decode(data.system)
         turns = anthropic_turns(system, messages)
     except BadConversation as exc:
