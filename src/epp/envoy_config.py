@@ -44,12 +44,22 @@ UPSTREAM_IDLE_TIMEOUT_S = 120.0
 # A buffered request body must fit in the listener's buffer, or Envoy answers 413.
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
 # Envoy's circuit breakers default to 1,024 connections, pending requests and requests,
-# and 3 retries, per cluster across all workers. Past those, a request fails at once with
-# 503 (upstream_rq_pending_overflow, upstream_rq_retry_overflow) while the EPP and the pods
-# are idle: every request holds one stream to the EPP and one to a pod, so 1,025
-# concurrent chats would already overflow. The limits that belong here are the EPP's
-# admission (flow_control) and the pods' own queues, so Envoy's are lifted to the most a
-# threshold can hold (GIE's standalone chart raises them to 40,000 for the same reason).
+# and 3 retries, per cluster across all workers. Past those, a request fails at once while
+# the EPP and the pods are idle: every streaming generation holds an observer stream to the
+# EPP and a connection to its pod for its whole length, so near 1,024 generations the
+# observer streams fail open silently (the EPP never hears of those ends), then routing
+# streams overflow into 500s and pod requests into 503s (tests/e2e/test_circuit_breakers_e2e.py).
+# They are lifted to the most a threshold holds, not sized for the fleet, because no size
+# derived from the fleet is right: the EPP cluster carries one observer stream per request
+# in flight plus one routing stream per request being routed or waiting in admission
+# (flow_control.max_requests), which depends on client concurrency and generation length,
+# not on pods x max_num_seqs; the pods' threshold is per cluster, not per pod, so it cannot
+# express a pod's concurrency, and the pod count changes under a rendered config (with
+# ORIGINAL_DST it is not even known). An undersized threshold fails requests the pods could
+# serve; the limits that know the pods' room are the EPP's (scheduling.max_queue,
+# flow_control) and the pods' own queues. Envoy's own resources are bounded by its file
+# descriptor limit. Measured: 10,000 concurrent streams through one Envoy with these
+# (docs/benchmarks/streams.md). GIE's standalone chart raises them to 40,000.
 CIRCUIT_BREAKER_MAX = 2**32 - 1
 _TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
