@@ -56,13 +56,17 @@ def test_the_ceiling_is_the_last_rung_before_latency_climbs():
     assert ceiling([_step(10, 0.010, failed=2)]) is None
 
 
-def test_recovery_is_when_the_median_returns_and_stays():
+def test_recovery_is_when_the_median_returns_for_five_seconds():
     steady = 0.010
     points = [(t / 10, 0.200 if t < 35 else 0.011) for t in range(0, 200)]  # back at 3.5 s
-    points += [(5.0 + k / 100, 0.500) for k in range(15)]  # one more bad window at 5 s
+    points += [(5.0 + k / 100, 0.500) for k in range(15)]  # one more bad second at 5 s
+    # Seconds 4 is good but 5 is not: the five good seconds in a row start at 6.
     assert recovery_s(points, 0.0, 20.0, steady) == pytest.approx(6.0)
     assert recovery_s([(t / 10, 0.2) for t in range(100)], 0.0, 10.0, steady) is None
     assert recovery_s([(t / 10, 0.01) for t in range(100)], 0.0, 10.0, steady) == 0.0
+    # A slow second long after recovery is other work, not the burst.
+    late = [(t / 10, 0.3 if 150 <= t < 160 else 0.01) for t in range(200)]
+    assert recovery_s(late, 0.0, 20.0, steady) == 0.0
 
 
 def test_the_sampler_reads_tasks_and_decision_buckets_from_a_page():
@@ -73,6 +77,7 @@ def test_the_sampler_reads_tasks_and_decision_buckets_from_a_page():
         'epp_scoring_latency_us_bucket{le="+Inf"} 5.0\n'
         "epp_scoring_latency_us_count 5.0\nepp_scoring_latency_us_sum 900.0\n"
     )
-    tasks, buckets = parse_page(page)
+    tasks, nodes, buckets = parse_page(page)
     assert tasks == 42
+    assert math.isnan(nodes)  # not on this page
     assert buckets == {100.0: 3.0, math.inf: 5.0}

@@ -151,25 +151,33 @@ def windowed_p50(
     return out
 
 
+# Recovered means back within the steady band for this many consecutive 1-s windows: on a
+# shared machine a single slow second long after the burst is other work, not the burst.
+RECOVERY_HOLD_WINDOWS = 5
+
+
 def recovery_s(
     points: Sequence[tuple[float, float]],
     burst_end_s: float,
     run_end_s: float,
     steady_p50_s: float,
     window_s: float = 1.0,
+    hold_windows: int = RECOVERY_HOLD_WINDOWS,
 ) -> float | None:
     """Seconds from the burst's end until the TTFT median of requests sent in each window
-    is back within CLIMB_FACTOR of the steady median (plus the slack) and stays there to the
-    end of the run; 0 if it never left, None if it never came back."""
+    is back within CLIMB_FACTOR of the steady median (plus the slack) for `hold_windows`
+    windows in a row; 0 if it never left, None if it never came back."""
     limit = CLIMB_FACTOR * steady_p50_s + CLIMB_SLACK_S
     windows = windowed_p50(points, burst_end_s, run_end_s, window_s)
-    recovered_at: float | None = None
+    streak_start: float | None = None
+    streak = 0
     for start, p50 in windows:
         if p50 is not None and p50 <= limit:
-            if recovered_at is None:
-                recovered_at = start
+            if streak_start is None:
+                streak_start = start
+            streak += 1
+            if streak >= hold_windows:
+                return streak_start - burst_end_s
         else:
-            recovered_at = None
-    if recovered_at is None:
-        return None
-    return recovered_at - burst_end_s
+            streak_start, streak = None, 0
+    return None

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from epp_bench.soak.analysis import (
+    RECOVERY_HOLD_WINDOWS,
     Growth,
     Step,
     ceiling,
@@ -37,6 +38,7 @@ from epp_bench.soak.analysis import (
     histogram_quantile,
     recovery_s,
     step_holds,
+    windowed_p50,
 )
 from epp_bench.soak.load import LoadClient, Record
 from epp_bench.soak.sampler import ProcessSampler, Sample
@@ -83,6 +85,9 @@ class SoakResult:
     burst_statuses: dict[str, int] = field(default_factory=dict)
     burst_ttft_p99_ms: float | None = None
     recovery_s: float | None = None
+    # (seconds after the burst, TTFT median of the requests sent in that second)
+    recovery_curve: list[tuple[float, float | None]] = field(default_factory=list)
+    index_nodes: tuple[float, float] = (0.0, 0.0)  # first and last steady sample
     skipped: int = 0
     samples: list[Sample] = field(default_factory=list)
 
@@ -249,6 +254,10 @@ async def run(args: argparse.Namespace, result: SoakResult, stack: LocalStack) -
     ]
     if steady_p50 is not None:
         result.recovery_s = recovery_s(after, burst_end, run_end, steady_p50)
+    result.recovery_curve = [
+        (start - burst_end, p50) for start, p50 in windowed_p50(after, burst_end, run_end, 1.0)
+    ]
+    result.index_nodes = (steady[0].index_nodes, steady[-1].index_nodes)
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -312,6 +321,11 @@ def render(result: SoakResult, args: argparse.Namespace) -> str:
         )
     lines += [
         "",
+        f"The prefix index went from {result.index_nodes[0]:.0f} to"
+        f" {result.index_nodes[1]:.0f} entries (`epp_prefix_tree_nodes`) over the same window:"
+        " it grows until `prefix.capacity_per_pod` (or the pod's reported KV size) bounds it,"
+        " and its entries are part of the RSS.",
+        "",
         "## Latency per minute",
         "",
         "| minute | requests | failed | TTFT p50 | TTFT p99 | decision p50 | decision p99 |",
@@ -338,8 +352,12 @@ def render(result: SoakResult, args: argparse.Namespace) -> str:
         f" ({result.burst_sent_rps:.0f} req/s sent), then {result.ceiling_rps:g} req/s again."
         f" Answers during the burst: {result.burst_statuses}; TTFT p99 during the burst:"
         f" {_fmt_ms(result.burst_ttft_p99_ms)}. Recovery to the steady median TTFT"
-        f" ({_fmt_ms(result.steady_ttft_p50_ms)}, within 1.5x + 5 ms, per 1-s window):"
-        f" {recovery}.",
+        f" ({_fmt_ms(result.steady_ttft_p50_ms)}, within 1.5x + 5 ms, per 1-s window, for"
+        f" {RECOVERY_HOLD_WINDOWS} windows in a row): {recovery}.",
+        "",
+        "TTFT median per second after the burst: "
+        + ", ".join(f"{t:.0f} s {_fmt_ms(_ms(p50))}" for t, p50 in result.recovery_curve[:20])
+        + ".",
         "",
     ]
     if result.skipped:
@@ -371,19 +389,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-in-flight", type=int, default=2000)
+    parser.add_argument(
+        "--index-capacity",
+        type=int,
+        help="the EPP's prefix.capacity_per_pod (small: the index is full within a minute,"
+        " so what still grows is not the index)",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown page here")
     parser.add_argument("--json", type=Path, help="write the results (and every sample) here")
     args = parser.parse_args(argv)
     if args.minutes < 1:
         parser.error("--minutes must be at least 1")
-    command = f"epp bench soak --minutes {args.minutes}" + (
-        f" --rate {args.rate:g}" if args.rate is not None else ""
-    )
+    command = f"epp bench soak --minutes {args.minutes}"
+    if args.rate is not None:
+        command += f" --rate {args.rate:g}"
+    if args.index_capacity is not None:
+        command += f" --index-capacity {args.index_capacity}"
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     result = SoakResult(command=command, commit=commit or "unknown", pods=args.pods)
-    with LocalStack(pods=args.pods, sim_args=SIM_ARGS, log_level="warning") as stack:
+    config = None
+    if args.index_capacity is not None:
+        config = f"prefix: {{capacity_per_pod: {args.index_capacity}}}\n"
+    with LocalStack(
+        pods=args.pods, sim_args=SIM_ARGS, epp_config_yaml=config, log_level="warning"
+    ) as stack:
         asyncio.run(run(args, result, stack))
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(result), indent=1, default=str) + "\n")

@@ -20,6 +20,7 @@ class Sample:
     rss_mb: float
     open_fds: int
     asyncio_tasks: float
+    index_nodes: float  # epp_prefix_tree_nodes: bounded by the index's capacity
     # Cumulative epp_scoring_latency_us buckets: upper bound (us) -> count.
     decision_buckets: dict[float, float] = field(default_factory=dict)
 
@@ -36,18 +37,21 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def parse_page(text: str) -> tuple[float, dict[float, float]]:
-    """(epp_asyncio_tasks, epp_scoring_latency_us cumulative buckets) from a /metrics page."""
-    tasks = float("nan")
+def parse_page(text: str) -> tuple[float, float, dict[float, float]]:
+    """(epp_asyncio_tasks, epp_prefix_tree_nodes, epp_scoring_latency_us cumulative buckets)
+    from a /metrics page."""
+    tasks = nodes = float("nan")
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "epp_asyncio_tasks":
             tasks = family.samples[0].value
+        elif family.name == "epp_prefix_tree_nodes":
+            nodes = family.samples[0].value
         elif family.name == DECISION_HISTOGRAM:
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
                     buckets[float(sample.labels["le"])] = sample.value
-    return tasks, buckets
+    return tasks, nodes, buckets
 
 
 class ProcessSampler:
@@ -61,8 +65,8 @@ class ProcessSampler:
     async def sample(self, session: aiohttp.ClientSession) -> Sample:
         async with session.get(self.metrics_url) as response:
             text = await response.text()
-        tasks, buckets = parse_page(text)
-        sample = Sample(self.clock(), rss_mb(self.pid), open_fds(self.pid), tasks, buckets)
+        tasks, nodes, buckets = parse_page(text)
+        sample = Sample(self.clock(), rss_mb(self.pid), open_fds(self.pid), tasks, nodes, buckets)
         self.samples.append(sample)
         return sample
 
