@@ -280,8 +280,8 @@ class ServerConfig(Strict):
     # body is bounded (images are hashed, not decoded or tokenized; a long conversation is
     # cut from a window of its head), but decoding still grows with the bytes: one body at
     # the limit pauses the event loop 50-75 ms on 2 cores for the costliest shapes (one
-    # text turn, ~800k tiny turns, token ids), ~40 ms for an image (docs/reliability.md
-    # "Large bodies", `epp bench pause --skip-live --step-sizes 4,32`).
+    # text turn, ~800k tiny turns, token ids), ~40 ms for an image, plus ~1 ms/MiB to
+    # re-emit it in FULL_DUPLEX_STREAMED mode (docs/reliability.md "Large bodies").
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
     # Used only when Envoy does not announce its body mode (protocol_config, Envoy < 1.34).
     assumed_body_mode: Literal["FULL_DUPLEX_STREAMED", "BUFFERED"] = "FULL_DUPLEX_STREAMED"
