@@ -62,6 +62,24 @@ vllm-setup:
 	bash tools/vllm_check/setup_venv.sh
 	.bench/vllm-venv/bin/python tools/vllm_check/build_model.py --out .bench/tiny-llama
 
+# Fuzzing (CONTRIBUTING.md "Fuzzing"). `make test` runs tests/fuzz with the fast `ci`
+# profile; `make fuzz` runs it with the `long` one. `make fuzz-atheris` runs each
+# coverage-guided harness (tools/fuzz/) for FUZZ_SECONDS; not part of CI.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := request extproc_machine metrics_parser kv_events peers_protocol watch_decoder
+.PHONY: fuzz fuzz-atheris
+
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest tests/fuzz -q $(ARGS)
+
+fuzz-atheris: $(STAMP)
+	@$(BIN)/python -c 'import atheris' 2>/dev/null \
+	    || $(BIN)/python -m pip install --quiet --disable-pip-version-check atheris
+	@for target in $(FUZZ_TARGETS); do \
+	    echo "== $$target ($(FUZZ_SECONDS) s)"; \
+	    $(BIN)/python tools/fuzz/$$target.py -max_total_time=$(FUZZ_SECONDS) $(ARGS) || exit 1; \
+	done
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
