@@ -4,6 +4,7 @@ vulns/<package>/), for the audit to use when PyPI's vulnerability data cannot be
 
     .venv/bin/python -m tools.dependency_audit.snapshot --git-dir PATH/advisory-database/.git
 
+The database is published under CC-BY 4.0; the saved file names its source and commit.
 Kept: every advisory of every package named in requirements/*.lock or installed in this
 environment, whatever its versions (so a later downgrade is still caught). Refresh it when
 the locks change or the snapshot grows old: the audit prints its date.
