@@ -21,6 +21,6 @@ settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=_SUPPRESSED, print_blob=True
 )
 settings.register_profile(
-    "long", max_examples=20_000, deadline=None, suppress_health_check=_SUPPRESSED, print_blob=True
+    "long", max_examples=2_000, deadline=None, suppress_health_check=_SUPPRESSED, print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
