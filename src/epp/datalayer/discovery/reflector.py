@@ -104,15 +104,25 @@ class WatchError(Exception):
 
 
 def _lines(resp: Response) -> Iterator[bytes]:
-    buffer = b""
+    """The stream's non-blank lines, wherever the network cut it. Linear in the stream:
+    a line's pieces are joined once, when its newline comes (appending each piece to one
+    buffer and splitting it again copied a long line once per piece: 3.7 s for a 3 MiB
+    object arriving in 1 KiB pieces)."""
+    pending: list[bytes] = []
     for chunk in resp.stream(None, decode_content=False):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        first, *lines = chunk.split(b"\n")
+        pending.append(first)
+        lines[:0] = [b"".join(pending)]
+        pending = [lines.pop()]
         for line in lines:
             if line.strip():
                 yield line
-    if buffer.strip():
-        yield buffer
+    rest = b"".join(pending)
+    if rest.strip():
+        yield rest
 
 
 def _abort(resp: object) -> None:
