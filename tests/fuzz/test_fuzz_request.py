@@ -15,6 +15,7 @@ import json
 from fuzz.budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizer_fixtures import tokenizer_dir
 
 from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import chain_seed
@@ -26,6 +27,7 @@ from epp.request import (
     RequestRejected,
     parse_request,
 )
+from epp.tokenization import load_tokenizer_dir
 from epp.tokenize import ByteEstimateTokenizer
 
 PATHS = [COMPLETIONS_PATH, CHAT_PATH, MESSAGES_PATH, "/v1/models", CHAT_PATH + "?x=1"]
@@ -258,3 +260,95 @@ def test_a_chat_cut_by_the_cap_hashes_its_head_as_the_whole(turns, cap):
     # The head keeps at least `cap` pseudo-tokens of turns: its full blocks are the whole's.
     shared = min(len(cut), cap // BLOCK)
     assert cut[:shared] == whole[:shared]
+
+
+# -- mostly valid chats: deep into the conversation code -----------------------------------------
+
+
+def _mostly(draw, valid, garbage=JSON):
+    return draw(valid) if draw(st.integers(0, 7)) else draw(garbage)
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+OPENAI_PARTS = st.sampled_from(
+    [IMAGE, {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]
+) | st.builds(lambda t: {"type": "text", "text": t}, WORDS)
+ANTHROPIC_BLOCKS = (
+    st.builds(lambda t: {"type": "text", "text": t}, WORDS)
+    | st.just(
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+    )
+    | st.builds(lambda i: {"type": "tool_use", "id": i, "name": "f", "input": {"a": 1}}, TEXT)
+    | st.builds(lambda i, c: {"type": "tool_result", "tool_use_id": i, "content": c}, TEXT, WORDS)
+    | st.just({"type": "thinking", "thinking": "hm", "signature": "s"})
+)
+TOOL_CALL = st.builds(
+    lambda i, a: {"id": i, "type": "function", "function": {"name": "f", "arguments": a}},
+    TEXT,
+    st.sampled_from(["{}", '{"a": 1}', "not json", ""]),
+)
+TOOLS = st.lists(
+    st.builds(
+        lambda n: {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}},
+        TEXT,
+    ),
+    max_size=2,
+)
+
+
+@st.composite
+def chat_bodies(draw):
+    """(path, body) of a chat or messages request, valid but for a field or two."""
+    anthropic = draw(st.booleans())
+    turns = []
+    for _ in range(draw(st.integers(1, 5))):
+        if anthropic:
+            role = _mostly(draw, st.sampled_from(["user", "assistant"]))
+            content = _mostly(draw, WORDS | st.lists(ANTHROPIC_BLOCKS, min_size=1, max_size=3))
+            turns.append({"role": role, "content": content})
+            continue
+        role = _mostly(draw, st.sampled_from(["system", "user", "assistant", "tool", "developer"]))
+        turn = {
+            "role": role,
+            "content": _mostly(draw, WORDS | st.lists(OPENAI_PARTS, max_size=3) | st.none()),
+        }
+        if role == "assistant" and draw(st.booleans()):
+            turn["tool_calls"] = _mostly(draw, st.lists(TOOL_CALL, min_size=1, max_size=2))
+        if role == "tool":
+            turn["tool_call_id"] = _mostly(draw, TEXT)
+        turns.append(turn)
+    body = {"model": "m", "messages": turns}
+    if draw(st.booleans()):
+        body["tools"] = _mostly(draw, TOOLS)
+    if anthropic and draw(st.booleans()):
+        body["system"] = _mostly(draw, WORDS | st.lists(ANTHROPIC_BLOCKS, max_size=2))
+    if draw(st.booleans()):
+        body["chat_template_kwargs"] = _mostly(draw, st.dictionaries(TEXT, JSON, max_size=2))
+    if anthropic and draw(st.booleans()):
+        body["thinking"] = _mostly(draw, st.just({"type": "enabled", "budget_tokens": 1024}))
+    path = MESSAGES_PATH if anthropic else CHAT_PATH
+    return path, json.dumps(body).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=examples(200))
+@given(request=chat_bodies())
+def test_mostly_valid_chats_are_parsed_or_rejected_with_a_4xx(request):
+    parse(*request)
+
+
+# -- the real tokenizers' chat templates -------------------------------------------------------
+
+REAL_TOKENIZERS = {name: load_tokenizer_dir(tokenizer_dir(name)) for name in ("chatml", "llama3")}
+
+
+@settings(max_examples=examples(120))
+@given(request=chat_bodies(), name=st.sampled_from(sorted(REAL_TOKENIZERS)))
+def test_a_real_chat_template_renders_or_rejects_with_a_4xx(request, name):
+    path, body = request
+    # A template that refuses a conversation is a TokenizationError, answered 400 as vLLM
+    # answers it (epp.prefix.blocks); any other exception is a defect.
+    try:
+        request = parse_request(path, body, ADAPTERS)
+        prompt_blocks(request.prompt, REAL_TOKENIZERS[name], BLOCK, 7, max_blocks=64)
+    except RequestRejected as exc:
+        assert 400 <= exc.status < 500, (exc.status, exc.message)
