@@ -108,6 +108,8 @@ def test_every_alert_expression_names_only_exported_metrics(names):
         "EppAbsent",
         "EppErrorRateHigh",
         "EppDiscoveryNotSynced",
+        "EppBackgroundErrors",
+        "EppHealthPanic",
     }
 
 
