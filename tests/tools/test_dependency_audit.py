@@ -52,13 +52,16 @@ def test_the_saved_advisories_know_an_old_aiohttp_and_not_the_locked_one():
     assert saved.query("aiohttp", locked) == []
 
 
-def _run_audit(tmp_path: Path, monkeypatch, pin: str, capsys) -> tuple[int, str]:
+def _run_audit(
+    tmp_path: Path, monkeypatch, pin: str, capsys, shipped: bool = True
+) -> tuple[int, str]:
     lock = tmp_path / "image.lock"
     lock.write_text(pin + "\n")
     # --no-deps: the pin alone, nothing resolved or downloaded.
     monkeypatch.setattr(
         audit_main, "TARGETS", {"test lock": ["-r", str(lock), "--no-deps", "--disable-pip"]}
     )
+    monkeypatch.setattr(audit_main, "SHIPPED", frozenset({"test lock"} if shipped else ()))
     code = audit_main.main(["--live-service", "osv"])
     out = capsys.readouterr()
     return code, out.out + out.err
@@ -68,6 +71,12 @@ def test_a_pin_with_a_known_vulnerability_fails_the_audit(tmp_path, monkeypatch,
     code, output = _run_audit(tmp_path, monkeypatch, "aiohttp==3.7.3", capsys)
     assert code == 1, output
     assert "VULNERABLE aiohttp 3.7.3" in output and "PYSEC-2021-76" in output
+
+
+def test_a_vulnerable_tool_that_is_not_shipped_only_warns(tmp_path, monkeypatch, capsys):
+    code, output = _run_audit(tmp_path, monkeypatch, "aiohttp==3.7.3", capsys, shipped=False)
+    assert code == 0, output
+    assert "VULNERABLE aiohttp 3.7.3" in output and "warning only" in output
 
 
 def test_a_clean_pin_passes_and_an_unreachable_service_warns(tmp_path, monkeypatch, capsys):

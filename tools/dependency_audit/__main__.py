@@ -41,6 +41,10 @@ TARGETS: dict[str, list[str]] = {
     "dev environment (.venv)": ["--skip-editable"],
 }
 NOT_AUDITED = "could not be audited"
+# What the image ships: a finding here fails `make audit` (and CI). The dev environment's
+# versions float (no lock: whatever PyPI has when the venv is built), so an advisory
+# published against a test or bench tool is reported loudly but does not block CI.
+SHIPPED = frozenset({"requirements/image.lock", "requirements/image-build.lock"})
 
 
 @dataclass
@@ -143,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in o.skipped:
             if NOT_AUDITED in s:
                 print(f"audit:   not audited: {s}")
-        found |= bool(o.vulns)
+        if o.target in SHIPPED:
+            found |= bool(o.vulns)
+        elif o.vulns:
+            print(f"audit:   (warning only: {o.target} is not shipped; upgrade the tool)")
         if o.error:
             print(f"audit:   {o.error}")
     if unreachable:
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    if any(o.error for o in outcomes):
+    if any(o.error for o in outcomes if o.target in SHIPPED):
         print("audit: FAILED: pip-audit could not audit a target at all", file=sys.stderr)
         return 1
     if unreachable and args.require_live:
