@@ -17,9 +17,7 @@ so; `.ci/run` installs it where it can.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -28,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
+from e2e.prometheus_server import PROMETHEUS, running_prometheus
 from observability.pages import (
     ALERTS,
     alert_rules,
@@ -39,10 +37,9 @@ from observability.pages import (
 from prometheus_client.parser import text_string_to_metric_families
 
 import epp
-from epp_harness.stack import HOST, LocalStack, free_port
+from epp_harness.stack import LocalStack
 
 PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -214,48 +211,8 @@ def prometheus(served, tmp_path_factory) -> Iterator[str]:
         "rule_files": [str(ALERTS)],
         "scrape_configs": [{"job_name": "epp", "static_configs": [{"targets": [target]}]}],
     }
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (work / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address={HOST}:{port}",
-            "--storage.tsdb.retention.time=1h",
-            "--log.level=warn",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
-    )
-    base = f"http://{HOST}:{port}"
-    try:
-        wait_for(
-            lambda: proc.poll() is None and _ready(base),
-            timeout=60,
-            what=f"Prometheus ready (log: {work / 'prometheus.log'})",
-        )
+    with running_prometheus(config, work) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        return http(f"{base}/-/ready", timeout=1)[0] == 200
-    except OSError:
-        return False
 
 
 def query(base: str, expr: str) -> list[dict]:

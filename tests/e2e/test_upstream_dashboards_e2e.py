@@ -31,11 +31,7 @@ as tests/e2e/test_prometheus_e2e.py does.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
 import threading
 import time
 import urllib.error
@@ -47,11 +43,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e.prometheus_server import PROMETHEUS, running_prometheus
 from observability.pages import DOCS, page_series_names, promql_metric_names
 
-from epp_harness.stack import HOST, LocalStack, free_port
+from epp_harness.stack import LocalStack
 
-PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -226,44 +222,8 @@ def prometheus(stack, tmp_path_factory) -> Iterator[str]:
             {"job_name": "vllm", "static_configs": [{"targets": [p.address for p in stack.pods]}]},
         ],
     }
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (work / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address={HOST}:{port}",
-            "--storage.tsdb.retention.time=1h",
-            "--log.level=warn",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
-    )
-    base = f"http://{HOST}:{port}"
-    try:
-        _wait(lambda: proc.poll() is None and _ready(base), 60, "Prometheus ready")
+    with running_prometheus(config, work) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        return http(f"{base}/-/ready")[0] == 200
-    except OSError:
-        return False
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
