@@ -319,14 +319,28 @@ async def test_one_replica_at_two_addresses_is_sent_to_once():
         assert b.received("applied") == 1
 
 
-def test_peer_set_accepts_host_port_and_bracketed_ipv6():
-    from epp.replicas.peers import split_host_port
+async def test_peer_set_accepts_host_port_and_bracketed_ipv6():
+    """Both spellings pass the config validator and are split into the right host and port;
+    a bracketed IPv6 peer is then resolved (the real resolver, no test table) and dialled
+    over ::1, and a decision crosses it."""
+    specs = ["epp-peers.ns.svc:9010", "[::1]:9010", "10.0.0.7:9010"]
+    assert config(replicas={"peers": specs}).replicas.peers == specs
+    peer_set = Replica("rs", specs, Names()).sync.peers
+    assert isinstance(peer_set, PeerSet)
+    assert peer_set.specs == [("epp-peers.ns.svc", 9010), ("::1", 9010), ("10.0.0.7", 9010)]
+    for bad in ["no-port", "host:", ":9010", "host:port", "host:0", "host:65536", "[::1]"]:
+        with pytest.raises(ValueError, match="a peer must be host:port"):
+            config(replicas={"peers": [bad]})
 
-    assert split_host_port("epp-peers.ns.svc:9003") == ("epp-peers.ns.svc", 9003)
-    assert split_host_port("[::1]:9003") == ("::1", 9003)
-    with pytest.raises(ValueError):
-        config(replicas={"peers": ["no-port"]})
-    assert isinstance(PeerSet, type)
+    b = Replica("rb", [], Names(), listen_host="::1")
+    async with running(b):
+        a = Replica("ra", [f"[::1]:{b.port}"], peers_module.resolve)
+        async with running(a):
+            assert await a.sync.peers.resolve_all() == {("::1", b.port)}
+            start_links(a)
+            await until(lambda: a.sample("epp_replica_peers_connected") == 1, what="a dialled ::1")
+            a.route("over ipv6")
+            await until(lambda: b.received("applied") == 1, what="b received over ::1")
 
 
 async def test_a_restarted_replica_that_connects_gets_the_history_without_waiting_a_backoff(
