@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from epp import envoy_config
 from epp.app import EppService, build_parser, config_from_args
 from epp.config import EppConfig
+from epp.datalayer.discovery.file import EndpointsFileWatcher
 from epp.datalayer.kubernetes_resources import (
     INFERENCE_MODEL,
     INFERENCE_POOL,
@@ -292,8 +293,14 @@ async def test_the_endpoints_file_is_watched(tmp_path: Path) -> None:
             "  - {name: z, address: '127.0.0.1:11'}\n"
         )
         await until(lambda: names(svc) == {"y", "z"}, "the file reloaded")
+        watcher = svc.discovery
+        assert isinstance(watcher, EndpointsFileWatcher)
+        errors_before = watcher.errors
         file.write_text("endpoints: [not a mapping")  # a bad edit keeps the last good list
-        await asyncio.sleep(0.2)
+        # First the positive signal that the bad edit was read (and rejected), then the
+        # check that nothing changed: a watcher that never read it cannot pass.
+        await until(lambda: watcher.errors > errors_before, "the bad edit read and rejected")
+        assert watcher.last_error is not None
         assert names(svc) == {"y", "z"}
     finally:
         await svc.stop(grace_s=0.1)

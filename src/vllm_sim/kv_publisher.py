@@ -91,6 +91,9 @@ class KvEventPublisher:
         self.replay_port: int | None = None
         self.fault: KvEventsFault | None = None  # what happens to each batch sent (tests)
         self._held: tuple[bytes, bytes] | None = None  # a batch `reorder` sends late
+        # Batches handed to the PUB socket (read-only, for tests: a "nothing reached the
+        # index" check first waits until the batch has actually left the publisher).
+        self.sent = 0
 
     @property
     def next_seq(self) -> int:
@@ -170,6 +173,7 @@ class KvEventPublisher:
         while True:
             seq, payload = await self._outbox.get()
             await pub.send_multipart((self._topic_frame, seq, payload))
+            self.sent += 1
 
     async def _replay_loop(self) -> None:
         router = self._replay

@@ -87,6 +87,17 @@ async def serve(pod: RunningPod, ids: list[int], model: str = MODEL) -> None:
         assert response.status == 200, await response.text()
 
 
+async def serve_and_see_it_sent(pod: RunningPod, ids: list[int]) -> None:
+    """Serve a request and wait until the pod's publisher has put its batches on the
+    wire: the positive signal a "nothing of it reached the index" check waits for."""
+    publisher = pod.kv_publisher
+    assert publisher is not None
+    before = publisher.next_seq
+    await serve(pod, ids)
+    assert publisher.next_seq > before, "the request published no KV events"
+    await until(lambda: publisher.sent >= publisher.next_seq - publisher.config.first_seq)
+
+
 def engine_view(pod: RunningPod) -> set[int]:
     return set(pod.pod.engine._pool._copies)
 
@@ -172,8 +183,9 @@ async def test_a_new_model_or_endpoint_replaces_the_subscriber_and_nothing_old_s
         await until(lambda: first is not None and first.state.connected is False)
         await serve(pods[1], ids_of(2))
         await until(lambda: rig.holds("pod-0", ids_of(2)) == 10)
-        await serve(pods[0], ids_of(3))  # the old publisher: nothing of it reaches the index
-        await asyncio.sleep(0.3)
+        # The old publisher: its batches leave it, and nothing of them reaches the index.
+        await serve_and_see_it_sent(pods[0], ids_of(3))
+        await asyncio.sleep(0.1)  # what a still-connected subscriber would need to read it
         assert rig.holds("pod-0", ids_of(3)) == 0
         assert set(rig.index.engine_blocks("pod-0")) == engine_view(pods[1])
         # A new model: a new subscriber, whose chains start from the new name.
@@ -212,8 +224,8 @@ async def test_a_reset_drops_entries_and_resyncs_and_removal_leaves_nothing(
         assert rig.mode.subscriber("pod-0") is None
         assert rig.index.blocks("pod-0") == 0 and "pod-0" not in rig.index.pods()
         await until(lambda: not sub.state.connected)
-        await serve(pods[0], ids_of(2))
-        await asyncio.sleep(0.3)
+        await serve_and_see_it_sent(pods[0], ids_of(2))  # its batches leave the pod...
+        await asyncio.sleep(0.1)  # ...and a still-connected subscriber would read them
         assert "pod-0" not in rig.index.pods() and not rig.mode.precise.is_attached("pod-0")
     finally:
         await rig.mode.close()
@@ -289,7 +301,10 @@ async def test_a_reset_of_a_precise_pod_is_its_subscribers_to_decide_an_approxim
         assert rig.holds("pod-0", ids_of(1)) == 10  # kept by both listeners
         assert (sub.state.restarts, sub.state.restart_drops_skipped) == (1, 1)
         assert rig.mode.stats.counts["restart_drops_skipped"] == 1
-        await asyncio.sleep(0.3)
+        # Positive signal first: the subscriber reads a later batch (so a resync it had
+        # decided on would have run), then nothing of the kept entries changed.
+        await serve(pods[0], ids_of(5))
+        await until(lambda: rig.holds("pod-0", ids_of(5)) == 10)
         assert sub.state.resyncs == resyncs and rig.holds("pod-0", ids_of(1)) == 10
 
         # A process started after the resync: the entries may be the old one's.

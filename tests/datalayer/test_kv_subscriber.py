@@ -322,7 +322,11 @@ async def test_a_start_time_read_after_the_resync_from_the_restarted_publisher_k
             assert rig.sub.state.restarts == 1 and rig.sub.state.restart_drops_skipped == 1
             assert rig.stats.counts["publisher_restarts"] == 1
             assert rig.stats.counts["restart_drops_skipped"] == 1
-            await asyncio.sleep(0.3)
+            # Positive signal first: a later batch read (a replay it had decided on would
+            # have run before it), then no replay again.
+            later = ids_of(3)
+            await serve(new, later)
+            await until(lambda: rig.holds(later) == 10)
             assert rig.sub.state.resyncs == resyncs  # no replay again
             assert rig.holds(fresh) == 10 and rig.holds(stale) == 0
             assert set(rig.index.engine_blocks("pod-0")) == rig.engine_view()
@@ -474,7 +478,8 @@ async def test_auto_mode_stays_approximate_until_a_publisher_answers_then_falls_
     )
     await sub.start()
     try:
-        await asyncio.sleep(0.3)
+        # Positive signal first: ZMQ has retried the connection (nobody listens), twice.
+        await until(lambda: sub.state.connect_retries >= 2)
         assert not sub.state.attached and not index.is_precise("pod-0")
         pod = await pod_with_events(port, replay_port)
         try:

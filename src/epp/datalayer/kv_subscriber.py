@@ -96,7 +96,7 @@ log = structlog.get_logger("epp.kv_subscriber")
 
 Mode = Literal["auto", "precise"]
 
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
 class KvEventSink(Protocol):
@@ -157,6 +157,9 @@ class SubscriberState:
     resyncs: int = 0  # full resyncs (drop + replay from 0)
     replay_failures: int = 0  # replays that timed out, broke, or did not cover the gap
     disconnects: int = 0
+    # Connection attempts ZMQ retried (nothing listening): read-only, the positive signal
+    # that the subscriber is trying while no publisher answers.
+    connect_retries: int = 0
     errors: int = 0  # unexpected errors in a cycle (logged)
     last_message_at: float | None = None
     connected_at: float | None = None
@@ -390,6 +393,8 @@ class KvEventSubscriber:
                 state.next_seq = None
                 self._skip_through = -1
                 log.info("kv_events_disconnected", pod=self.pod, endpoint=self.endpoint)
+            elif event == zmq.EVENT_CONNECT_RETRIED:
+                state.connect_retries += 1
 
     async def _timers(self) -> None:
         state = self.state
