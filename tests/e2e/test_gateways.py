@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from e2e.harness import chat_body, http, rig
+from e2e.harness import chat_body, http, rig, wait_for
 
 from epp.envoy_config import render
 from epp_harness.stack import free_ports
@@ -51,12 +51,59 @@ def test_original_dst_with_a_fallback_list_is_503_which_is_why_the_default_is_0(
         assert status == 503, body
 
 
+def with_access_log(config: str, path) -> str:
+    """The rendered config plus a JSON access log of what Envoy received from the EPP (the
+    destination list, header and envoy.lb metadata) and the host that answered."""
+    tree = yaml.safe_load(config)
+    hcm = tree["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    hcm["typed_config"]["access_log"] = [
+        {
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": str(path),
+                "log_format": {
+                    "json_format": {
+                        "header": "%REQ(x-gateway-destination-endpoint)%",
+                        "metadata": "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%",
+                        "upstream": "%UPSTREAM_HOST%",
+                        "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+                        "status": "%RESPONSE_CODE%",
+                        "path": "%REQ(:PATH)%",
+                    }
+                },
+            },
+        }
+    ]
+    return yaml.safe_dump(tree)
+
+
+def chat_lines(path) -> list[dict]:
+    """The access-log lines of chat requests (Envoy's readiness probes left out)."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [line for line in lines if line["path"] == "/v1/chat/completions"]
+
+
+def access_lines(path, count: int) -> list[dict]:
+    """The first `count` chat lines, waiting for Envoy to flush them."""
+    wait_for(lambda: len(chat_lines(path)) >= count, what=f"{count} access-log lines")
+    return chat_lines(path)[:count]
+
+
 def test_override_host_walks_the_fallback_list_when_the_primary_is_gone(tmp_path):
-    """A crashed primary: Envoy moves on to the next address of the EPP's list."""
+    """A crashed primary: Envoy moves on to the next address of the EPP's list. Checked on
+    what Envoy received (a list of primary + 2 fallbacks) and on who answered: the first
+    fallback of that list, on the second attempt, not a host Envoy's own fallback policy
+    chose (which would also answer 200 if the EPP sent the primary alone)."""
+    access = tmp_path / "access.jsonl"
     with rig(tmp_path) as r:
         r.start_pods(3)
         r.start_epp({"scheduling": {"fallbacks": 2}})
-        r.start_envoy(*envoy_for(r))
+        config, listen = envoy_for(r)
+        r.start_envoy(with_access_log(config, access), listen)
+        by_address = {address: f"pod-{i}" for i, address in enumerate(r.pods)}
         body = chat_body("fallbacks")
         _, headers, _ = http(f"{r.envoy_url}/v1/chat/completions", body)
         home = headers["x-sim-pod"]
@@ -64,6 +111,21 @@ def test_override_host_walks_the_fallback_list_when_the_primary_is_gone(tmp_path
         served = [http(f"{r.envoy_url}/v1/chat/completions", body) for _ in range(3)]
         assert [s for s, _, _ in served] == [200, 200, 200]
         assert home not in {h["x-sim-pod"] for _, h, _ in served}
+
+        lines = access_lines(access, 4)
+        walked = 0
+        for line, (_, answer, _) in zip(lines[1:], served, strict=True):
+            sent = line["metadata"] if line["metadata"] not in (None, "-") else line["header"]
+            listed = sent.split(",")
+            assert len(listed) == 3, f"the EPP sent {sent!r}, not primary + 2 fallbacks"
+            assert len(set(listed)) == 3 and set(listed) == set(r.pods)
+            if by_address[listed[0]] != home:
+                continue  # the EPP already knew the pod was gone: no fallback to walk
+            walked += 1
+            assert line["upstream"] == listed[1], (line, listed)
+            assert answer["x-sim-pod"] == by_address[listed[1]]
+            assert int(line["attempts"]) == 2
+        assert walked >= 1, f"no request named the dead {home} first: {lines}"
 
 
 def test_hung_pod_fails_over_within_the_idle_timeout_and_the_epp_counts_it(tmp_path):
