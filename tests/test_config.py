@@ -3,8 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+import yaml
+from pydantic import BaseModel, ValidationError
 
+import epp.app
 from epp.config import EppConfig, load_config, load_endpoints_file
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -15,11 +17,67 @@ def test_example_config_loads_and_documents_the_defaults():
     assert example.endpoints_file == DEPLOY / "endpoints.example.yaml"  # resolved, watched
     pods = load_endpoints_file(example.endpoints_file)
     assert [e.name for e in pods] == ["pod-0", "pod-1", "pod-2"]
+    assert example.endpoints == [] and example.log_level == "info"
     assert pods[0].resolved_metrics_url() == "http://127.0.0.1:8001/metrics"
     defaults = EppConfig()
     sections = ("scheduling", "prefix", "datalayer", "server", "flow_control", "discovery")
-    for section in (*sections, "replicas"):
+    for section in (*sections, "replicas", "kv_events", "tokenizers", "adapters"):
         assert getattr(example, section) == getattr(defaults, section), section
+
+
+def setting_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every setting of a config model as a dotted key; nested models are walked, and any
+    other field (dicts, lists, optional models such as server.tls) is one setting."""
+    keys = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys |= setting_keys(annotation, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def yaml_keys(data: dict, model: type[BaseModel], prefix: str = "") -> set[str]:
+    """The example's dotted keys, descending only where the model has a nested section (a
+    dict-valued setting such as scheduling.weights is one key)."""
+    keys = set()
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        annotation = field.annotation if field is not None else None
+        nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        if nested and isinstance(value, dict):
+            keys |= yaml_keys(value, annotation, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def test_example_config_lists_every_setting():
+    """README: deploy/epp.example.yaml lists every setting. Values are checked above; here
+    the key sets, so a setting added to the model and not to the example fails."""
+    documented = yaml_keys(yaml.safe_load((DEPLOY / "epp.example.yaml").read_text()), EppConfig)
+    settings = setting_keys(EppConfig)
+    missing, extra = sorted(settings - documented), sorted(documented - settings)
+    assert not missing and not extra, f"missing from the example: {missing}; extra: {extra}"
+
+
+def test_the_key_walk_sees_nested_sections_and_stops_at_leaves():
+    keys = setting_keys(EppConfig)
+    assert {"scheduling.balance.enabled", "scheduling.prefill_estimate.per_token_s"} <= keys
+    assert {"scheduling.weights", "server.tls", "tokenizers", "endpoints"} <= keys
+    assert "scheduling" not in keys and "kv_events.mode" in keys
+
+
+def test_epp_serve_refuses_an_unknown_scorer_in_one_line(tmp_path, capsys):
+    (tmp_path / "epp.yaml").write_text(
+        "scheduling:\n  weights: {cache: 0.9, lattency: 0.1}\n"
+        "endpoints: [{name: a, address: '127.0.0.1:9'}]\n"
+    )
+    assert epp.app.main(["--config", str(tmp_path / "epp.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "lattency" in err and "known: adapter, cache, cost, health, load, prefill, queue" in err
 
 
 @pytest.mark.parametrize(

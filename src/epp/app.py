@@ -741,6 +741,8 @@ def config_from_args(args: argparse.Namespace, upstream: UpstreamArgs | None = N
     config = load_config(path, overrides)
     if config.endpoints_file is not None:
         load_endpoints_file(config.endpoints_file)  # a bad file fails now, with its path
+    # `epp serve` has the built-in scorers only: a misspelled weight fails here, in one line.
+    ScorerRegistry().check(config.scheduling)
     return config
 
 

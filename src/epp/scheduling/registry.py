@@ -47,14 +47,19 @@ class ScorerRegistry:
     def names(self) -> list[str]:
         return sorted(self._factories)
 
-    def build(self, config: SchedulingConfig) -> list[tuple[Scorer, float]]:
-        """(scorer, weight) pairs for every weight in the config; weight-0 scorers skipped."""
+    def check(self, config: SchedulingConfig) -> None:
+        """ValueError, one line naming the unknown names and the known ones, when a weight
+        names no registered scorer (a typo would otherwise fail only when the profile is built)."""
         unknown = sorted(set(config.weights) - set(self._factories))
         if unknown:
             raise ValueError(
                 f"unknown scorer(s) in scheduling.weights: {', '.join(unknown)}; "
-                f"registered: {', '.join(self.names)}"
+                f"known: {', '.join(self.names)}"
             )
+
+    def build(self, config: SchedulingConfig) -> list[tuple[Scorer, float]]:
+        """(scorer, weight) pairs for every weight in the config; weight-0 scorers skipped."""
+        self.check(config)
         pairs = []
         for name, weight in config.weights.items():
             if weight > 0:
