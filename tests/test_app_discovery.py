@@ -207,6 +207,7 @@ def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
         return err.code, json.loads(err.read() or b"{}")
 
 
+@pytest.mark.e2e  # starts a real Envoy
 async def test_a_model_rewrite_renames_the_model_envoy_forwards(
     standin: KubeStandIn, pods: int, service: EppService, tmp_path: Path
 ) -> None:

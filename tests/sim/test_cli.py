@@ -105,6 +105,7 @@ def test_help_documents_the_failure_switches(capsys: pytest.CaptureFixture[str])
         assert needle in text
 
 
+@pytest.mark.e2e  # starts the simulator as a process
 def test_announces_kv_event_endpoints() -> None:
     proc = subprocess.Popen(
         [
@@ -130,6 +131,7 @@ def test_announces_kv_event_endpoints() -> None:
             proc.wait()
 
 
+@pytest.mark.e2e  # starts the simulator as a process
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serves_until_signalled(signum: signal.Signals) -> None:
     proc = subprocess.Popen(

@@ -1,0 +1,75 @@
+"""Suite-wide check that the `e2e` marker means what the README says: a test that starts
+a server process (Envoy, Prometheus, `epp serve` / `vllm serve`, a simulated pod, vLLM) is
+marked `e2e`, so `-m 'not e2e'` runs none. One-shot tool runs (promtool, `envoy --mode
+validate`, openssl, the Go chart renderer, `python -c ...`) are not servers and need no
+mark. Every child process is started through `subprocess.Popen` (asyncio's subprocesses
+too), so watching its constructor sees them all; a test not marked `e2e` that starts a
+server fails with the command line it ran."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from typing import Any
+
+import pytest
+
+_SERVER_PROGRAMS = {"envoy", "prometheus", "vllm_sim", "vllm-sim"}
+_SERVER_MODULES = ("vllm_sim", "vllm.entrypoints")
+_ONE_SHOT_FLAGS = {"--mode", "--version", "--help", "-h"}  # envoy --mode validate, ...
+
+_started: list[str] = []  # server command lines started since the current test's setup
+
+
+def is_server(args: Any) -> bool:
+    """True if the command line starts a long-running server process."""
+    if isinstance(args, str | bytes | os.PathLike):
+        argv = shlex.split(os.fsdecode(args))
+    else:
+        argv = [os.fsdecode(a) for a in args]
+    if not argv or _ONE_SHOT_FLAGS.intersection(argv):
+        return False
+    if os.path.basename(argv[0]) in _SERVER_PROGRAMS or "serve" in argv:
+        return True
+    if "-m" in argv[:-1]:
+        module = argv[argv.index("-m") + 1]
+        return module.startswith(_SERVER_MODULES)
+    return False
+
+
+_original_init = subprocess.Popen.__init__
+
+
+def _watched_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+    if is_server(args):
+        _started.append(args if isinstance(args, str) else shlex.join(map(os.fsdecode, args)))
+    _original_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _watched_init  # type: ignore[method-assign]
+
+
+def _check(item: pytest.Item) -> None:
+    if _started and item.get_closest_marker("e2e") is None:
+        started, _started[:] = list(_started), []
+        pytest.fail(
+            f"{item.nodeid} starts a server process but is not marked e2e "
+            f"(`pytestmark = pytest.mark.e2e`): {started[0]}",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _started.clear()  # before this test's fixtures start anything
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    _check(item)  # what its fixtures started
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _check(item)  # what the test itself started
