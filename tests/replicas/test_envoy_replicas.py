@@ -4,15 +4,18 @@ the single-EPP output left as it was."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from e2e.harness import chat_body, http, rig, wait_for
 
 from epp.envoy_config import EppTls, render
 from epp.envoy_config import main as envoy_config_main
+from epp_harness.stack import HOST, free_ports
 
 PODS = ["127.0.0.1:8001", "127.0.0.1:8002"]
 
@@ -34,7 +37,7 @@ def envoy() -> str:
     return found
 
 
-def test_several_replicas_are_health_checked_ejected_at_once_and_retried_elsewhere():
+def test_the_replicas_cluster_renders_health_checks_outlier_ejection_and_retries():
     text = render(
         mode="epp", listen_port=1, admin_port=2, pods=PODS,
         epp_addresses=["127.0.0.1:9002", "127.0.0.1:9012"],
@@ -102,3 +105,59 @@ def test_envoy_accepts_the_replicas_config(addresses, tmp_path, capsys):
         [envoy(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+
+
+def epp_host_flags(admin_url: str) -> dict[str, str]:
+    """Envoy's view of the EPP cluster: replica address -> its health flags."""
+    _, _, page = http(f"{admin_url}/clusters", timeout=5)
+    flags = {}
+    for line in page.decode().splitlines():
+        parts = line.split("::")
+        if len(parts) == 4 and parts[0] == "epp" and parts[2] == "health_flags":
+            flags[parts[1]] = parts[3]
+    return flags
+
+
+@pytest.mark.e2e
+def test_several_replicas_are_health_checked_ejected_at_once_and_retried_elsewhere(tmp_path):
+    """Two real `epp serve` replicas behind a real Envoy rendered with two --epp-address:
+    both serve; one is killed; the requests right after the kill are retried on the other
+    (none fails), Envoy marks the dead one unhealthy (its admin /clusters flags), and every
+    request after that is routed by the survivor."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with rig(tmp_path / "a") as a, rig(tmp_path / "b") as b:
+        a.start_pods(2)
+        a.start_epp()
+        b.pods = a.pods
+        b.start_epp()
+        replicas = [f"{HOST}:{a.epp_grpc_port}", f"{HOST}:{b.epp_grpc_port}"]
+        listen, admin = free_ports(2)
+        config = render(
+            mode="epp", listen_port=listen, admin_port=admin, pods=a.pods,
+            epp_addresses=replicas,
+        )  # fmt: skip
+        a.start_envoy(config, listen)
+        admin_url = f"http://{HOST}:{admin}"
+        wait_for(
+            lambda: epp_host_flags(admin_url) == dict.fromkeys(replicas, "healthy"),
+            what="both replicas healthy in Envoy",
+        )
+
+        def send(count: int, tag: str) -> list[int]:
+            body = lambda i: chat_body(f"{tag} {i}")  # noqa: E731
+            return [http(f"{a.envoy_url}/v1/chat/completions", body(i))[0] for i in range(count)]
+
+        assert send(30, "before") == [200] * 30
+        assert a.epp_routed() > 0 and b.epp_routed() > 0  # least request used both
+        routed_by_a = a.epp_routed()
+
+        b.epp.signal(signal.SIGKILL)
+        assert send(10, "at the kill") == [200] * 10  # retried on the survivor
+        wait_for(
+            lambda: "failed" in epp_host_flags(admin_url).get(replicas[1], ""),
+            what="the killed replica marked unhealthy",
+        )
+        assert epp_host_flags(admin_url)[replicas[0]] == "healthy"
+        assert send(30, "after") == [200] * 30
+        assert a.epp_routed() == routed_by_a + 10 + 30  # the survivor routed every one
