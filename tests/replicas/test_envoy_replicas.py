@@ -1,5 +1,6 @@
 """`epp envoy-config --epp-address ...`: the ext_proc cluster for several EPP replicas, and
-the single-EPP output left as it was."""
+the single-EPP output left as it was; and (e2e) a real Envoy on that config losing one of two
+real `epp serve` replicas."""
 
 from __future__ import annotations
 
