@@ -65,11 +65,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _started.clear()  # before this test's fixtures start anything
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    _check(item)  # what its fixtures started
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    result = yield
+    _check(item)  # what its fixtures and the test started
+    return result
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    _check(item)  # what the test itself started
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    result = yield  # the fixtures are torn down first, whatever this finds
+    _check(item)
+    return result

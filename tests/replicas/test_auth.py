@@ -198,6 +198,7 @@ def test_the_config_takes_the_path_and_never_reads_or_holds_the_secret(tmp_path)
     assert SECRET not in repr(EppConfig.model_validate({"replicas": {"secret_file": path}}))
 
 
+@pytest.mark.e2e  # starts `epp serve` as a process
 def test_epp_serve_refuses_to_start_with_a_bad_secret_file(tmp_path):
     secret = secret_file(tmp_path, "too-short\n")
     config = tmp_path / "epp.yaml"
