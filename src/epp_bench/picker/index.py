@@ -177,7 +177,8 @@ class DictEngineMap(EngineMap):
         return found
 
     def pop_oldest(self, n: int, used: object = None) -> list[EngineKeys]:
-        return [self._table.pop(h) for h in list(islice(self._table, n))]  # oldest: as before
+        # The benchmark's dict baseline evicts in insertion order and ignores `used`.
+        return [self._table.pop(h) for h in list(islice(self._table, n))]
 
     def nbytes(self) -> int:
         return sys.getsizeof(self._table)
