@@ -116,8 +116,19 @@ def start_generations(r, count: int) -> tuple[threading.Thread, list]:
     thread.start()
     # All routed (every routing stream done) before the EPP is hit.
     wait_for(lambda: r.epp_routed() >= before + count, what="routing")
-    time.sleep(0.2)  # the destination replies reach Envoy
+    # ... and every generation running on a pod: Envoy has acted on each destination.
+    wait_for(lambda: pods_in_flight(r) >= count, what="generations in flight on the pods")
     return thread, results
+
+
+def pods_in_flight(r) -> float:
+    """Requests the pods report running or waiting (their own vLLM metrics pages)."""
+    total = 0.0
+    for address in r.pods:
+        for line in http(f"http://{address}/metrics", timeout=5)[2].decode().splitlines():
+            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def test_sigterm_drains_while_in_flight_generations_complete(tmp_path):

@@ -142,8 +142,8 @@ def test_hung_pod_fails_over_within_the_idle_timeout_and_the_epp_counts_it(tmp_p
             )
             assert status == 200 and headers["x-sim-pod"] == "pod-1"
             assert time.monotonic() - started < 10  # not the 600 s request timeout
-        time.sleep(0.3)
-        assert r.epp_metric("epp_fallback_served_total") >= 1
+        # The observer stream reports the serving pod after the answer: wait for it.
+        wait_for(lambda: r.epp_metric("epp_fallback_served_total") >= 1, what="fallback counted")
 
 
 def test_hung_pod_behind_original_dst_answers_504_within_the_idle_timeout(tmp_path):

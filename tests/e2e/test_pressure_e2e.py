@@ -139,13 +139,33 @@ def test_a_request_waiting_in_admission_outlives_envoys_message_timeout(tmp_path
             threading.Thread(target=send, args=(f"hold{i}", f"hold {i} " * 10, 80))
             for i in range(2)
         ]
-        for thread in holders:
+        # Each holder in flight on the pod before the next request: the pod is full when
+        # the waiter arrives, whatever the machine's speed.
+        for count, thread in enumerate(holders, start=1):
             thread.start()
-            time.sleep(0.3)
-        time.sleep(0.3)
+            _wait_until(lambda n=count: _pod_in_flight(stack) >= n, f"{count} holders on the pod")
         send("waiter", "waiter " * 10, 2)
         for thread in holders:
             thread.join()
     status, waited = results["waiter"]
     assert status == 200
     assert waited > 5.5  # it really waited past the message timeout
+
+
+def _pod_in_flight(stack: LocalStack) -> float:
+    """Requests the pods report running or waiting on their own vLLM metrics pages."""
+    total = 0.0
+    for pod in stack.pods:
+        with urllib.request.urlopen(pod.metrics_url, timeout=5) as response:
+            page = response.read().decode()
+        for line in page.splitlines():
+            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
