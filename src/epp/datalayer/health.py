@@ -31,6 +31,11 @@
   routed to, as Envoy does below its healthy_panic_threshold.
 A pod that was never scraped successfully has no health evidence: 0.5, routable but
 behind any pod known to be good.
+
+This module is the only writer of the health fields of an Endpoint (the ownership table
+is in datalayer/endpoint.py): the failures charged and waiting to be charged, the 5xx
+average, `health`, `down`, `unhealthy`, `excluded`, `panic` and `gauges_valid`. The store
+decides when (a page, a failure, a response, the clock) and calls the functions below.
 """
 
 from __future__ import annotations
@@ -69,6 +74,51 @@ def with_errors(base: float, endpoint: Endpoint, now: float, config: DataLayerCo
     """Health: the scraping health scaled down by the decayed 5xx rate."""
     errors = decayed_error_rate(endpoint, now, config)
     return max(0.0, min(1.0, base * (1.0 - errors)))
+
+
+def failure_seen(endpoint: Endpoint, now: float, max_unconfirmed: int) -> None:
+    """A scrape failed at `now`: it waits to be charged until another pod's page is fetched
+    after it. More than `max_unconfirmed` waiting could not lower health further."""
+    if len(endpoint.unconfirmed_failures) < max_unconfirmed:
+        endpoint.unconfirmed_failures.append(now)
+
+
+def page_fetched(endpoint: Endpoint) -> None:
+    """A good page: the pod's failures, charged or waiting, are forgiven."""
+    endpoint.charged_failures = 0
+    endpoint.unconfirmed_failures.clear()
+
+
+def response_seen(endpoint: Endpoint, status: int, now: float, config: DataLayerConfig) -> None:
+    """A response with `status` came back from the pod: fold it into the decaying 5xx
+    average (every 5xx counts, see above)."""
+    failed = 1.0 if status >= 500 else 0.0
+    current = decayed_error_rate(endpoint, now, config)
+    endpoint.error_rate = current + config.error_rate_alpha * (failed - current)
+    endpoint.error_at = now
+
+
+def assess(
+    endpoint: Endpoint, now: float, config: DataLayerConfig, reached_at: float, threshold: float
+) -> bool:
+    """Re-derive the pod's health, `down`, `unhealthy` and `gauges_valid` at `now`;
+    `reached_at` is the latest fetch of any pod's page. Returns whether `down` or
+    `unhealthy` changed: the floor of the pod's model (`apply_floor`) must then be
+    re-applied, which needs the model's other pods and so is the store's call."""
+    unconfirmed = endpoint.unconfirmed_failures
+    while unconfirmed and unconfirmed[0] <= reached_at:
+        unconfirmed.popleft()  # another pod answered after it: this failure is the pod's
+        endpoint.charged_failures += 1
+    base = base_health(endpoint, now, config, reached_at)
+    endpoint.health = with_errors(base, endpoint, now, config)
+    was = (endpoint.down, endpoint.unhealthy)
+    endpoint.down = base < threshold
+    update_exclusion(endpoint, threshold, config.readmit_health)
+    valid = endpoint.metrics is not None and not is_stale(endpoint, now, config)
+    if valid != endpoint.gauges_valid:
+        endpoint.gauges_valid = valid
+        endpoint.refresh()
+    return was != (endpoint.down, endpoint.unhealthy)
 
 
 def update_exclusion(endpoint: Endpoint, threshold: float, readmit: float) -> None:

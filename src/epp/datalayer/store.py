@@ -13,11 +13,11 @@ from epp.config import DataLayerConfig, EndpointConfig, EppConfig
 from epp.datalayer.endpoint import Dispatch, Endpoint
 from epp.datalayer.health import (
     apply_floor,
-    base_health,
-    decayed_error_rate,
+    assess,
+    failure_seen,
     is_stale,
-    update_exclusion,
-    with_errors,
+    page_fetched,
+    response_seen,
 )
 from epp.datalayer.metrics_parser import PodMetrics
 
@@ -164,26 +164,10 @@ class EndpointStore:
         return self._staleness_counts
 
     def _set_health(self, endpoint: Endpoint, now: float) -> None:
-        unconfirmed = endpoint.unconfirmed_failures
-        while unconfirmed and unconfirmed[0] <= self._reached_at:
-            unconfirmed.popleft()  # another pod answered after it: this failure is the pod's
-            endpoint.charged_failures += 1
-        base = base_health(endpoint, now, self._config, self._reached_at)
-        endpoint.health = with_errors(base, endpoint, now, self._config)
-        was = (endpoint.down, endpoint.unhealthy)
-        endpoint.down = base < self._threshold
-        update_exclusion(endpoint, self._threshold, self._config.readmit_health)
+        changed = assess(endpoint, now, self._config, self._reached_at, self._threshold)
         grouped = self._grouped
-        if (
-            was != (endpoint.down, endpoint.unhealthy)
-            or endpoint.name not in grouped
-            or grouped[endpoint.name] != endpoint.model
-        ):
+        if changed or endpoint.name not in grouped or grouped[endpoint.name] != endpoint.model:
             self._regroup(endpoint)
-        valid = endpoint.metrics is not None and not is_stale(endpoint, now, self._config)
-        if valid != endpoint.gauges_valid:
-            endpoint.gauges_valid = valid
-            endpoint.refresh()
 
     def _regroup(self, endpoint: Endpoint) -> None:
         """Re-apply the floor of the pod's model (and of the model it had before); the pod
@@ -233,8 +217,7 @@ class EndpointStore:
         endpoint.metrics_at = now
         self._reached_at = now
         endpoint.consecutive_failures = 0
-        endpoint.charged_failures = 0
-        endpoint.unconfirmed_failures.clear()
+        page_fetched(endpoint)
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
@@ -331,9 +314,7 @@ class EndpointStore:
     def scrape_failed(self, endpoint: Endpoint, error: str) -> None:
         now = self._clock()
         endpoint.consecutive_failures += 1
-        unconfirmed = endpoint.unconfirmed_failures
-        if len(unconfirmed) < self._max_unconfirmed:  # more could not lower health further
-            unconfirmed.append(now)
+        failure_seen(endpoint, now, self._max_unconfirmed)
         endpoint.last_error = error
         self._set_health(endpoint, now)
         self._emit("updated", endpoint)
@@ -412,10 +393,7 @@ class EndpointStore:
         if status is None:
             return
         now = self._clock()
-        failed = 1.0 if status >= 500 else 0.0
-        current = decayed_error_rate(endpoint, now, self._config)
-        endpoint.error_rate = current + self._config.error_rate_alpha * (failed - current)
-        endpoint.error_at = now
+        response_seen(endpoint, status, now, self._config)
         self._set_health(endpoint, now)
 
 
