@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from epp.addresses import AddressError, parse_host_port
+
 # The five-factor score the EPP was first specified with (no `prefill`). With these weights
 # a cache-hot pod at 80% load scores 0.64 on cache + load against 0.20 for an idle cold
 # one, each queued request costs 0.05 (at max_queue 20), and a pod of health 0.29 is
@@ -315,7 +317,7 @@ class ServerConfig(Strict):
 
 class EndpointConfig(Strict):
     name: str = Field(min_length=1)
-    address: str = Field(description="ip:port Envoy connects to")
+    address: str = Field(description="ip:port Envoy connects to ([fd00::1]:8000 for IPv6)")
     metrics_url: str | None = None
     model: str | None = Field(None, description="base model served; learned from metrics if unset")
     labels: dict[str, str] = Field(default_factory=dict)
@@ -323,9 +325,10 @@ class EndpointConfig(Strict):
     @field_validator("address")
     @classmethod
     def _ip_port(cls, address: str) -> str:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"address must be ip:port, got {address!r}")
+        try:
+            parse_host_port(address)
+        except AddressError as exc:
+            raise ValueError(f"address must be host:port ({exc})") from None
         return address
 
     def resolved_metrics_url(self) -> str:
@@ -446,9 +449,10 @@ class ReplicasConfig(Strict):
     @classmethod
     def _host_port(cls, peers: list[str]) -> list[str]:
         for peer in peers:
-            host, sep, port = peer.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"a peer must be host:port, got {peer!r}")
+            try:
+                parse_host_port(peer)
+            except AddressError as exc:
+                raise ValueError(f"a peer must be host:port ({exc})") from None
         return peers
 
 

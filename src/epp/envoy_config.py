@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import yaml
 
+from epp.addresses import AddressError, format_host_port, is_ip_address, parse_host_port
+
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 ROUTE_TOKEN_HEADER = "x-epp-route-token"
 REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"
@@ -83,11 +85,14 @@ def _circuit_breakers() -> dict[str, Any]:
     }
 
 
+def _lb_endpoints(addresses: Sequence[str]) -> list[dict[str, Any]]:
+    """`host:port` strings as Envoy endpoints (an IPv6 host without its brackets)."""
+    parsed = [parse_host_port(address) for address in addresses]
+    return [{"endpoint": {"address": _socket(a.host, a.port)}} for a in parsed]
+
+
 def _static_cluster(name: str, addresses: Sequence[str], lb_policy: str, http2: bool) -> dict:
-    endpoints = []
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        endpoints.append({"endpoint": {"address": _socket(host, int(port))}})
+    endpoints = _lb_endpoints(addresses)
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC",
@@ -184,19 +189,8 @@ def _epp_replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
       observer streams made no measurable difference to the split, so there is one.
     A name among `addresses` (a Kubernetes headless Service) makes the cluster STRICT_DNS:
     every address it resolves to is a replica."""
-    named = False
-    for address in addresses:
-        host = address.rpartition(":")[0]
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            named = True
-    cluster = _static_cluster("epp", [], "LEAST_REQUEST", True)
-    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        endpoints.append({"endpoint": {"address": _socket(host.strip("[]"), int(port))}})
-    if named:
+    cluster = _static_cluster("epp", addresses, "LEAST_REQUEST", True)
+    if not all(is_ip_address(parse_host_port(address).host) for address in addresses):
         cluster["type"] = "STRICT_DNS"
         cluster["dns_refresh_rate"] = "5s"
         cluster["respect_dns_ttl"] = True
@@ -467,7 +461,9 @@ def render(
         if replicas:
             clusters.append(_epp_replicas_cluster(epp_addresses))
         else:
-            clusters.append(_static_cluster("epp", [f"{epp_host}:{epp_port}"], "ROUND_ROBIN", True))
+            assert epp_port is not None  # checked above
+            epp = format_host_port(epp_host, epp_port)
+            clusters.append(_static_cluster("epp", [epp], "ROUND_ROBIN", True))
         if epp_tls is not None:
             clusters[-1]["transport_socket"] = _epp_transport_socket(epp_tls)
         elif not epp_plaintext:
@@ -551,6 +547,15 @@ def render(
     return yaml.safe_dump(bootstrap, sort_keys=False)
 
 
+def _address_arg(text: str) -> str:
+    """A `host:port` flag, refused by argparse with the parser's one-line reason."""
+    try:
+        parse_host_port(text)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="epp envoy-config", description=__doc__)
     parser.add_argument("--mode", choices=["epp", "round_robin", "least_request"], default="epp")
@@ -559,7 +564,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epp-port", type=int, default=9002)
     parser.add_argument("--epp-host", default="127.0.0.1")
     parser.add_argument("--host", default="127.0.0.1", help="address Envoy listens on")
-    parser.add_argument("--pod", action="append", default=[], help="ip:port (baselines)")
+    parser.add_argument(
+        "--pod", action="append", default=[], type=_address_arg, help="ip:port (baselines)"
+    )
     parser.add_argument(
         "--body-mode", choices=["FULL_DUPLEX_STREAMED", "BUFFERED"], default="FULL_DUPLEX_STREAMED"
     )
@@ -601,6 +608,7 @@ def main(argv: list[str]) -> int:
         "--epp-address",
         action="append",
         default=[],
+        type=_address_arg,
         metavar="HOST:PORT",
         help="an EPP replica (repeat for several; a DNS name stands for every address it "
         "resolves to, e.g. a headless Service): health-checked, least request, retried on "

@@ -78,6 +78,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from epp.addresses import split_host_port, url_host
 from epp.prefix.kv_events import (
     REPLAY_END_SEQ,
     DecodeLimits,
@@ -615,22 +616,16 @@ def format_endpoint(template: str, address: str, model: str | None, name: str) -
     if model is None and "{model}" in template:
         return None
     host, port = split_address(address)
-    if ":" in host and "[{host}]" not in template:
-        host = f"[{host}]"  # an IPv6 address in a URL: tcp://[fd00::1]:5557
+    if "[{host}]" not in template:
+        host = url_host(host)  # an IPv6 address in a URL: tcp://[fd00::1]:5557
     return template.format(host=host, port=port, model=model or "", name=name)
 
 
 def split_address(address: str) -> tuple[str, str]:
-    """(host, port) of `ip:port`; an IPv6 host without its brackets (`[fd00::1]:8000`, as
-    discovery writes it, gives `fd00::1`). An address with no port is all host."""
-    if address.startswith("["):
-        host, sep, rest = address[1:].partition("]")
-        if sep:
-            return host, rest[1:] if rest.startswith(":") else ""
-    if address.count(":") > 1:  # a bare IPv6 address: no port can be told from it
-        return address, ""
-    host, sep, port = address.rpartition(":")
-    return (host, port) if sep else (address, "")
+    """(host, port) of the pod's `ip:port` for a template: an IPv6 host without its
+    brackets, and "" for the port of an address that has none (epp.addresses)."""
+    host, port = split_host_port(address)
+    return host, "" if port is None else str(port)
 
 
 def topic_prefix(template: str, address: str, model: str | None, name: str) -> str:

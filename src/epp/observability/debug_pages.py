@@ -21,6 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
+from epp.addresses import unbracket
+
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 
@@ -106,6 +108,6 @@ def debug_routes(
 
 def is_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(unbracket(host)).is_loopback
     except ValueError:
         return host == "localhost"

@@ -29,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import epp
+from epp.addresses import AddressError, parse_host_port
 from epp.datalayer.endpoint import Endpoint
 from epp.observability.labels import BoundedLabel
 
@@ -374,7 +375,7 @@ class UpstreamMetrics:
         target = labels.target_model_name if labels is not None else ""
         pair = self._attempts.get((target, endpoint.name, endpoint.address))
         if pair is None:
-            port = endpoint.address.rpartition(":")[2]
+            port = port_label(endpoint.address)
             attempt = ("success", target, endpoint.name, self.namespace, port)
             pair = self._attempts[(target, endpoint.name, endpoint.address)] = (
                 self.attempts_old.labels(*attempt),
@@ -656,3 +657,12 @@ class _ScrapeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return self._upstream.collect()
+
+
+def port_label(address: str) -> str:
+    """The `port` label of an endpoint's `host:port` ("" if it has none: a label must not
+    fail a request)."""
+    try:
+        return str(parse_host_port(address).port)
+    except AddressError:
+        return ""

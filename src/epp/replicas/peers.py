@@ -42,6 +42,7 @@ from typing import Literal
 import msgspec
 import structlog
 
+from epp.addresses import parse_host_port
 from epp.observability.replica_metrics import ReplicaMetrics
 from epp.replicas.auth import PeerAuth, new_nonce
 from epp.replicas.protocol import (
@@ -90,11 +91,6 @@ async def resolve(host: str, port: int) -> list[Address]:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return sorted({(str(info[4][0]), int(info[4][1])) for info in infos})
-
-
-def split_host_port(peer: str) -> Address:
-    host, _, port = peer.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:
@@ -315,7 +311,7 @@ class PeerSet:
         resolver: Resolver = resolve,
         auth: PeerAuth | None = None,
     ) -> None:
-        self.specs = [split_host_port(p) for p in peers]
+        self.specs = [(a.host, a.port) for a in map(parse_host_port, peers)]
         self.hello = hello
         self.hello_frame = encode(hello)
         self.auth = auth  # None: no secret, peers are not authenticated

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epp.addresses import format_host_port, is_ip_address
 from epp.config import EndpointConfig
 
 MAX_TARGET_PORTS = 8
@@ -61,7 +62,7 @@ class MetricsLocation:
     path: str = "/metrics"
 
     def url(self, ip: str, target_port: int) -> str:
-        return f"{self.scheme}://{_address(ip, self.port or target_port)}{self.path}"
+        return f"{self.scheme}://{format_host_port(ip, self.port or target_port)}{self.path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +237,14 @@ def standalone_pool(name: str, selector: str, target_ports: Iterable[int]) -> Po
 
 
 def pod_serves(pod: Obj) -> bool:
-    """Ready=True, not terminating, and has an IP."""
+    """Ready=True, not terminating, and has an IP address (anything else in `podIP` would
+    make an endpoint no one can dial, and an address the config refuses)."""
     metadata = _mapping(pod.get("metadata"))
     if metadata.get("deletionTimestamp"):
         return False
     status = _mapping(pod.get("status"))
-    if not status.get("podIP"):
+    pod_ip = status.get("podIP")
+    if not isinstance(pod_ip, str) or not is_ip_address(pod_ip):
         return False
     for condition in status.get("conditions") or ():
         condition = _mapping(condition)
@@ -253,10 +256,6 @@ def pod_serves(pod: Obj) -> bool:
 def pod_labels(pod: Obj) -> dict[str, str]:
     labels = _mapping(_mapping(pod.get("metadata")).get("labels"))
     return {str(k): str(v) for k, v in labels.items()}
-
-
-def _address(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def endpoints_for_pool(
@@ -282,7 +281,7 @@ def endpoints_for_pool(
             continue
         ip = str(_mapping(pod.get("status")).get("podIP"))
         for rank, port in enumerate(pool.target_ports):
-            address = _address(ip, port)
+            address = format_host_port(ip, port)
             if address in taken:
                 continue
             taken.add(address)
