@@ -3,7 +3,10 @@ own count of what it sent there.
 
 The data layer owns these objects and updates them in place (scrapes, dispatches,
 completions); the scheduler reads them synchronously within one decision. All of it runs
-on the event loop's thread, so a decision never sees a half-applied update.
+on the event loop's thread, so a decision never sees a half-applied update. Each field has
+one writing module, named in `FIELD_OWNERS` below (the table and the reasons are in
+`Endpoint`'s docstring; tests/test_ownership.py enforces it); everybody else reads, and
+scheduling reads through `EndpointView`.
 
 Load between scrapes. Metrics lag by up to a scrape interval, and every request of a burst
 would see the same snapshot (the field's herding bug). So each dispatch is reserved at
@@ -30,7 +33,10 @@ counts only until then (or `peer_ttl_s` of the store while no page comes).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, Protocol
 
 from epp.datalayer.metrics_parser import PodMetrics
 
@@ -46,6 +52,44 @@ class Dispatch:
 
 @dataclass(slots=True, eq=False)
 class Endpoint:
+    """Who writes which field. One module per field; all others read. A module that needs
+    a field changed calls its owner (the store's methods below), never assigns it.
+
+    ============================  =====================  ===================================
+    fields                        owner                  why
+    ============================  =====================  ===================================
+    name, address, metrics_url,   datalayer/store.py     discovery says what the pod is;
+    labels, configured_model,     (`sync`)               `sync` is the one place a pod is
+    configured_slots                                     created, updated and removed
+    metrics, metrics_at,          datalayer/store.py     what the pod's pages say, and what
+    consecutive_failures,         (`scraped`,            is learned from a pool's pages
+    last_error, progress_at,      `scrape_failed`;       (slots, frozen gauges, adapters);
+    gauges_frozen, learned_slots, datalayer/scraper.py   the scraper fetches and parses,
+    pool_slots, adapters_seen,    fetches the pages)     the store applies
+    seen_through
+    open, dispatched_total,       datalayer/store.py     one ledger of what was sent where:
+    in_flight, in_flight_tokens,  (`dispatched`,         a reservation is released by its
+    dispatched_tokens, peer       `completed`,           completion, by a page that shows
+                                  `peer_dispatched`,     it over, or by its TTL, and all
+                                  and a page or the      three must agree on one `open`.
+                                  TTL releasing)         Callers: the router's accounting
+                                                         (reservations, completions),
+                                                         replicas/inbox.py (peers' ones)
+    charged_failures,             datalayer/health.py    the health model (see there):
+    unconfirmed_failures,                                its inputs beyond the page and its
+    error_rate, error_at,                                verdicts, which routing obeys; the
+    health, down, unhealthy,                             store says when, health.py how
+    excluded, panic, gauges_valid
+    model, concurrency,           datalayer/endpoint.py  derived from the fields above by
+    queue_depth, kv_usage, load,  (`refresh`)            `refresh()`, which each owner calls
+    adapters, max_loras                                  after changing one of its inputs
+    ============================  =====================  ===================================
+
+    Scorers, filters and pickers only read (`EndpointView`); a scorer that needs per-pod
+    state of its own keeps it itself (scheduling/types.py, PodStateScorer). Constructing
+    an Endpoint sets every field, so only the store constructs them.
+    """
+
     name: str
     address: str  # ip:port, as Envoy dials it
     metrics_url: str
@@ -156,3 +200,108 @@ class Endpoint:
 
     def has_adapter(self, adapter: str) -> bool:
         return adapter in self.adapters
+
+
+STORE: Final = "epp.datalayer.store"
+HEALTH: Final = "epp.datalayer.health"
+DERIVED: Final = "epp.datalayer.endpoint"
+
+# field -> the one module that assigns it (the table in Endpoint's docstring says why).
+FIELD_OWNERS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # Discovery.
+        "name": STORE,
+        "address": STORE,
+        "metrics_url": STORE,
+        "labels": STORE,
+        "configured_model": STORE,
+        "configured_slots": STORE,
+        # Pages, and what is learned from them.
+        "metrics": STORE,
+        "metrics_at": STORE,
+        "consecutive_failures": STORE,
+        "last_error": STORE,
+        "progress_at": STORE,
+        "gauges_frozen": STORE,
+        "learned_slots": STORE,
+        "pool_slots": STORE,
+        "adapters_seen": STORE,
+        "seen_through": STORE,
+        # The ledger of what was sent where.
+        "open": STORE,
+        "dispatched_total": STORE,
+        "in_flight": STORE,
+        "in_flight_tokens": STORE,
+        "dispatched_tokens": STORE,
+        "peer": STORE,
+        # The health model.
+        "charged_failures": HEALTH,
+        "unconfirmed_failures": HEALTH,
+        "error_rate": HEALTH,
+        "error_at": HEALTH,
+        "health": HEALTH,
+        "down": HEALTH,
+        "unhealthy": HEALTH,
+        "excluded": HEALTH,
+        "panic": HEALTH,
+        "gauges_valid": HEALTH,
+        # Derived by refresh().
+        "model": DERIVED,
+        "concurrency": DERIVED,
+        "queue_depth": DERIVED,
+        "kv_usage": DERIVED,
+        "load": DERIVED,
+        "adapters": DERIVED,
+        "max_loras": DERIVED,
+    }
+)
+
+
+class EndpointView(Protocol):
+    """An Endpoint as scheduling may see it: read-only, and only what filters, scorers and
+    the scheduler read. An Endpoint is one (checked by mypy below); a scorer that needs
+    another field adds it here, read-only."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def configured_slots(self) -> int | None: ...
+    @property
+    def slots(self) -> int | None: ...
+    @property
+    def concurrency(self) -> float: ...
+    @property
+    def queue_depth(self) -> float: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def load(self) -> float: ...
+    @property
+    def adapters(self) -> frozenset[str]: ...
+    @property
+    def max_loras(self) -> int | None: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def open(self) -> Mapping[int, Dispatch]: ...
+    @property
+    def dispatched_tokens(self) -> int: ...
+    @property
+    def health(self) -> float: ...
+    @property
+    def excluded(self) -> bool: ...
+    @property
+    def panic(self) -> bool: ...
+    def has_adapter(self, adapter: str) -> bool: ...
+
+
+if TYPE_CHECKING:
+
+    def _an_endpoint_is_a_view(endpoint: Endpoint) -> EndpointView:
+        return endpoint
