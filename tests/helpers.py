@@ -57,7 +57,7 @@ def router_with(
     from epp.prefix.index import PrefixIndex
     from epp.routing import Router
     from epp.scheduling.scheduler import Scheduler
-    from epp.tokenize import ByteEstimateTokenizer
+    from epp.tokenization.estimate import ByteEstimateTokenizer
 
     cfg = config(**sections)
     store = EndpointStore.for_config(cfg) if clock is None else EndpointStore.for_config(cfg, clock)

@@ -264,7 +264,7 @@ def test_everything_accepted_can_be_encoded_downstream():
     from epp.observability.metrics import EppMetrics
     from epp.prefix.blocks import prompt_blocks
     from epp.prefix.hashing import chain_seed
-    from epp.tokenize import ByteEstimateTokenizer
+    from epp.tokenization.estimate import ByteEstimateTokenizer
 
     pieces = ['"\\ud800"', '"\\udfff"', '"\\ud83d\\ude00"', '"\\u0000"', '"\xc3\xa9"', '"x"']
     pieces += ["NaN", "1e999", "9" * 400, "-1", "true", "null", "[]", "{}", '[1, "a"]']
@@ -318,7 +318,7 @@ def test_a_token_id_tail_that_is_not_numbers_is_a_400(tail):
 
 def test_a_huge_conversation_keeps_its_first_turns_and_estimates_the_rest():
     from epp.prefix.blocks import prompt_blocks
-    from epp.tokenize import ByteEstimateTokenizer
+    from epp.tokenization.estimate import ByteEstimateTokenizer
 
     turns = [{"role": "user", "content": f"turn {i} " + "x" * 50} for i in range(20_000)]
     raw = json.dumps({"model": "m", "messages": turns}).encode()

@@ -18,7 +18,7 @@ from epp.request import parse_request
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 
 
 def router() -> tuple[Router, TokenizerRegistry]:

@@ -69,7 +69,8 @@ from epp.scheduling.scheduler import Scheduler
 from epp.tls import TlsError
 from epp.tokenization import TokenizerRegistry
 from epp.tokenization.engine import EngineTokenizer
-from epp.tokenize import ByteEstimateTokenizer, Tokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import Tokenizer
 from epp.upstream_flags import FlagError, UpstreamArgs, read_config_source, translate
 
 log = structlog.get_logger("epp.app")

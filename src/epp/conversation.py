@@ -56,7 +56,7 @@ from typing import Any
 
 import xxhash
 
-from epp.tokenize import ChatMessage
+from epp.tokenization.protocol import ChatMessage
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _TEXT_KEYS = {

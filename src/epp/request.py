@@ -32,7 +32,8 @@ from epp.conversation import (
     openai_tools,
     openai_turn,
 )
-from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ChatMessage, ChatOptions
+from epp.tokenization.estimate import BYTES_PER_PSEUDO_TOKEN
+from epp.tokenization.protocol import ChatMessage, ChatOptions
 
 # Routing hashes at most prefix.max_blocks_per_request (8,192) blocks of 16 tokens: the
 # parser keeps that much of a prompt by default (see Prompt).

@@ -1,8 +1,8 @@
 """The simulated model's tokenizer and chat template.
 
 The simulated pod keys its KV blocks by token ids, so it needs a tokenizer; this one is
-deliberately not the router's (`epp.tokenize`, 4 UTF-8 bytes per pseudo-token, a chat
-rendered as `<|role|>` text tags). A router in front of these pods, like one in front of
+deliberately not the router's (`epp.tokenization.estimate`, 4 UTF-8 bytes per
+pseudo-token, a chat rendered as `<|role|>` text tags). A router in front of these pods, like one in front of
 real vLLM pods, cannot reproduce the engine's token ids by construction: an approximate
 router must be consistent with itself, and a precise one must read the ids from the
 pod's KV events. It works like a real pre-tokenizer plus a fixed vocabulary:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from live_bench_fixtures import BENCH, FAST_SIM
 
-from epp.tokenize import ChatMessage
+from epp.tokenization.protocol import ChatMessage
 from epp_bench.live import cpu as live_cpu
 from epp_bench.live.bench_dir import BenchDir
 from epp_bench.live.client import DEADLINE_ERROR, ClientLimits, run_open_loop

@@ -13,7 +13,7 @@ import structlog
 from epp.config import EppConfig
 from epp.prefix.hashing import block_hashes as epp_block_hashes
 from epp.prefix.hashing import chain_seed
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp_bench.virtual.baselines import ConsistentHash
 from epp_bench.virtual.prepare import distinct_prefix_blocks, prepare, size_kv_for_fraction
 from epp_bench.virtual.runner import ROUTERS, make_router, run_virtual

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ByteEstimateTokenizer
+from epp.tokenization.estimate import BYTES_PER_PSEUDO_TOKEN, ByteEstimateTokenizer
 from epp_bench.workloads import catalog as workloads
 from epp_bench.workloads.types import BenchRequest
 

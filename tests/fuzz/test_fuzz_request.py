@@ -28,7 +28,7 @@ from epp.request import (
     parse_request,
 )
 from epp.tokenization import load_tokenizer_dir
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 
 PATHS = [COMPLETIONS_PATH, CHAT_PATH, MESSAGES_PATH, "/v1/models", CHAT_PATH + "?x=1"]
 BLOCK = 16

@@ -12,7 +12,8 @@ from epp.prefix.blocks import PromptBlocks, encode_head, prompt_blocks
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request import Prompt
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage, Encoded, encode_head_by_slicing
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import ChatMessage, Encoded, encode_head_by_slicing
 
 TOK = ByteEstimateTokenizer()
 SEED = chain_seed("m")

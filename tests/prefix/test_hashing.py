@@ -5,7 +5,8 @@ from array import array
 import pytest
 
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import ChatMessage
 
 
 def ids(n: int, start: int = 0) -> array:

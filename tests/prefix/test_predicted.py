@@ -17,7 +17,7 @@ from epp.prefix.kv_events import KvEventStats
 from epp.prefix.precise import PreciseIndex
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 
 A = [BlockHash(1), BlockHash(2), BlockHash(3)]
 B = [BlockHash(1), BlockHash(2), BlockHash(4)]

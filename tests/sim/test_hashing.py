@@ -11,7 +11,7 @@ import pytest
 
 from epp.prefix.hashing import block_hashes as router_block_hashes
 from epp.prefix.hashing import chain_seed
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from vllm_sim.hashing import (
     NONE_HASH,
     BlockHash,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp_bench.workloads import catalog
 from vllm_sim.tokenizer import (
     BEGIN_OF_TEXT,

@@ -10,7 +10,7 @@ from tokenizer_fixtures import tokenizer_dir
 
 from epp.tokenization import HfTokenizer, PrefixTokenCache, load_tokenizer_dir
 from epp.tokenization.cache import ENTRY_OVERHEAD_BYTES
-from epp.tokenize import ChatMessage, ChatOptions
+from epp.tokenization.protocol import ChatMessage, ChatOptions
 
 WORDS = ["the", "router", "cache", "prefix", " ", "  ", "\n", "\n\n", "é", "中文", "😀", "42",
          "12345", "!", "?", "<|", "|>", "<|eot", "im_start", "\t", "don't", "x" * 40, "   \n "]  # fmt: skip

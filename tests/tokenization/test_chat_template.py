@@ -11,7 +11,7 @@ from tokenizer_fixtures import FIXTURES, tokenizer_dir
 from epp.prefix.blocks import prompt_blocks
 from epp.request import RequestRejected, parse_request
 from epp.tokenization import ChatTemplate, HfTokenizer, load_tokenizer_dir
-from epp.tokenize import ChatMessage, ChatOptions, TokenizationError
+from epp.tokenization.protocol import ChatMessage, ChatOptions, TokenizationError
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
 CHAT = "/v1/chat/completions"

@@ -29,7 +29,7 @@ from epp.request import RequestRejected, parse_request
 from epp.routing import Router
 from epp.tokenization import TokenizerRegistry, load_tokenizer_dir
 from epp.tokenization.engine import EngineTokenizer
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from vllm_sim.engine import EngineConfig
 from vllm_sim.server import RunningPod, SimPodConfig, start_pod
 

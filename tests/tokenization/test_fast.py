@@ -48,7 +48,7 @@ def test_fast_path_on_a_whole_rendered_chat_with_cache_boundaries() -> None:
     fast = load_tokenizer_dir(tokenizer_dir("llama3"))
     slow = load_tokenizer_dir(tokenizer_dir("llama3"), cache_bytes=0, fast_path=False)
     rng = random.Random(2)
-    from epp.tokenize import ChatMessage
+    from epp.tokenization.protocol import ChatMessage
 
     for _ in range(60):
         messages = [ChatMessage("system", random_text(rng, 200))]

@@ -8,7 +8,8 @@ from tokenizer_fixtures import FIXTURES
 
 from epp.config import EppConfig, load_config
 from epp.tokenization import HfTokenizer, TokenizerRegistry
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage, ChatOptions
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import ChatMessage, ChatOptions
 
 
 def test_configured_models_get_their_tokenizer_and_others_the_byte_estimate(tmp_path) -> None:

@@ -19,7 +19,7 @@ with atheris.instrument_imports():
         RequestRejected,
         parse_request,
     )
-    from epp.tokenize import ByteEstimateTokenizer
+    from epp.tokenization.estimate import ByteEstimateTokenizer
 
 from harness import run
 

@@ -1,7 +1,7 @@
 """Mutation score per module from a finished `mutmut run` (`make mutate` prints it).
 
 Reads mutmut's per-file results under `mutants/` and the triage in
-`tools/mutation/equivalent.toml` (mutants that cannot change behaviour, each with its
+`tools/mutation/equivalent/*.toml` (mutants that cannot change behaviour, each with its
 reason). Score = killed / (mutants - equivalent), where killed counts mutants a test
 failed on, that timed out, or that the type checker caught; survivors and mutants no test
 reaches count against the score. Exit status 1 when a module is under the goal or the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
-TRIAGE = Path(__file__).with_name("equivalent.toml")
+TRIAGE = Path(__file__).with_name("equivalent")  # one TOML file per area
 
 # The areas of the issue's goal (>= 85% killed in each); a file belongs to the first match.
 AREAS = (
@@ -51,11 +51,16 @@ def load_results() -> dict[str, dict[str, int | None]]:
 
 
 def load_equivalent() -> dict[str, str]:
-    if not TRIAGE.exists():
-        return {}
-    with TRIAGE.open("rb") as handle:
-        table = tomllib.load(handle)
-    return {name: entry["reason"] for name, entry in table.get("equivalent", {}).items()}
+    """mutant name -> why it cannot change behaviour, from every file under TRIAGE."""
+    reasons: dict[str, str] = {}
+    for path in sorted(TRIAGE.glob("*.toml")):
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+        for name, entry in table.get("equivalent", {}).items():
+            if not str(entry.get("reason", "")).strip():
+                raise SystemExit(f"{path}: {name} has no reason")
+            reasons[name] = entry["reason"]
+    return reasons
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from epp.prefix.hashing import BlockHash, block_hashes
 from epp.request import Prompt, RequestRejected
-from epp.tokenize import Encoded, TokenizationError, Tokenizer
+from epp.tokenization.protocol import Encoded, TokenizationError, Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

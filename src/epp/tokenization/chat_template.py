@@ -32,7 +32,7 @@ import jinja2.meta
 import jinja2.nodes
 import jinja2.sandbox
 
-from epp.tokenize import TokenizationError
+from epp.tokenization.protocol import TokenizationError
 
 ContentFormat = Literal["string", "openai"]
 

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter
 from epp.config import TokenizerConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.request import Prompt
-from epp.tokenize import ChatMessage
+from epp.tokenization.protocol import ChatMessage
 
 log = structlog.get_logger("epp.tokenization.engine")
 

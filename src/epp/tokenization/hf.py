@@ -58,7 +58,7 @@ import xxhash
 from epp.tokenization.cache import PrefixTokenCache
 from epp.tokenization.chat_template import ChatTemplate
 from epp.tokenization.fast import FastByteLevelBpe, HandOver
-from epp.tokenize import (
+from epp.tokenization.protocol import (
     DEFAULT_CHAT_OPTIONS,
     ChatMessage,
     ChatOptions,

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from epp.config import TokenizerConfig
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp.tokenization.hf import HfTokenizer, load_tokenizer_dir
-from epp.tokenize import ByteEstimateTokenizer, Tokenizer
+from epp.tokenization.protocol import Tokenizer
 
 
 class TokenizerRegistry:

@@ -35,7 +35,7 @@ from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 
 ONE_EACH = {"max_queue": 1, "running_slots": 1}  # 1 running + 1 queued: saturated
 

@@ -40,7 +40,7 @@ from epp.request import parse_request
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import SchedulingRequest
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp_harness.stats import percentile
 
 ZERO_TIME_PODS = (

@@ -43,7 +43,7 @@ from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request import parse_request
-from epp.tokenize import ByteEstimateTokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp_harness.stats import percentile
 
 MIB = 1024 * 1024

@@ -65,7 +65,8 @@ from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import HfTokenizer, TokenizerRegistry, load_tokenizer_dir
 from epp.tokenization.engine import EngineTokenizer, request_body
-from epp.tokenize import ByteEstimateTokenizer, ChatMessage, Tokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import ChatMessage, Tokenizer
 from epp_harness.stack import _die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -47,7 +47,7 @@ from typing import Any
 from epp.config import EppConfig
 from epp.prefix.kv_events import KvEventDecoder
 from epp.prefix.precise import PreciseIndex
-from epp.tokenize import ChatMessage, ChatOptions, Encoded
+from epp.tokenization.protocol import ChatMessage, ChatOptions, Encoded
 from epp_bench.virtual.epp import EppVirtualRouter
 from epp_bench.virtual.types import PreparedRequest, VirtualPods
 from vllm_sim.kv_events import KvEvent, encode_event_batch

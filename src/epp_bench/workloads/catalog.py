@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from epp.tokenize import BYTES_PER_PSEUDO_TOKEN, ChatMessage
+from epp.tokenization.estimate import BYTES_PER_PSEUDO_TOKEN
+from epp.tokenization.protocol import ChatMessage
 from epp_bench.workloads.types import BenchRequest, Workload
 
 DEFAULT_MODEL = "sim-llama-8b"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from epp.tokenize import ChatMessage
+from epp.tokenization.protocol import ChatMessage
 
 
 @dataclass(frozen=True, slots=True)
