@@ -187,7 +187,7 @@ async def test_an_inference_models_target_is_what_the_pod_is_asked_for(
         NS,
     )
     await until(lambda: service.ready, "ready")
-    await until(lambda: "chat" in service.router._models.models, "the model table")
+    await until(lambda: "chat" in service.router.preparation.models.models, "the model table")
     body = json.dumps({"model": "chat", "prompt": "hello"}).encode()
     prepared = service.router.prepare(path="/v1/completions", body=body, request_id="m")
     assert prepared.priority == -1
@@ -227,7 +227,7 @@ async def test_a_model_rewrite_renames_the_model_envoy_forwards(
     rewrite["spec"]["rules"][0]["targets"] = [{"modelRewrite": MODEL}]
     standin.apply(LLMD_INFERENCE_MODEL_REWRITE, admitted(rewrite), NS)
     await until(lambda: service.ready, "ready")
-    await until(lambda: "model-to-be-rewritten" in service.router._models.rewrites, "the rewrite")
+    await until(lambda: "model-to-be-rewritten" in service.router.preparation.models.rewrites, "the rewrite")
 
     listen, admin = free_ports(2)
     config = envoy_config.render(

@@ -66,7 +66,7 @@ def test_targets_are_chosen_by_weight():
             [model_object("chat", "chat", [("llama-v1", 3), ("llama-v2", 1)])], [], POOL
         )
     )
-    router._rng.seed(7)
+    router.preparation.rng.seed(7)
     served = Counter()
     for i in range(400):
         routed = router.route_now(path="/v1/completions", body=body("chat"), request_id=f"r{i}")

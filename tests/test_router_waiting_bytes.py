@@ -44,7 +44,7 @@ async def test_a_waiting_rewritten_request_counts_both_bodies_it_holds():
     await asyncio.sleep(0.01)
     assert router.waiting == 2
     held = len(plain) + len(rewritten) + len(with_model(rewritten, "m"))
-    assert router._waiting.bytes == held
+    assert router.flow_control.bytes == held
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)

@@ -5,25 +5,11 @@ the static endpoints and the endpoints file, watched) -> endpoint store -> metri
 -> prefix index + scheduler -> router -> ext_proc gRPC server; plus an HTTP server for
 Prometheus (/metrics) and probes (/healthz, /ready).
 
-The data flows one way. Nothing subscribes itself: the app connects the endpoint store's
-events (EndpointStore.on_change) to their readers, in this order:
-
-    store --added/removed--------------------> scraper (one scrape loop per pod)
-    store --removed/reset/updated------------> prefix index (`connect`: forget a pod,
-                                               clear its cache unless precise mode owns
-                                               it, size it from its page)
-    store --added/updated/reset/removed------> precise mode (one KV-event subscriber per
-                                               pod that publishes: datalayer/kv_events_wiring)
-    store --removed/released/updated/added---> router (forget a pod's requests and scorer
-                                               state, release waiting requests)
-
-and discovery's deliveries to their readers:
-
-    discovery --endpoints--> store.sync (added/removed events follow)
-    discovery --models-----> router.set_model_table (InferenceModel/Objective/ModelRewrite)
-
-and, with `replicas.peers`, the router's decisions to the peer replicas and theirs to the
-index, the store and the scheduler here (epp/replicas: ReplicaSync).
+The data flows one way. Nothing subscribes itself: `epp.wiring.connect` connects the
+endpoint store's events to their readers (scraper, prefix index, precise mode, router, in
+that order) and the router's decisions to precise mode; discovery delivers endpoints to
+`store.sync` and models to `router.set_model_table`; with `replicas.peers`, ReplicaSync
+shares the router's decisions with the peer replicas and applies theirs here.
 """
 
 from __future__ import annotations
@@ -43,13 +29,12 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
-from epp.config import EppConfig, PrefixConfig, load_config, load_endpoints_file
+from epp.config import EppConfig, load_config, load_endpoints_file
 from epp.datalayer.discovery.file import EndpointsFileWatcher
 from epp.datalayer.discovery.state import DiscoveryState
-from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.scraper import MetricsScraper
-from epp.datalayer.store import EndpointListener, EndpointStore
+from epp.datalayer.store import EndpointStore
 from epp.extproc.server import (
     ExternalProcessor,
     HealthState,
@@ -72,6 +57,7 @@ from epp.tokenization.engine import EngineTokenizer
 from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp.tokenization.protocol import Tokenizer
 from epp.upstream_flags import FlagError, UpstreamArgs, read_config_source, translate
+from epp.wiring import connect
 
 log = structlog.get_logger("epp.app")
 
@@ -88,58 +74,6 @@ class Discovery(Protocol):
 
 HEALTH_REFRESH_S = 0.25
 DRAIN_POLL_S = 0.05
-
-
-def index_listener(
-    index: PrefixIndex, config: PrefixConfig, precise: PreciseMode | None = None
-) -> EndpointListener:
-    """What the endpoint store's events change in the prefix index: a removed pod is
-    forgotten, a restarted engine (reset) has an empty cache, and with
-    `use_reported_capacity` a pod's capacity is the KV size its page reports (in our
-    blocks), bounded by `capacity_per_pod`. A reset of a pod that `precise` follows
-    precisely is left to it (connected after this listener): its subscriber may already
-    have rebuilt the entries from the new process, which a clear here would throw away."""
-
-    def on_change(event: str, endpoint: Endpoint) -> None:
-        if event == "removed":
-            index.remove_pod(endpoint.name)
-        elif event == "reset":
-            if precise is not None and precise.owns_entries(endpoint.name):
-                return  # PreciseMode.on_change decides (and logs) for this pod
-            index.clear_pod(endpoint.name)
-            log.info("pod_cache_reset", pod=endpoint.name)
-        elif event == "updated" and config.use_reported_capacity:
-            metrics = endpoint.metrics
-            if metrics is not None and metrics.num_gpu_blocks and metrics.block_size:
-                if index.is_precise(endpoint.name):
-                    # A precise pod's entries are the engine's blocks: count in those.
-                    index.set_capacity(endpoint.name, metrics.num_gpu_blocks)
-                else:
-                    # The pod's blocks may differ in size from ours: convert to our blocks.
-                    ours = metrics.num_gpu_blocks * metrics.block_size // config.block_size
-                    index.set_capacity(endpoint.name, ours)
-
-    return on_change
-
-
-def connect(
-    store: EndpointStore,
-    index: PrefixIndex,
-    router: Router,
-    config: EppConfig,
-    precise: PreciseMode | None = None,
-) -> None:
-    """Connect the endpoint store's events to the prefix index, to precise mode (if
-    given), then to the router (the data flow of the module docstring). Whatever builds a
-    Router calls it once: the service below, the virtual-time and overhead benchmarks,
-    the tests' `router_with`. With `precise`, the router's decisions on precise pods open
-    stale-routing claims that the pods' KV events settle (epp.prefix.precise_stale)."""
-    store.on_change(index_listener(index, config.prefix, precise))
-    if precise is not None:
-        store.on_change(precise.on_change)
-        router.record_listeners.append(precise.precise.dispatched)
-        router.completion_listeners.append(precise.precise.completed)
-    store.on_change(router.on_endpoint_change)
 
 
 @dataclass
@@ -186,8 +120,7 @@ class EppService:
             config.tokenizers, self.store.all, self.metrics.registry
         )
         self.scraper = MetricsScraper(self.store, config.datalayer)
-        self.store.on_change(self.scraper.on_endpoint_change)
-        connect(self.store, self.index, self.router, config, self.precise)
+        connect(self.store, self.index, self.router, config, self.precise, scraper=self.scraper)
         # Peer replicas share their decisions (epp/replicas); without peers nothing listens.
         self.replicas = (
             ReplicaSync(config, self.store, self.index, self.scheduler, self.router, self.metrics)

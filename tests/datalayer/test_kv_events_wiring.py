@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from epp.app import EppService, index_listener
+from epp.app import EppService
 from epp.config import EndpointConfig, EppConfig, KvEventsConfig
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
+from epp.wiring import index_listener
 from vllm_sim.kv_publisher import KvEventsConfig as SimKvEvents
 from vllm_sim.server import RunningPod, SimPodConfig, start_pod
 

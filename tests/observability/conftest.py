@@ -18,11 +18,17 @@ import structlog
 import epp.extproc.server
 import epp.observability.answers
 import epp.observability.metrics
-import epp.routing
+import epp.routing.accounting
+import epp.routing.dispatch
+import epp.routing.observation
+import epp.routing.preparation
 from epp.observability.logs import configure_logging
 
 _MODULES = {
-    epp.routing: "epp.routing",
+    epp.routing.accounting: "epp.routing",
+    epp.routing.dispatch: "epp.routing",
+    epp.routing.observation: "epp.routing",
+    epp.routing.preparation: "epp.routing",
     epp.extproc.server: "epp.extproc",
     epp.observability.answers: "epp.answers",
     epp.observability.metrics: "epp.datalayer",

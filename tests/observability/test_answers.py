@@ -86,7 +86,7 @@ async def test_every_kind_of_answer_is_counted_and_logged_without_the_prompt(jso
     # Saturated pods and no admission queue: 429; no endpoints at all: 503.
     for endpoint in store.all():
         store.scraped(endpoint, PodMetrics(model="m", waiting=50))
-    router._flow = router._flow.model_copy(update={"enabled": False})
+    router.flow_control.config = router.flow_control.config.model_copy(update={"enabled": False})
     assert (await answer(proc, chat(text=MARKER), "saturated")).status.code == 429
     store.sync([])
     assert (await answer(proc, chat(text=MARKER), "no-pods")).status.code == 503

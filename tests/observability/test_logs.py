@@ -13,7 +13,7 @@ from helpers import router_with
 
 from epp.observability import logs
 from epp.observability.logs import trace_enabled
-from epp.routing import _selection_reason, _top_with_chosen
+from epp.routing.observation import selection_reason, top_with_chosen
 from epp.scheduling.types import Decision
 
 PODS = [{"name": f"pod-{i}", "address": f"10.0.0.{i + 1}:8000", "model": "m"} for i in range(5)]
@@ -110,7 +110,7 @@ def test_the_chosen_pod_is_added_when_not_in_the_top_three():
         weights={"cache": 1.0},
         chosen_index=4,
     )
-    top = _top_with_chosen(decision, 3)
+    top = top_with_chosen(decision, 3)
     assert [row["pod"] for row in top] == ["p0", "p1", "p2", "p4"]
     assert top[-1]["selected"] is True and "selected" not in top[0]
 
@@ -125,7 +125,7 @@ def test_the_chosen_pod_is_added_when_not_in_the_top_three():
         ([0.2, 0.9, 0.5], {"queue": [0.0, 1.0, 0.5], "cache": [0.0, 0.1, 0.0]}, 1, "queue"),
     ],
 )
-def test_selection_reason(totals, factors, chosen, reason):
+def testselection_reason(totals, factors, chosen, reason):
     from helpers import endpoint
 
     pods = [endpoint(f"p{i}") for i in range(len(totals))]
@@ -138,7 +138,7 @@ def test_selection_reason(totals, factors, chosen, reason):
         weights={"cache": 0.6, "load": 0.2, "queue": 0.7},
         chosen_index=chosen,
     )
-    got, margin = _selection_reason(decision, 0.005)
+    got, margin = selection_reason(decision, 0.005)
     assert got == reason
     assert margin == pytest.approx(0 if len(totals) == 1 else totals[chosen] - sorted(totals)[-2])
 

@@ -143,7 +143,7 @@ def test_dispatch_listeners_hear_each_decision_and_their_failure_costs_nothing()
     def broken(event, uncached):
         raise RuntimeError("boom")
 
-    router.dispatch_listeners += [broken, lambda event, uncached: heard.append((event, uncached))]
+    router.hooks.shared += [broken, lambda event, uncached: heard.append((event, uncached))]
     routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
     ((event, uncached),) = heard
     assert event.endpoint is routed.endpoint and uncached == 4096

@@ -1,0 +1,134 @@
+"""Accounting: the reservations of routed requests, from dispatch to completion.
+
+The only module of the routing package that changes Endpoint state. It does so through
+the endpoint store's request-lifecycle methods, which own the arithmetic:
+`EndpointStore.dispatched` (a reservation: in_flight, in_flight_tokens, the open
+dispatch), `EndpointStore.completed` (its release) and `EndpointStore.record_status`
+(the error rate a fallback's answer feeds). The other routing components read
+endpoints and hand their writes here.
+
+Invariants:
+- every reservation is released exactly once: by `complete` (the response ended), by
+  `release` (the dispatch failed after reserving), or by the store itself (a page
+  showed the request over, or its in-flight TTL passed; `forget_dropped` then drops the
+  route token);
+- a route token names one open request of this router; a token with another replica's
+  prefix goes to `hooks.foreign_completion`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+
+import structlog
+
+from epp.datalayer.endpoint import Endpoint
+from epp.datalayer.store import EndpointStore
+from epp.observability.metrics import EppMetrics
+from epp.observability.upstream import RequestLabels
+from epp.routing.types import DecisionHooks, RoutedRequest
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.types import Completed, Removed
+
+log = structlog.get_logger("epp.routing")
+
+
+class Accounting:
+    def __init__(
+        self,
+        store: EndpointStore,
+        scheduler: Scheduler,
+        metrics: EppMetrics,
+        hooks: DecisionHooks,
+    ) -> None:
+        self._store = store
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._hooks = hooks
+        self._open: dict[str, RoutedRequest] = {}  # route token -> routed, not yet ended
+
+    # -- dispatch ----------------------------------------------------------------------
+    def reserve(self, endpoint: Endpoint, uncached_tokens: int) -> int:
+        """Count a request on the pod at once (its load figures include it for the very
+        next decision); returns the dispatch number that releases it."""
+        return self._store.dispatched(endpoint, uncached_tokens)
+
+    def release(self, endpoint: Endpoint, dispatch: int) -> None:
+        """Undo a reservation whose dispatch failed before the request was routed."""
+        self._store.completed(endpoint, None, dispatch)
+
+    def new_token(self) -> str:
+        """An unguessable route token, prefixed with this replica's name (if any)."""
+        return self._hooks.token_prefix + secrets.token_hex(12)
+
+    def opened(self, routed: RoutedRequest) -> None:
+        self._open[routed.token] = routed
+
+    # -- completion --------------------------------------------------------------------
+    def complete(
+        self,
+        token: str,
+        status: int | None,
+        served_address: str | None = None,
+        first_byte_at: float | None = None,
+        response_bytes: int | None = None,
+    ) -> None:
+        """The response ended (or its stream did): release the reservation once."""
+        routed = self._open.pop(token, None)
+        hooks = self._hooks
+        if routed is None and hooks.foreign_completion is not None:
+            if not token.startswith(hooks.token_prefix):
+                # Envoy balances the observer stream apart from the routing stream: this
+                # response end belongs to the replica named in the token.
+                hooks.foreign_completion(token, status, served_address)
+            return
+        if routed is None or routed.done:
+            return
+        routed.done = True
+        with contextlib.suppress(Exception):  # metrics never cost the bookkeeping
+            self._metrics.upstream.completed(routed.upstream, status, first_byte_at, response_bytes)
+        if hooks.completed:
+            self._tell_completed(token, routed.request_id)
+        self._settle(routed, status, served_address)
+
+    def _tell_completed(self, token: str, request_id: str) -> None:
+        now = self._store.now()
+        for listener in self._hooks.completed:
+            try:
+                listener(token, now)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    log.exception("completion_listener_failed", request_id=request_id)
+
+    def _settle(self, routed: RoutedRequest, status: int | None, served: str | None) -> None:
+        endpoint = routed.endpoint
+        if served and served != endpoint.address:
+            # The gateway retried on a fallback: the primary refused, the fallback served.
+            self._metrics.fallback_served.inc()
+            took = self._store.completed(endpoint, 503, routed.dispatch)
+            self._scheduler.observe(Completed(endpoint, 503, took))
+            fallback = self._store.by_address(served)
+            if fallback is not None:
+                self._store.record_status(fallback, status)
+            return
+        took = self._store.completed(endpoint, status, routed.dispatch)
+        self._scheduler.observe(Completed(endpoint, status, took))
+
+    # -- pods and time -----------------------------------------------------------------
+    def pod_removed(self, endpoint: Endpoint) -> None:
+        """A removed pod's open requests and scorer state are forgotten."""
+        for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
+            del self._open[token]
+        self._scheduler.observe(Removed(endpoint))
+
+    def forget_dropped(self) -> None:
+        """Forget the route tokens whose reservation the store dropped (a page showed the
+        request over, or its in-flight TTL passed): their completion changes nothing."""
+        stale = [t for t, r in self._open.items() if r.dispatch not in r.endpoint.open]
+        for token in stale:
+            self._open.pop(token, None)
+
+    def open_labels(self) -> list[RequestLabels]:
+        """The upstream labels of the requests routed and not yet ended (scrape time)."""
+        return [r.upstream for r in self._open.values() if r.upstream is not None]
