@@ -197,6 +197,33 @@ def test_envoy_endpoints_are_unbracketed_and_a_name_makes_the_replicas_strict_dn
     assert group["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] == "::1"
 
 
+@pytest.mark.parametrize("mode", ["epp", "round_robin"])
+def test_the_real_envoy_accepts_ipv6_pods_and_replicas(mode: str, tmp_path) -> None:
+    """Envoy's socket_address takes an IPv6 host without brackets ("malformed IP address:
+    [::1]" otherwise): checked by the real binary, not by our reading of its schema."""
+    import subprocess
+
+    from epp.envoy_config import render
+
+    from .test_envoy_config import envoy
+
+    path = tmp_path / "envoy.yaml"
+    replicas = ["[::1]:9002", "10.0.0.1:9002"] if mode == "epp" else []
+    path.write_text(
+        render(
+            mode=mode,  # type: ignore[arg-type]
+            listen_port=1,
+            admin_port=2,
+            pods=["[::1]:8000", "10.0.0.2:8000"],
+            epp_addresses=replicas,
+        )
+    )
+    check = subprocess.run(
+        [envoy(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_envoy_config_flags_refuse_a_bad_address_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
