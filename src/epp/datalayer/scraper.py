@@ -1,7 +1,8 @@
 """Keeps every endpoint's metrics fresh: one keep-alive HTTP scrape loop per pod.
 
 Fetching (aiohttp), parsing (metrics_parser, pure) and storing (EndpointStore) are
-separate; a failure of any kind in one pod's loop is recorded against that pod and never
+separate: the scraper writes no Endpoint field itself, it hands each page or failure to
+the store; a failure of any kind in one pod's loop is recorded against that pod and never
 leaves the loop, so one bad pod never affects another.
 
 Each loop starts a scrape every `scrape_interval_s` on its `clock`, waiting with `sleep`

@@ -1,4 +1,12 @@
-"""The set of known endpoints and every change to their state, in one place."""
+"""The set of known endpoints and every change to their state, in one place.
+
+Every change enters here: discovery (`sync`), pages (`scraped`, `scrape_failed`, called
+by the scraper only), reservations and their ends (`dispatched`, `completed`,
+`record_status`: the router's accounting only; `peer_dispatched`: replicas/inbox.py only)
+and the clock (`refresh_health`). The store writes the fields it owns and leaves the health
+fields to datalayer/health.py; Endpoint's docstring has the table, tests/test_ownership.py
+enforces it.
+"""
 
 from __future__ import annotations
 
