@@ -203,9 +203,9 @@ def test_the_real_envoy_accepts_ipv6_pods_and_replicas(mode: str, tmp_path) -> N
     [::1]" otherwise): checked by the real binary, not by our reading of its schema."""
     import subprocess
 
-    from epp.envoy_config import render
+    from test_envoy_config import envoy
 
-    from .test_envoy_config import envoy
+    from epp.envoy_config import render
 
     path = tmp_path / "envoy.yaml"
     replicas = ["[::1]:9002", "10.0.0.1:9002"] if mode == "epp" else []
