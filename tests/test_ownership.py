@@ -88,6 +88,7 @@ NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 MUTABLE = frozenset(
     f.name for f in dataclasses.fields(Endpoint) if f.default_factory is not dataclasses.MISSING
 ) | {"metrics"}
+ANY = frozenset({"Any", "typing.Any", "object"})  # annotations that may be an Endpoint
 ENDPOINT_TYPE = re.compile(r"\bEndpoint\b")
 UNKNOWN = None  # a type the check cannot tell: treated as possibly an Endpoint
 
@@ -220,7 +221,7 @@ class WriteFinder:
         if (self.module, ast.unparse(expr), attr) in NOT_ENDPOINTS:
             return False
         type_ = self.type_of(expr, scope)
-        return type_ is UNKNOWN or bool(ENDPOINT_TYPE.search(type_))
+        return type_ is UNKNOWN or type_ in ANY or bool(ENDPOINT_TYPE.search(type_))
 
     def endpoint_field(self, expr: ast.expr, scope: Scope) -> str | None:
         """The Endpoint field whose value `expr` is, or is inside of (`e.f`, `e.f[k]`,
@@ -478,6 +479,9 @@ def dynamic(endpoint: Endpoint) -> None:
 def through_an_event(event) -> None:
     event.endpoint.panic = True
 
+def anything(x: Any) -> None:
+    x.last_error = "?"
+
 def new() -> Endpoint:
     return Endpoint(name="p", address="a:1", metrics_url="u")
 """
@@ -527,6 +531,7 @@ def test_the_check_sees_every_form_of_write() -> None:
             "metrics",
             "load",
             "panic",
+            "last_error",
             "Endpoint(...)",
         }
     )
