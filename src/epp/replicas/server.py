@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from epp.addresses import format_host_port
 from epp.observability.replica_metrics import ReplicaMetrics
 from epp.replicas.auth import PeerAuth, new_nonce
 from epp.replicas.inbox import PeerInbox
@@ -132,14 +133,14 @@ class PeerServer:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info(
             "replica_listening",
-            address=f"{self.host}:{self.port}",
+            address=format_host_port(self.host, self.port),
             replica=self.hello.replica,
             authentication="shared_secret" if self._auth is not None else "none",
         )
         if self._auth is None:
             log.warning(
                 "replica_peers_unauthenticated",
-                address=f"{self.host}:{self.port}",
+                address=format_host_port(self.host, self.port),
                 detail="whatever reaches this port is taken for a peer: set "
                 "replicas.secret_file (the chart does with replicaCount > 1)",
             )
