@@ -45,6 +45,8 @@ from epp.routing.types import (
 )
 from epp.scheduling.admission import FlowQueue, Offer, Waiting
 
+EXPIRED = "rejected-ttl-expired"
+
 
 class Ticket(Protocol):
     """A waiting request, as flow control sees it: the request, and its caller."""
@@ -134,12 +136,15 @@ class FlowControl(Generic[TicketT]):
         self.flow_metrics.outcomes.labels(SATURATED).inc()
         return Shed(429, message, reason=SATURATED, retry_after_s=self.config.retry_after_s)
 
-    def expired_message(self) -> str:
-        return f"no endpoint had capacity within {self.config.ttl_s:g} s; retry later"
-
-    def refusal(self, message: str, reason: str) -> RequestRejected:
-        """A waiting request's refusal (429, with the configured Retry-After)."""
-        return RequestRejected(429, message, reason=reason, retry_after_s=self.config.retry_after_s)
+    def expiry_refusal(self) -> RequestRejected:
+        """The answer of a request whose TTL passed while it waited (429)."""
+        self.flow_metrics.outcomes.labels(EXPIRED).inc()
+        return RequestRejected(
+            429,
+            f"no endpoint had capacity within {self.config.ttl_s:g} s; retry later",
+            reason=EXPIRED,
+            retry_after_s=self.config.retry_after_s,
+        )
 
     def leave(self, waiting: Waiting[TicketT]) -> None:
         """Take a request out of the queue (placed, expired, or given up)."""

@@ -40,7 +40,7 @@ from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected
 from epp.routing.accounting import Accounting
 from epp.routing.dispatch import Dispatcher
-from epp.routing.flow_control import FlowControl, Shed
+from epp.routing.flow_control import FlowControl, Shed, Ticket
 from epp.routing.observation import DecisionObserver
 from epp.routing.preparation import Preparation
 from epp.routing.types import (
@@ -105,7 +105,8 @@ class Router:
             store, index, scheduler, self.accounting, self.observer, metrics.upstream,
             self.hooks, config.prefix.block_size,
         )  # fmt: skip
-        self.flow_control: FlowControl[FutureTicket] = FlowControl(
+        # Any Ticket: the server waits on futures here, the virtual benchmark on its clock.
+        self.flow_control: FlowControl[Ticket] = FlowControl(
             config.flow_control, self.dispatcher.dispatch, metrics
         )
         self.flow_control.notify = self._release_soon
@@ -265,7 +266,7 @@ class Router:
         upstream.waiting(labels, prepared.size, +1)
         outcome = REJECTED_OTHER
         try:
-            routed = await self._answer(waiting, loop)
+            routed = await self._answer(ticket.future)
             outcome = DISPATCHED
         except TimeoutError:
             outcome = EVICTED_TTL
@@ -275,7 +276,9 @@ class Router:
             self.flow_control.flow_metrics.outcomes.labels("cancelled").inc()
             raise
         finally:
-            self._left(waiting)
+            self.flow_control.leave(waiting)
+            if not ticket.future.done():
+                ticket.future.cancel()
             upstream.waiting(labels, prepared.size, -1)
             upstream.finished(labels, outcome, admitted)
         routed.waited_s = loop.time() - waiting.enqueued_at
@@ -284,11 +287,8 @@ class Router:
         flow_metrics.outcomes.labels("dispatched").inc()
         return routed
 
-    async def _answer(
-        self, waiting: Waiting[FutureTicket], loop: asyncio.AbstractEventLoop
-    ) -> RoutedRequest:
+    async def _answer(self, future: asyncio.Future[RoutedRequest]) -> RoutedRequest:
         """The waiting request's answer within its TTL (TimeoutError past it)."""
-        future = waiting.item.future
         try:
             try:
                 return await asyncio.wait_for(
@@ -306,20 +306,14 @@ class Router:
     def _expired(
         self,
         prepared: PreparedRequest,
-        waiting: Waiting[FutureTicket],
+        waiting: Waiting[Ticket],
         loop: asyncio.AbstractEventLoop,
     ) -> RequestRejected:
         flow = self.flow_control
-        flow.flow_metrics.outcomes.labels("rejected-ttl-expired").inc()
+        rejected = flow.expiry_refusal()
         flow.flow_metrics.wait_seconds.observe(loop.time() - waiting.enqueued_at)
-        rejected = flow.refusal(flow.expired_message(), "rejected-ttl-expired")
         self.observer.rejected(prepared, rejected)
         return rejected
-
-    def _left(self, waiting: Waiting[FutureTicket]) -> None:
-        self.flow_control.leave(waiting)
-        if not waiting.item.future.done():
-            waiting.item.future.cancel()
 
     @property
     def waiting(self) -> int:

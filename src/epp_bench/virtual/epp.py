@@ -2,9 +2,16 @@
 
 An EndpointStore on a virtual clock, one Endpoint per simulated pod, a PrefixIndex, the
 Scheduler and the Router of `epp.routing`, wired as `epp.app.EppService` wires them
-(`epp.app.connect`). Each request is routed with `Router.route(path=..., body=...,
-request_id=..., subset=None)` on the JSON body Envoy would forward, and ended with
+(`epp.wiring.connect`). Each request is prepared with `Router.prepare(path=..., body=...,
+request_id=..., headers=...)` on the JSON body Envoy would forward, dispatched through the
+Router's flow control (`FlowControl.dispatch`, as `Router.route` does), and ended with
 `Router.complete(...)`.
+
+A saturated pool's requests wait in the Router's own flow control
+(`epp.routing.flow_control`), as they do live: the store's events (a completion, a scrape)
+make a release pass due, and it runs when the event has been handled (`release`, which
+the runner calls after every event; live, the event loop's next turn); a waiting
+request's TTL is checked on the virtual clock.
 
 Every 50 ms of virtual time (the configured scrape interval) each engine's gauges are
 turned into the PodMetrics a scrape of its /metrics page would give, so the scheduler
@@ -20,20 +27,23 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
-from epp.app import connect
 from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request import RequestRejected
+from epp.routing import PreparedRequest as RoutingRequest
 from epp.routing import RoutedRequest, Router, Saturated
-from epp.scheduling.admission import FlowQueue, Waiting
+from epp.routing.flow_control import Shed, Ticket
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.types import Dispatched
 from epp.tokenize import ByteEstimateTokenizer, Tokenizer
+from epp.wiring import connect
 from epp_bench.virtual.types import WAITING, PreparedRequest, RouteChoice, VirtualPods
 from vllm_sim.engine import SimEngine
 
@@ -138,18 +148,17 @@ class EppVirtualRouter:
         self._best_match = 0.0
         self._lost_reuse = 0
         self._saturation_filtered = 0
-        flow = self.config.flow_control
-        self._waiting: FlowQueue[tuple[PreparedRequest, Any]] = FlowQueue(
-            flow.max_requests, flow.max_bytes
-        )
+        self.flow = self.router.flow_control
+        self._answered: list[_BenchTicket] = []  # placed or failed since the last release
         self.queued = 0
         self.wait_seconds = 0.0
         self.refused_by_class: dict[str, int] = {}
         # Request index -> (blocks the index matched on the chosen pod, the router's prompt
         # tokens) of every dispatched request: the stale-routing check (runner) compares
-        # them with what the engine reused.
+        # them with what the engine reused. Heard from the router's decisions, released
+        # ones included.
         self.predictions: dict[int, tuple[int, int]] = {}
-        self._untimed = 0.0  # CPU of that bookkeeping, kept out of `cpu_seconds`
+        self.router.hooks.shared.append(self._predicted)
 
     def _clock(self) -> float:
         return self._now
@@ -172,7 +181,6 @@ class EppVirtualRouter:
 
     def route(self, request: PreparedRequest, now: float) -> RouteChoice:
         started = time.process_time()
-        self._untimed = 0.0
         self.decisions += 1
         try:
             prepared = self.router.prepare(
@@ -181,88 +189,69 @@ class EppVirtualRouter:
                 request_id=f"r{request.index}",
                 headers={PRIORITY_HEADER: str(request.priority)},
             )
-            if len(self._waiting) and any(
-                w.model == request.model and w.priority >= prepared.priority
-                for w in self._waiting.candidates()
-            ):
-                raise Saturated(429, "requests are waiting", reason="rejected-saturated")
-            routed = self._dispatch(request, prepared)
+            routed = self.flow.dispatch(prepared)  # waiting requests of its rank first
         except Saturated:
             choice = self._admit(request, prepared, now)
-            self.cpu_seconds += time.process_time() - started - self._untimed
+            self.cpu_seconds += time.process_time() - started
             return choice
         except RequestRejected as exc:
-            self.cpu_seconds += time.process_time() - started - self._untimed
+            self.cpu_seconds += time.process_time() - started
             return self._refused(request, exc.status, exc.reason)
-        self.cpu_seconds += time.process_time() - started - self._untimed
+        self.cpu_seconds += time.process_time() - started
         self._observe(routed)
         return RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
 
-    def _dispatch(self, request: PreparedRequest, prepared: Any) -> RoutedRequest:
-        """`Router.dispatch`, noting the match the index predicted on the chosen pod (the
-        same lookup the router makes just before, on the same index and clock)."""
-        started = time.process_time()
-        match = self.index.match(prepared.hashes) if prepared.hashes else {}
-        self._untimed += time.process_time() - started
-        routed = self.router.dispatch(prepared)
-        matched = match.get(routed.endpoint.name, 0)
-        self.predictions[request.index] = (matched, prepared.prompt_tokens)
-        return routed
+    def _predicted(self, event: Dispatched, uncached: int) -> None:
+        """The blocks the index matched on the chosen pod, before recording the prompt."""
+        sched = event.request
+        matched = sched.prefix_match.get(event.endpoint.name, 0)
+        self.predictions[int(sched.request_id[1:])] = (matched, sched.prompt_tokens)
 
-    # -- admission: the live EPP's queue (scheduling/admission.py) on virtual time -------
+    # -- admission: the Router's flow control on virtual time ------------------------
     def _refused(self, request: PreparedRequest, status: int, reason: str) -> RouteChoice:
         self.rejected += 1
         key = "sheddable" if request.priority < 0 else "normal"
         self.refused_by_class[key] = self.refused_by_class.get(key, 0) + 1
         return RouteChoice(None, status, reason)
 
-    def _admit(self, request: PreparedRequest, prepared: Any, now: float) -> RouteChoice:
-        flow = self.config.flow_control
-        if not flow.enabled or prepared.priority < 0:
-            return self._refused(request, 429, "rejected-saturated")
-        waiting = Waiting(
-            (request, prepared), prepared.priority, request.model, len(request.body), now,
-            now + flow.ttl_s,
-        )  # fmt: skip
-        if not self._waiting.push(waiting):
-            return self._refused(request, 429, "rejected-saturated")
+    def _admit(self, request: PreparedRequest, prepared: RoutingRequest, now: float) -> RouteChoice:
+        ticket = _BenchTicket(prepared, request, now, self._answered)
+        try:
+            self.flow.offer(ticket, now)
+        except Shed as exc:
+            return self._refused(request, exc.status, exc.reason)
         self.queued += 1
         return RouteChoice(None, WAITING, "waiting")
 
     def release(self, now: float, final: bool = False) -> list[tuple[int, RouteChoice]]:
-        if not len(self._waiting):
-            return []
-        out: list[tuple[int, RouteChoice]] = []
-        for waiting in self._waiting.expired(now):
-            self._waiting.remove(waiting)
-            request = waiting.item[0]
-            out.append((request.index, self._refused(request, 429, "rejected-ttl-expired")))
-        blocked: set[str] = set()
-        for waiting in list(self._waiting.candidates()):
-            if waiting.model in blocked:
-                continue
-            request, prepared = waiting.item
-            try:
-                routed = self._dispatch(request, prepared)
-            except Saturated:
-                blocked.add(waiting.model)
-                continue
-            except RequestRejected as exc:
-                self._waiting.remove(waiting)
-                out.append((request.index, self._refused(request, exc.status, exc.reason)))
-                continue
-            self._waiting.remove(waiting)
-            self.wait_seconds += now - waiting.enqueued_at
-            self._observe(routed)
-            out.append(
-                (request.index, RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed))
-            )
-        if final:
-            for waiting in list(self._waiting.candidates()):
-                self._waiting.remove(waiting)
-                request = waiting.item[0]
-                out.append((request.index, self._refused(request, 429, "rejected-ttl-expired")))
+        """What the router's flow control answered since the last call: requests whose
+        TTL passed by `now`, then those the due release pass placed (or refused)."""
+        out = [self._expired(w.item) for w in self.flow.expire(now)]
+        self.flow.run_due()
+        out += [self._answer(ticket, now) for ticket in self._answered]
+        self._answered.clear()
+        if final:  # the run is over: nothing returns room to what still waits
+            for waiting in self.flow.waiting():
+                self.flow.leave(waiting)
+                out.append(self._expired(waiting.item))
         return out
+
+    def _expired(self, ticket: Ticket) -> tuple[int, RouteChoice]:
+        refusal = self.flow.expiry_refusal()
+        request = cast(_BenchTicket, ticket).request
+        return request.index, self._refused(request, refusal.status, refusal.reason)
+
+    def _answer(self, ticket: _BenchTicket, now: float) -> tuple[int, RouteChoice]:
+        request = ticket.request
+        if ticket.error is not None:
+            if not isinstance(ticket.error, RequestRejected):
+                raise ticket.error
+            return request.index, self._refused(request, ticket.error.status, ticket.error.reason)
+        routed = ticket.routed
+        assert routed is not None
+        self.wait_seconds += now - ticket.enqueued_at
+        self._observe(routed)
+        return request.index, RouteChoice(self._pod_of[routed.endpoint.name], ticket=routed)
 
     def _observe(self, routed: RoutedRequest) -> None:
         decision = routed.decision
@@ -297,3 +286,27 @@ class EppVirtualRouter:
             "weights": dict(self.scheduler.weights),
             "max_queue": self.config.scheduling.max_queue,
         }
+
+
+@dataclass(slots=True)
+class _BenchTicket:
+    """A request waiting in the router's flow control on the virtual clock: its answer is
+    kept until the runner asks (`EppVirtualRouter.release`)."""
+
+    prepared: RoutingRequest
+    request: PreparedRequest
+    enqueued_at: float
+    answered: list[_BenchTicket] = field(repr=False)
+    routed: RoutedRequest | None = None
+    error: Exception | None = None
+
+    def gone(self) -> bool:
+        return self.routed is not None or self.error is not None
+
+    def placed(self, routed: RoutedRequest) -> None:
+        self.routed = routed
+        self.answered.append(self)
+
+    def failed(self, exc: Exception) -> None:
+        self.error = exc
+        self.answered.append(self)
