@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -21,6 +22,7 @@ from extproc.fakes import (
     body_msg,
     body_of,
     destination,
+    header_map,
     headers_msg,
     set_headers,
     trailers_msg,
@@ -136,7 +138,7 @@ def test_headers_only_request_routes_on_headers_and_finishes():
     assert step.route is not None and step.route.body == b""
     done = s.routed(routed())
     (reply,) = done.replies
-    assert done.finish and destination(reply)
+    assert done.finish and destination(reply) and reply.HasField("request_headers")
 
 
 def test_forged_destination_and_token_headers_are_overwritten():
@@ -269,3 +271,150 @@ def test_random_message_sequences_never_crash():
                 )
             if step.finish:
                 break
+
+
+def bare_headers_msg(values, eos=False, mode=DUPLEX):
+    """Request headers with exactly `values` (headers_msg always adds :path and an id)."""
+    msg = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=header_map(values), end_of_stream=eos)
+    )
+    if mode is not None:
+        msg.protocol_config.request_body_mode = mode
+    return msg
+
+
+def test_without_protocol_config_the_assumed_body_mode_applies():
+    """Envoy before 1.35 sends no protocol_config: the configured assumption decides, and
+    by default the machine assumes FULL_DUPLEX_STREAMED (what the generated configs use)."""
+    default = ExtProcStream(max_body_bytes=1 << 20, chunk_bytes=1024)
+    step = default.feed(headers_msg())
+    assert step.replies == [] and step.route is None and default.phase is Phase.BODY
+    response = default.feed(
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"out", end_of_stream=True))
+    )
+    (reply,) = response.replies
+    streamed = reply.response_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (b"out", True)
+
+    buffered = stream(duplex=False)
+    (first,) = buffered.feed(headers_msg()).replies
+    assert first.HasField("request_headers") and buffered.phase is Phase.BODY
+    (reply,) = buffered.feed(
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"out", end_of_stream=True))
+    ).replies
+    assert reply.HasField("response_body") and not reply.response_body.HasField("response")
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_response_messages_of_a_hand_written_config_get_neutral_answers(streamed):
+    """The response body is echoed in the mode protocol_config announces for it; the
+    response headers carry the request id."""
+    s = stream(duplex=not streamed)  # protocol_config overrides the assumption
+    message = headers_msg(mode=DUPLEX)
+    if streamed:
+        message.protocol_config.response_body_mode = DUPLEX
+    s.feed(message)
+    s.feed(body_msg(body_of(), True))
+    s.routed(routed())
+    (headers,) = s.feed(pb.ProcessingRequest(response_headers=pb.HttpHeaders())).replies
+    assert set_headers(headers.response_headers.response) == {"x-epp-request-id": "rid-1"}
+    for eos in (False, True):
+        chunk = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"tokens", end_of_stream=eos))
+        (reply,) = s.feed(chunk).replies
+        assert reply.HasField("response_body")
+        if streamed:
+            echoed = reply.response_body.response.body_mutation.streamed_response
+            assert (echoed.body, echoed.end_of_stream) == (b"tokens", eos)
+        else:
+            assert not reply.response_body.HasField("response")  # continue unchanged
+    (trailers,) = s.feed(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())).replies
+    assert trailers.HasField("response_trailers")
+
+
+def test_a_request_without_an_id_gets_a_generated_one():
+    s = ExtProcStream(max_body_bytes=1024, chunk_bytes=64, new_request_id=lambda: "gen-1")
+    assert s.request_id is None  # nothing to log before the headers
+    call = s.feed(bare_headers_msg([(":path", "/v1/models")], eos=True)).route
+    assert call.request_id == "gen-1" == s.request_id
+    default = ExtProcStream(max_body_bytes=1024, chunk_bytes=64)
+    call = default.feed(bare_headers_msg([(":path", "/v1/models")], eos=True)).route
+    assert uuid.UUID(call.request_id).version == 4
+
+
+def test_a_request_without_a_path_is_routed_as_the_root():
+    s = stream()
+    call = s.feed(bare_headers_msg([("x-request-id", "rid-1")], eos=True)).route
+    assert call.path == "/" and call.body == b"" and call.headers == {"x-request-id": "rid-1"}
+
+
+@pytest.mark.parametrize("mode", [DUPLEX, BUFFERED])
+def test_a_body_less_request_is_routed_on_headers_and_never_rewritten(mode):
+    """A replacement body (a model table's target) has nothing to replace on a request
+    without a body: one headers reply, no content-length, no body."""
+    s = stream()
+    step = s.feed(headers_msg(path="/v1/models", eos=True, mode=mode))
+    assert step.replies == [] and step.route.body == b""
+    replacement = b'{"model": "other"}'
+    done = s.routed(FakeRouted("tok-1", "rid-1", _Decision([_Endpoint(ADDRESSES[0])]), replacement))
+    (reply,) = done.replies
+    assert done.finish and reply.HasField("request_headers")
+    assert set_headers(reply.request_headers.response) == {
+        "x-gateway-destination-endpoint": ADDRESSES[0],
+        "x-epp-route-token": "tok-1",
+    }
+
+
+def test_an_empty_duplex_body_is_re_emitted_as_one_empty_last_chunk():
+    s = stream()
+    s.feed(headers_msg(mode=DUPLEX))
+    assert s.feed(body_msg(b"", True)).route.body == b""
+    replies = s.routed(routed()).replies
+    assert replies[0].HasField("request_headers") and len(replies) == 2
+    chunk = replies[1].request_body.response.body_mutation.streamed_response
+    assert (chunk.body, chunk.end_of_stream) == (b"", True)
+
+
+def test_a_rejection_is_the_steps_answer_and_carries_the_request_id():
+    s = stream()
+    s.feed(headers_msg(mode=DUPLEX))
+    s.feed(body_msg(body_of(), True))
+    rejection = RequestRejected(503, "no pods", reason="rejected-no-endpoints")
+    done = s.rejected(rejection)
+    assert done.answer is rejection and s.phase is Phase.DONE
+    (reply,) = done.replies
+    assert set_headers(reply.immediate_response)["x-epp-request-id"] == "rid-1"
+
+
+def test_the_unsupported_mode_answer_names_the_setting_and_keeps_the_request_id():
+    s = ExtProcStream(max_body_bytes=1024, chunk_bytes=64, new_request_id=lambda: "gen-1")
+    step = s.feed(headers_msg(mode=ProcessingMode.BodySendMode.NONE))
+    (reply,) = step.replies
+    immediate = reply.immediate_response
+    assert json.loads(immediate.body)["error"]["message"] == (
+        "the gateway sends the request body to the endpoint picker in mode NONE; the "
+        "endpoint picker supports only FULL_DUPLEX_STREAMED and BUFFERED "
+        "(ext_proc processing_mode.request_body_mode)"
+    )
+    assert set_headers(immediate)["x-epp-request-id"] == "rid-1" == s.request_id
+    assert step.problem == "NONE"
+    assert (step.answer.status, step.answer.reason) == (500, "unsupported-body-mode")
+    unknown = ExtProcStream(max_body_bytes=1024, chunk_bytes=64, new_request_id=lambda: "gen-1")
+    step = unknown.feed(bare_headers_msg([(":path", "/")], mode=57))
+    assert step.problem == "unknown (57)" and unknown.request_id == "gen-1"
+    assert set_headers(step.replies[0].immediate_response)["x-epp-request-id"] == "gen-1"
+
+
+def test_protocol_violations_say_what_arrived_out_of_phase():
+    """The server logs the violation (stream_failed) with this text."""
+    with pytest.raises(ProtocolViolation, match=r"^routing result in phase start$"):
+        stream().routed(routed())
+    with pytest.raises(ProtocolViolation, match=r"^routing result in phase start$"):
+        stream().rejected(RequestRejected(503, "x", reason="r"))
+    with pytest.raises(ProtocolViolation, match=r"^request_body in phase start$"):
+        stream().feed(body_msg(b"{}", True))
+    with pytest.raises(ProtocolViolation, match=r"^unexpected ext_proc message None$"):
+        stream().feed(pb.ProcessingRequest())
+    s = stream()
+    s.feed(headers_msg(mode=DUPLEX))
+    with pytest.raises(ProtocolViolation, match=r"^request_headers twice$"):
+        s.feed(headers_msg(mode=DUPLEX))

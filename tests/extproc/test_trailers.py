@@ -8,6 +8,8 @@ body-less request ended by trailers sends no body message at all.
 
 from __future__ import annotations
 
+import json
+
 from extproc.fakes import (
     ADDRESSES,
     BUFFERED,
@@ -65,6 +67,9 @@ def test_buffered_trailers_without_a_body_get_a_400_not_a_pass_through():
     assert reply.HasField("immediate_response") and step.finish
     assert reply.immediate_response.status.code == 400
     assert step.answer is not None and step.answer.reason == "invalid-request"
+    assert json.loads(reply.immediate_response.body)["error"]["message"] == (
+        "the request has no body (only trailers); expected a JSON object"
+    )
 
 
 def test_duplex_routes_on_trailers_and_answers_them_last():

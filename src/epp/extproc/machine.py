@@ -296,7 +296,7 @@ class ExtProcStream:
             rejected.body(),
             rejected.reason,
             self.request_id,
-            retry_after_s=getattr(rejected, "retry_after_s", None),
+            retry_after_s=rejected.retry_after_s,
         )
 
     def _unsupported(self, message: pb.ProcessingRequest, mode: int) -> Step:
