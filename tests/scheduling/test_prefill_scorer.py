@@ -199,3 +199,55 @@ def test_a_removed_pod_starts_afresh():
     scorer.observe(Removed(a))
     assert scorer.state(a) == PrefillState()
     scorer.observe(Removed(pod("never-seen")))  # nothing to forget: no error
+
+
+def test_a_one_token_prompt_computes_its_token_whatever_the_match():
+    assert COST.seconds(1, 1, 16) == pytest.approx(0.010 + 0.000217)
+    assert COST.seconds(0, 1, 16) == pytest.approx(0.010)
+
+
+def test_slot_wait_uses_the_age_of_a_young_oldest_request_as_it_is():
+    from epp.datalayer.endpoint import Dispatch
+    from epp.scheduling.scorers.prefill import slot_wait
+
+    e = pod("a")
+    e.configured_slots = 8
+    e.metrics.running, e.metrics.waiting = 8, 4
+    e.open[1] = Dispatch(1, 100, NOW - 0.5)  # running for half a second only
+    e.in_flight = 1
+    e.refresh()
+    assert slot_wait(e, NOW) == pytest.approx(5 * 0.5 / 8)
+
+
+def test_a_peers_dispatch_extends_the_lane_up_to_its_limit_only():
+    scorer, a = PrefillScorer(COST), pod("a")
+    scorer.observe(Dispatched(request(), a, lane_limit=NOW + 0.5))  # OWN_COLD is ~0.9 s
+    assert scorer.state(a).lane_end == pytest.approx(NOW + 0.5)
+    scorer.observe(Dispatched(request(), a, lane_limit=NOW + 0.2))  # a limit never shortens it
+    assert scorer.state(a).lane_end == pytest.approx(NOW + 0.5)
+    scorer.observe(Dispatched(request({"a": 256}), a, lane_limit=NOW + 9.0))  # under the limit
+    assert scorer.state(a).lane_end == pytest.approx(NOW + 0.5 + OWN_HOT)
+
+
+def test_a_500_answer_does_not_move_the_mean_request_time():
+    scorer, a = PrefillScorer(COST), pod("a")
+    scorer.observe(Completed(a, 500, 9.0))
+    assert scorer.state(a).service_s is None
+    scorer.observe(Completed(a, 499, 3.0))
+    assert scorer.state(a).service_s == 3.0
+
+
+def test_a_full_pod_without_request_times_of_its_own_is_priced_with_the_pools_mean():
+    # Three pods, every slot taken and one request waiting (two completions ahead of a new
+    # one), none with a request in flight from this EPP: each waits 2 x service / 4 slots,
+    # with its own mean request time, else the mean of the others' (2 s and 4 s: 3 s).
+    pods = [pod("none"), pod("two"), pod("four")]
+    scorer = PrefillScorer(COST)
+    for e, service in zip(pods, (None, 2.0, 4.0), strict=True):
+        e.configured_slots = 4
+        e.metrics.running, e.metrics.waiting = 4, 1
+        e.refresh()
+        scorer.state(e).service_s = service
+    waits = [2 * 3.0 / 4, 2 * 2.0 / 4, 2 * 4.0 / 4]
+    best = waits[1] + OWN_COLD
+    assert scorer.score(request(), pods) == [pytest.approx(best / (w + OWN_COLD)) for w in waits]

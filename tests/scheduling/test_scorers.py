@@ -291,3 +291,33 @@ def test_the_imbalance_guard_when_enabled_drops_a_far_busier_pod_whatever_its_ca
     assert (
         Scheduler(SchedulingConfig()).schedule(request(4, {"hot": 4}), [hot, idle]).primary is hot
     )
+
+
+def test_cache_scorer_a_one_block_prompt_held_whole_scores_one():
+    assert CacheScorer().score(request(1, {"a": 1}), [endpoint("a"), endpoint("b")]) == [1.0, 0.0]
+
+
+def test_cache_scorer_a_prompt_without_blocks_scores_zero_whatever_the_match_says():
+    assert CacheScorer().score(request(0, {"a": 3}), [endpoint("a"), endpoint("b")]) == [0.0, 0.0]
+
+
+def cost_pods(*costs: str | None):
+    return [
+        endpoint(f"p{i}", labels={} if c is None else {"cost_per_hour": c})
+        for i, c in enumerate(costs)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("costs", "expected"),
+    [
+        ((None, None), [0.0, 0.0]),  # nobody labelled: no bonus for anyone
+        (("0", "0"), [0.0, 0.0]),  # all free: nothing to tell apart
+        (("0", "2"), [1.0, 0.0]),  # a free pod gets the whole bonus
+        (("0.25", "0.5"), [0.5, 0.0]),  # costs below 1 compare like any others
+        (("-1", "1", "2"), [0.0, 0.5, 0.0]),  # a negative cost is no cost label
+        (("cheap", "1", "2"), [0.0, 0.5, 0.0]),  # nor is one that is not a number
+    ],
+)
+def test_cost_scorer_edge_cases(costs, expected):
+    assert CostScorer().score(request(), cost_pods(*costs)) == [pytest.approx(e) for e in expected]
