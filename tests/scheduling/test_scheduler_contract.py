@@ -177,3 +177,25 @@ def test_the_breakdown_lists_the_best_first_rounded_to_four_digits():
         {"pod": "a", "score": 0.1235, "cache": 0.1111, "load": 1.0},
     ]
     assert [row["pod"] for row in d.breakdown(2)] == ["b", "c"]
+
+
+def test_a_seeded_rng_makes_the_tie_breaks_reproducible():
+    pods = [endpoint(f"p{i}") for i in range(4)]
+
+    def picks(seed: int) -> list[str]:
+        scheduler = Scheduler(SchedulingConfig(), rng=random.Random(seed))
+        return [scheduler.schedule(request(), pods).primary.name for _ in range(40)]
+
+    assert picks(11) == picks(11)
+    assert len(set(picks(11))) == 4
+
+
+def test_totals_closer_than_the_configured_tie_epsilon_are_equal():
+    # kv 0.01 apart is 0.001 apart in total with the default load weight (0.1): a tie at the
+    # default epsilon (0.005), so the pod with fewer requests in flight wins.
+    near, busy = endpoint("near", kv=0.01), endpoint("busy", kv=0.0)
+    busy.in_flight = 1
+    default = Scheduler(SchedulingConfig(), rng=random.Random(0))
+    assert default.schedule(request(), [near, busy]).primary is near
+    exact = Scheduler(SchedulingConfig(tie_epsilon=0.0), rng=random.Random(0))
+    assert exact.schedule(request(), [near, busy]).primary is busy
