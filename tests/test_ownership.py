@@ -433,7 +433,8 @@ def test_only_the_owner_module_writes_an_endpoint_field() -> None:
     assert stray(writes) == []
     # The check sees the owners' own writes: it is looking at the right objects.
     seen = {(w.module, w.field) for w in writes}
-    assert ("epp.datalayer.store", "in_flight") in seen
+    assert ("epp.datalayer.ledger", "in_flight") in seen
+    assert ("epp.datalayer.store", "metrics") in seen
     assert ("epp.datalayer.health", "excluded") in seen
     assert ("epp.datalayer.endpoint", "load") in seen
 

@@ -65,16 +65,16 @@ class Endpoint:
     consecutive_failures,         (`scraped`,            is learned from a pool's pages
     last_error, progress_at,      `scrape_failed`;       (slots, frozen gauges, adapters);
     gauges_frozen, learned_slots, datalayer/scraper.py   the scraper fetches and parses,
-    pool_slots, adapters_seen,    fetches the pages)     the store applies
-    seen_through
-    open, dispatched_total,       datalayer/store.py     one ledger of what was sent where:
-    in_flight, in_flight_tokens,  (`dispatched`,         a reservation is released by its
-    dispatched_tokens, peer       `completed`,           completion, by a page that shows
-                                  `peer_dispatched`,     it over, or by its TTL, and all
-                                  and a page or the      three must agree on one `open`.
-                                  TTL releasing)         Callers: the router's accounting
-                                                         (reservations, completions),
-                                                         replicas/inbox.py (peers' ones)
+    pool_slots, adapters_seen     fetches the pages)     the store applies
+    open, dispatched_total,       datalayer/ledger.py    one ledger of what was sent where:
+    in_flight, in_flight_tokens,  (called by the store:  a reservation is released by its
+    dispatched_tokens, peer,      `dispatched`,          completion, by a page that shows
+    seen_through                  `completed`,           it over, or by its TTL, and all
+                                  `peer_dispatched`,     three must agree on one `open`.
+                                  a page, the clock)     The store's callers: the router's
+                                                         accounting (reservations and
+                                                         their ends), replicas/inbox.py
+                                                         (peers' reservations)
     charged_failures,             datalayer/health.py    the health model (see there):
     unconfirmed_failures,                                its inputs beyond the page and its
     error_rate, error_at,                                verdicts, which routing obeys; the
@@ -203,6 +203,7 @@ class Endpoint:
 
 
 STORE: Final = "epp.datalayer.store"
+LEDGER: Final = "epp.datalayer.ledger"
 HEALTH: Final = "epp.datalayer.health"
 DERIVED: Final = "epp.datalayer.endpoint"
 
@@ -226,14 +227,14 @@ FIELD_OWNERS: Final[Mapping[str, str]] = MappingProxyType(
         "learned_slots": STORE,
         "pool_slots": STORE,
         "adapters_seen": STORE,
-        "seen_through": STORE,
         # The ledger of what was sent where.
-        "open": STORE,
-        "dispatched_total": STORE,
-        "in_flight": STORE,
-        "in_flight_tokens": STORE,
-        "dispatched_tokens": STORE,
-        "peer": STORE,
+        "open": LEDGER,
+        "dispatched_total": LEDGER,
+        "in_flight": LEDGER,
+        "in_flight_tokens": LEDGER,
+        "dispatched_tokens": LEDGER,
+        "peer": LEDGER,
+        "seen_through": LEDGER,
         # The health model.
         "charged_failures": HEALTH,
         "unconfirmed_failures": HEALTH,

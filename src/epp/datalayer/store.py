@@ -3,9 +3,9 @@
 Every change enters here: discovery (`sync`), pages (`scraped`, `scrape_failed`, called
 by the scraper only), reservations and their ends (`dispatched`, `completed`,
 `record_status`: the router's accounting only; `peer_dispatched`: replicas/inbox.py only)
-and the clock (`refresh_health`). The store writes the fields it owns and leaves the health
-fields to datalayer/health.py; Endpoint's docstring has the table, tests/test_ownership.py
-enforces it.
+and the clock (`refresh_health`). The store writes the fields it owns and leaves the
+ledger of dispatches to datalayer/ledger.py and the health fields to datalayer/health.py;
+Endpoint's docstring has the table, tests/test_ownership.py enforces it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import structlog
 
 from epp.config import DataLayerConfig, EndpointConfig, EppConfig
-from epp.datalayer.endpoint import Dispatch, Endpoint
+from epp.datalayer import ledger
+from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.health import (
     apply_floor,
     assess,
@@ -44,10 +45,6 @@ class FloorStats:
     panic_requests: int = 0  # requests dispatched to a model in panic
 
 
-# A request reaches the engine's counts some time after the EPP chose the pod (Envoy
-# connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
-# than this are compared with the pod's counts.
-RECONCILE_GRACE_S = 2.0
 # KV usage at which a pod's waiting requests are blamed on its KV cache, not its slots.
 KV_FULL = 0.9
 
@@ -229,12 +226,9 @@ class EndpointStore:
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
-        endpoint.seen_through = dispatched_at_start
-        peer = endpoint.peer
-        while peer and peer[0].seq <= dispatched_at_start:
-            peer.popleft()  # on this page now
+        ledger.page_seen(endpoint, dispatched_at_start)
         self._learn(endpoint, previous, metrics, now)
-        released = self._reconcile(endpoint, metrics, now)
+        released = ledger.reconcile(endpoint, int(metrics.running + metrics.waiting), now)
         endpoint.refresh()
         self._set_health(endpoint, now)
         # The engine restarted, so its cache is gone: its counters went backwards, or the
@@ -304,21 +298,6 @@ class EndpointStore:
                 endpoint.pool_slots = source.learned_slots
                 endpoint.refresh()
 
-    def _reconcile(self, endpoint: Endpoint, metrics: PodMetrics, now: float) -> bool:
-        """Completions nobody reported: the pod holds fewer requests than the EPP sent it
-        before this page was fetched, so the oldest of those are over. (Other routers'
-        traffic only adds to the pod's count, so this never releases a live request.)"""
-        through = endpoint.seen_through
-        before = [
-            d for d in endpoint.open.values() if d.seq <= through and now - d.at > RECONCILE_GRACE_S
-        ]
-        excess = len(before) - int(metrics.running + metrics.waiting)
-        if excess <= 0:
-            return False
-        for dispatch in before[:excess]:
-            self._release(endpoint, dispatch)
-        return True
-
     def scrape_failed(self, endpoint: Endpoint, error: str) -> None:
         now = self._clock()
         endpoint.consecutive_failures += 1
@@ -338,12 +317,7 @@ class EndpointStore:
         )
         ttl = self._config.in_flight_ttl_s
         for endpoint in endpoints:
-            expired = [d for d in endpoint.open.values() if now - d.at > ttl]
-            for dispatch in expired:
-                self._release(endpoint, dispatch)
-            peer = endpoint.peer
-            while peer and now - peer[0].at > self._peer_ttl:
-                expired.append(peer.popleft())  # no page came to show it: stop counting it
+            expired = ledger.expire(endpoint, now, ttl, self._peer_ttl)
             if expired:
                 endpoint.refresh()
             self._set_health(endpoint, now)
@@ -354,14 +328,9 @@ class EndpointStore:
     def dispatched(self, endpoint: Endpoint, tokens: int = 0) -> int:
         """A request was sent to the pod; returns its dispatch number for `completed`.
         The pod's load figures include it at once, for the very next decision."""
-        endpoint.dispatched_total += 1
-        seq = endpoint.dispatched_total
-        endpoint.open[seq] = Dispatch(seq, tokens, self._clock())
+        seq = ledger.reserve(endpoint, tokens, self._clock())
         if endpoint.panic:
             self.floor_stats.panic_requests += 1
-        endpoint.in_flight += 1
-        endpoint.in_flight_tokens += tokens
-        endpoint.dispatched_tokens += tokens
         endpoint.refresh()
         return seq
 
@@ -369,16 +338,8 @@ class EndpointStore:
         """A peer replica sent a request to the pod (epp/replicas). Its load figures include
         it from its arrival here until a page fetched after that shows it, or for at most
         `peer_ttl_s`: the EPP never hears of its end."""
-        endpoint.dispatched_total += 1
-        seq = endpoint.dispatched_total
-        endpoint.peer.append(Dispatch(seq, tokens, self._clock()))
-        endpoint.dispatched_tokens += tokens
+        ledger.reserve_for_peer(endpoint, tokens, self._clock())
         endpoint.refresh()
-
-    def _release(self, endpoint: Endpoint, dispatch: Dispatch) -> None:
-        if endpoint.open.pop(dispatch.seq, None) is not None:
-            endpoint.in_flight -= 1
-            endpoint.in_flight_tokens -= dispatch.tokens
 
     def completed(
         self, endpoint: Endpoint, status: int | None, dispatch: int | None
@@ -386,10 +347,9 @@ class EndpointStore:
         """The request numbered `dispatch` ended with `status` (None: no response seen).
         Returns its time since dispatch, or None if it was no longer open (released by a
         page that showed it over, expired, or never dispatched)."""
-        entry = endpoint.open.get(dispatch) if dispatch is not None else None
+        entry = ledger.release(endpoint, dispatch) if dispatch is not None else None
         took = None
         if entry is not None:
-            self._release(endpoint, entry)
             endpoint.refresh()
             took = max(0.0, self._clock() - entry.at)
         self.record_status(endpoint, status)

@@ -1,0 +1,94 @@
+"""The ledger of what the EPP sent to each pod: the only writer of an Endpoint's `open`,
+`dispatched_total`, `in_flight`, `in_flight_tokens`, `dispatched_tokens`, `peer` and
+`seen_through` (the ownership table is in datalayer/endpoint.py).
+
+The store decides when (a dispatch, a completion, a page, the clock) and calls these
+functions; `Endpoint.refresh()` turns the ledger into load figures. Invariants:
+
+- `dispatched_total` numbers every dispatch counted on the pod, this EPP's and its peer
+  replicas', in order of arrival here; the numbers never go back.
+- `open` holds this EPP's dispatches not yet released, oldest first; `in_flight` is its
+  length and `in_flight_tokens` the sum of their tokens. Each is released exactly once:
+  by its completion, by a page that shows it over (`reconcile`), or by its TTL.
+- `peer` holds peers' dispatches that no page has shown yet, oldest first: a page
+  fetched after one arrived includes it, and after `peer_ttl` it is no longer counted
+  (the EPP never hears of a peer's completion).
+- `seen_through`: dispatches up to this number were sent before the last page's fetch
+  began, so that page may include them.
+- `dispatched_tokens` only grows: every uncached prompt token ever sent to the pod.
+"""
+
+from __future__ import annotations
+
+from epp.datalayer.endpoint import Dispatch, Endpoint
+
+# A request reaches the engine's counts some time after the EPP chose the pod (Envoy
+# connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
+# than this are compared with the pod's counts.
+RECONCILE_GRACE_S = 2.0
+
+
+def reserve(endpoint: Endpoint, tokens: int, now: float) -> int:
+    """This EPP sent a request with `tokens` uncached prompt tokens: returns its number."""
+    endpoint.dispatched_total += 1
+    seq = endpoint.dispatched_total
+    endpoint.open[seq] = Dispatch(seq, tokens, now)
+    endpoint.in_flight += 1
+    endpoint.in_flight_tokens += tokens
+    endpoint.dispatched_tokens += tokens
+    return seq
+
+
+def reserve_for_peer(endpoint: Endpoint, tokens: int, now: float) -> None:
+    """A peer replica sent a request: counted until a page shows it, or its TTL."""
+    endpoint.dispatched_total += 1
+    endpoint.peer.append(Dispatch(endpoint.dispatched_total, tokens, now))
+    endpoint.dispatched_tokens += tokens
+
+
+def release(endpoint: Endpoint, seq: int) -> Dispatch | None:
+    """Release the open dispatch numbered `seq`; None if it is not open (released
+    already, or never dispatched)."""
+    dispatch = endpoint.open.pop(seq, None)
+    if dispatch is not None:
+        endpoint.in_flight -= 1
+        endpoint.in_flight_tokens -= dispatch.tokens
+    return dispatch
+
+
+def page_seen(endpoint: Endpoint, through: int) -> None:
+    """A page whose fetch began when `dispatched_total` was `through`: the dispatches up
+    to it may be on the page, and peers' ones are (they are counted no longer)."""
+    endpoint.seen_through = through
+    peer = endpoint.peer
+    while peer and peer[0].seq <= through:
+        peer.popleft()
+
+
+def reconcile(endpoint: Endpoint, shown: int, now: float) -> bool:
+    """Completions nobody reported: the page shows `shown` requests (running + waiting),
+    fewer than this EPP sent before its fetch, so the oldest of those are over. Other
+    routers' traffic only adds to the pod's count, so this never releases a live request.
+    Returns whether any was released."""
+    through = endpoint.seen_through
+    before = [
+        d for d in endpoint.open.values() if d.seq <= through and now - d.at > RECONCILE_GRACE_S
+    ]
+    excess = len(before) - shown
+    for dispatch in before[: max(0, excess)]:
+        release(endpoint, dispatch.seq)
+    return excess > 0
+
+
+def expire(endpoint: Endpoint, now: float, ttl: float, peer_ttl: float) -> bool:
+    """Stop counting what no completion or page accounted for in time: open dispatches
+    older than `ttl`, peers' older than `peer_ttl`. Returns whether any was dropped."""
+    expired = [d for d in endpoint.open.values() if now - d.at > ttl]
+    for dispatch in expired:
+        release(endpoint, dispatch.seq)
+    peer = endpoint.peer
+    dropped = bool(expired)
+    while peer and now - peer[0].at > peer_ttl:
+        peer.popleft()
+        dropped = True
+    return dropped
