@@ -53,7 +53,8 @@ class Dispatch:
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """Who writes which field. One module per field; all others read. A module that needs
-    a field changed calls its owner (the store's methods below), never assigns it.
+    a field changed calls the store (datalayer/store.py), which applies the change through
+    the field's owner; it never assigns the field.
 
     ============================  =====================  ===================================
     fields                        owner                  why
