@@ -98,6 +98,7 @@ def test_removal_gives_back_its_count_and_bytes_and_is_idempotent():
     assert (len(queue), queue.bytes) == (2, 20)
     queue.remove(first)
     assert (len(queue), queue.bytes) == (1, 10) and first.done
+    assert queue.placements() == {"m"}  # the other one still waits for those pods
     queue.remove(first)  # already out (placed, then its client gave up)
     assert (len(queue), queue.bytes) == (1, 10)
     queue.remove(second)
@@ -121,6 +122,7 @@ def test_a_request_taken_out_during_the_walk_is_not_offered():
         if w.item == "m1":
             queue.remove(by_item["a1"])  # the same turn's next request
     assert walked == ["top", "m1", "low"]
+    assert [w.item for w in queue.in_order()] == ["top", "m1", "low"]
 
 
 def test_candidates_are_one_head_per_model_in_service_order():
