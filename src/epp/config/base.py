@@ -1,0 +1,9 @@
+"""The base of every configuration section: unknown keys fail, values are frozen."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
