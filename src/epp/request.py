@@ -164,9 +164,10 @@ class _Message(msgspec.Struct, gc=False):
 
 
 class _PartType(msgspec.Struct, gc=False):
-    """A content part's type: every other field is checked as JSON and skipped."""
+    """A content part's type: every other field is checked as JSON and skipped. A type that
+    is not a string names no media kind (the part is then decoded in full)."""
 
-    type: Any = None
+    type: str | None = None
 
 
 class _TurnParts(msgspec.Struct, gc=False):
@@ -291,14 +292,14 @@ def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     raise _bad("'prompt' must be a string, a list of strings, or token ids", "prompt")
 
 
-def _part_type(part: msgspec.Raw) -> object:
+def _part_type(part: msgspec.Raw) -> str | None:
     leading = _LEADING_TYPE.match(bytes(memoryview(part)[:128]))
     if leading is not None:
         return leading.group(1).decode()
     try:
         return _PART_TYPE.decode(part).type
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return None  # not an object: decoded in full, and refused there
+        return None  # not an object or no string type: decoded in full, checked there
 
 
 def _content_parts(raws: list[msgspec.Raw], media: Mapping[str, str] = MEDIA_MODALITY) -> list[Any]:
@@ -309,7 +310,7 @@ def _content_parts(raws: list[msgspec.Raw], media: Mapping[str, str] = MEDIA_MOD
     for part in raws:
         if len(part) > _BIG_PART:
             kind = _part_type(part)
-            modality = media.get(kind) if isinstance(kind, str) else None
+            modality = None if kind is None else media.get(kind)
             if modality is not None:
                 parts.append(HashedMedia(modality, xxhash.xxh64_hexdigest(part)))
                 continue
