@@ -50,3 +50,9 @@ def test_fallbacks_follow_by_score_equal_scores_in_candidate_order_bounded_by_th
     assert picker.pick([0.1, 0.8, 0.4, 0.4], 3) == [1, 2, 3]
     assert picker.pick([0.1, 0.8], 5) == [1, 0]
     assert picker.pick([0.1, 0.8], 1) == [1]
+
+
+def test_without_an_epsilon_only_float_noise_ties():
+    picker = MaxScorePicker(random.Random(7))
+    assert primaries(picker, [0.5, 0.6]) == {1}
+    assert primaries(picker, [0.3, 0.1 + 0.2]) == {0, 1}  # 0.30000000000000004

@@ -251,3 +251,16 @@ def test_a_full_pod_without_request_times_of_its_own_is_priced_with_the_pools_me
     waits = [2 * 3.0 / 4, 2 * 2.0 / 4, 2 * 4.0 / 4]
     best = waits[1] + OWN_COLD
     assert scorer.score(request(), pods) == [pytest.approx(best / (w + OWN_COLD)) for w in waits]
+
+
+def test_a_pod_whose_slots_are_exactly_full_makes_a_new_request_wait_for_one_completion():
+    from epp.scheduling.scorers.prefill import slot_wait
+
+    e = pod("a")
+    e.configured_slots = 4
+    e.metrics.running, e.metrics.waiting = 4, 0
+    e.refresh()
+    assert slot_wait(e, NOW, service_s=2.0) == pytest.approx(1 * 2.0 / 4)
+    e.metrics.running = 3  # a slot free: no wait
+    e.refresh()
+    assert slot_wait(e, NOW, service_s=2.0) == 0.0

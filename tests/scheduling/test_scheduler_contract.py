@@ -199,3 +199,30 @@ def test_totals_closer_than_the_configured_tie_epsilon_are_equal():
     assert default.schedule(request(), [near, busy]).primary is near
     exact = Scheduler(SchedulingConfig(tie_epsilon=0.0), rng=random.Random(0))
     assert exact.schedule(request(), [near, busy]).primary is busy
+
+
+def test_the_decision_carries_the_request_id_and_the_weights_the_logs_explain_it_with():
+    weights = {"cache": 0.6, "load": 0.2, "queue": 0.1, "health": 0.05, "adapter": 0.05}
+    scheduler = Scheduler(SchedulingConfig(weights=weights), rng=random.Random(0))
+    d = scheduler.schedule(SchedulingRequest(request_id="req-42", base_model="m"), [endpoint("a")])
+    assert d.request_id == "req-42"
+    assert d.weights == weights
+
+
+def test_a_scorer_given_weight_zero_is_not_built():
+    weights = {"cache": 0.6, "load": 0.4, "prefill": 0.0, "cost": 0.0}
+    scheduler = Scheduler(SchedulingConfig(weights=weights), rng=random.Random(0))
+    assert scheduler.weights == {"cache": 0.6, "load": 0.4}
+    assert scheduler.scorer("prefill") is None and scheduler.scorer("cost") is None
+    d = scheduler.schedule(request(), [endpoint("a"), endpoint("b")])
+    assert set(d.factors) == {"cache", "load"}
+
+
+def test_the_imbalance_guard_takes_its_ratio_from_the_config():
+    # least 10: limit max(10 + 4, 10 x 2) = 20 with ratio 2 (30 with the default 3).
+    pods = [endpoint("least"), endpoint("busy")]
+    pods[0].in_flight, pods[1].in_flight = 10, 25
+    on = SchedulingConfig(balance={"enabled": True, "abs_requests": 4, "ratio": 2.0})
+    d = Scheduler(on, rng=random.Random(0)).schedule(request(), pods)
+    assert [e.name for e in d.candidates] == ["least"]
+    assert d.filtered_out == {"balance": 1}
