@@ -396,3 +396,19 @@ def test_a_large_anthropic_turn_of_text_is_kept_as_text():
     assert (message.role, message.content) == ("user", text)
     (message,) = anthropic(json.dumps({"role": "assistant", "content": text}).encode())
     assert (message.role, message.content) == ("assistant", text)
+
+
+def test_an_image_in_the_long_tail_of_a_conversation_counts_as_its_stand_in():
+    """A conversation of several MiB is cut from a window and its tail measured: a base64
+    image there changes the estimate by its stand-in, not by turns its bytes would make."""
+    turns = [{"role": "user", "content": f"turn {i} " + "w" * 180} for i in range(30_000)]
+    url = "data:image/png;base64," + "QUJD" * (1024 * 1024)  # 4 MiB of base64
+    estimates = []
+    for data in ("data:image/png;base64,QUJD", url):
+        late = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data}}]}
+        body = json.dumps({"model": "m", "messages": [*turns[:25_000], late, *turns[25_000:]]})
+        prompt = parse_request(CHAT_PATH, body.encode(), {}).prompt
+        assert 0 < len(prompt.messages) < 25_000
+        estimates.append(prompt.omitted_tokens)
+    small, large = estimates
+    assert small > 1_000_000 and abs(large - small) <= 10, (small, large)

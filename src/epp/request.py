@@ -384,10 +384,12 @@ def _element_ends(view: memoryview, start: int, end: int) -> Iterator[tuple[int,
 
 def _tail_bytes(tail: memoryview, head: list[msgspec.Raw]) -> tuple[int, int]:
     """(text bytes, turns) of the list's tail, no element of which is decoded: its size
-    less its base64 media runs, and as many turns as the head's mean turn size gives."""
+    with each base64 media run counted as its stand-in, and as many turns as those bytes
+    make at the head's mean turn size (an image's bytes hold no turns)."""
     media = sum(len(run.group()) - _STAND_IN_BYTES for run in _BASE64_RUN.finditer(tail))
+    text = len(tail) - media  # each run leaves its stand-in's bytes: never negative
     mean = max(1, sum(map(len, head)) // len(head))
-    return max(0, len(tail) - media), max(1, len(tail) // mean)
+    return text, max(1, text // mean)
 
 
 def _head_of_list(
