@@ -7,7 +7,6 @@ import json
 
 from tokenizer_fixtures import FIXTURES
 
-from epp.app import connect
 from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
@@ -19,6 +18,7 @@ from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry
 from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.wiring import connect
 
 
 def router() -> tuple[Router, TokenizerRegistry]:

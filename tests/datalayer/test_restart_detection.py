@@ -41,13 +41,13 @@ import pytest
 import zmq
 from helpers import until
 
-from epp.app import index_listener
 from epp.config import EndpointConfig, EppConfig, KvEventsConfig
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
+from epp.wiring import index_listener
 from epp_harness.stack import HOST, free_ports
 
 pytestmark = pytest.mark.e2e

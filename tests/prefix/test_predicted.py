@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from epp.app import connect
 from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
@@ -18,6 +17,7 @@ from epp.prefix.precise import PreciseIndex
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.wiring import connect
 
 A = [BlockHash(1), BlockHash(2), BlockHash(3)]
 B = [BlockHash(1), BlockHash(2), BlockHash(4)]
@@ -187,9 +187,9 @@ def precise_router(clock: Clock) -> tuple[Router, PrefixIndex]:
     connect(store, index, router, cfg)
     precise = PreciseIndex(index, cfg.prefix.block_size)
     precise.attach("a", "m")
-    # As epp.app.connect wires precise mode.
-    router.record_listeners.append(precise.dispatched)
-    router.completion_listeners.append(precise.completed)
+    # As epp.wiring.connect wires precise mode.
+    router.hooks.before_record.append(precise.dispatched)
+    router.hooks.completed.append(precise.completed)
     return router, index
 
 
