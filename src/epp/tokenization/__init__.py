@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from epp.tokenization.cache import PrefixTokenCache
     from epp.tokenization.chat_template import ChatTemplate
-    from epp.tokenization.hf import HfTokenizer, load_tokenizer_dir
+    from epp.tokenization.hf import HfTokenizer
+    from epp.tokenization.hf_files import load_tokenizer_dir
     from epp.tokenization.registry import TokenizerRegistry
 
 _MODULE_OF = {
@@ -26,7 +27,7 @@ _MODULE_OF = {
     "HfTokenizer": "epp.tokenization.hf",
     "PrefixTokenCache": "epp.tokenization.cache",
     "TokenizerRegistry": "epp.tokenization.registry",
-    "load_tokenizer_dir": "epp.tokenization.hf",
+    "load_tokenizer_dir": "epp.tokenization.hf_files",
 }
 
 __all__ = [

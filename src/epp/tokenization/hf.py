@@ -1,6 +1,6 @@
 """A model's own tokenizer, from its files, producing the token ids vLLM produces.
 
-`load_tokenizer_dir(DIR)` reads `tokenizer.json` (HF `tokenizers`), and from
+`load_tokenizer_dir(DIR)` (`hf_files`) reads `tokenizer.json` (HF `tokenizers`), and from
 `tokenizer_config.json` the named special tokens and the chat template (or from
 `chat_template.jinja`, which takes precedence as in transformers; a dict of named
 templates uses `tool_use` when the request has tools, else `default`).
@@ -11,13 +11,13 @@ What vLLM does, and this reproduces:
 - **Chats** are rendered through the chat template (`chat_template.py`) and the text is
   encoded with `add_special_tokens=False` (the template writes its own BOS), unless the
   body sets `add_special_tokens: true`.
-- The conversation the template sees is vLLM's: content as a string (text parts joined
-  with "\\n") or, for a template that iterates over parts, as a list of parts (a string
-  becomes one text part, no content an empty list); tool turns' text parts joined; tool
-  call arguments decoded to objects; `developer` turns become `system` when the template
-  does not name that role (then every system turn is merged into the first, joined with
-  a blank line); an Anthropic body's inline system turns are merged into the first when
-  the template refuses a later system turn.
+- The conversation the template sees is vLLM's (`hf_chat`): content as a string (text
+  parts joined with "\\n") or, for a template that iterates over parts, as a list of
+  parts (a string becomes one text part, no content an empty list); tool turns' text
+  parts joined; tool call arguments decoded to objects; `developer` turns become
+  `system` when the template does not name that role (then every system turn is merged
+  into the first, joined with a blank line); an Anthropic body's inline system turns are
+  merged into the first when the template refuses a later system turn.
 - Template arguments: the configured defaults, then `tools`, then the body's
   `chat_template_kwargs`, then `add_generation_prompt`, `continue_final_message`,
   `documents`, `reasoning_effort` (and `enable_thinking`, which vLLM derives from it),
@@ -25,12 +25,13 @@ What vLLM does, and this reproduces:
 
 Bounded work: `encode_prefix` / `encode_chat_prefix` return at most `max_tokens` ids,
 encoding a slice of the text's head that grows until it holds `max_tokens` + 16 ids
-and the kept ids end at least two pre-tokenizer pieces before the cut (so a merge across
+and the kept ids end at least two pre-tokenizer pieces ahead of the cut (so a merge across
 the cut cannot change them; the slice grows once at most for that, so a single "word"
 longer than the slice is cut there, its last ids possibly not the engine's), and
 estimate the rest of the count from the slice's characters per token. The fast path
-(`fast.py`) reads windows of the text the same way. A rendered chat is cut the same way (the template itself renders
-the whole conversation the parser kept: templates may look ahead).
+(`fast.py`) reads windows of the text the same way. A rendered chat is cut the same way
+(the template itself renders the whole conversation the parser kept: templates may look
+ahead).
 
 Multi-turn reuse (`cache.py`): before encoding a rendered chat, the longest prefix of it
 that ends at a special token and was encoded before is taken from the cache, and only the
@@ -38,19 +39,20 @@ rest is encoded, after that special token as an anchor (it must come out as that
 else the cache is not used for this request). New special-token boundaries of the kept
 ids are stored, at least `min_segment_tokens` apart, and always the last one, so turn
 N + 1 finds turn N's rendering up to its generation prompt.
+
+`HfTokenizer` stays one class (~400 lines): the bounded head, the fast path's hand-over
+to HF, the characters-per-token estimate and the cache's boundaries are one algorithm
+over the same encoding state; the conversation shaping and the file loading are apart.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import tokenizers
 import xxhash
@@ -58,6 +60,7 @@ import xxhash
 from epp.tokenization.cache import PrefixTokenCache
 from epp.tokenization.chat_template import ChatTemplate
 from epp.tokenization.fast import FastByteLevelBpe, HandOver
+from epp.tokenization.hf_chat import conversation, template_kwargs
 from epp.tokenization.protocol import (
     DEFAULT_CHAT_OPTIONS,
     ChatMessage,
@@ -66,30 +69,11 @@ from epp.tokenization.protocol import (
     TokenizationError,
 )
 
-SPECIAL_TOKEN_NAMES = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-)
 MARGIN_TOKENS = 16  # ids encoded past the kept head, so merges across the cut cannot reach
 MIN_SEGMENT_TOKENS = 32
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
-_UNSET = (None, "auto")
 
 _xxh3 = xxhash.xxh3_64_intdigest
-
-
-def _merge(defaults: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None) -> dict:
-    """vLLM's merge_kwargs: overrides win, except their null (and "auto") values."""
-    merged = dict(defaults or {})
-    for key, value in (overrides or {}).items():
-        if not any(value is u or (isinstance(value, str) and value == u) for u in _UNSET):
-            merged[key] = value
-    return merged
 
 
 @dataclass(slots=True)
@@ -193,25 +177,14 @@ class HfTokenizer:
         return template
 
     def render_chat(self, messages: Sequence[ChatMessage], options: ChatOptions | None) -> str:
-        """The conversation as vLLM renders it for this model (text, before encoding)."""
+        """The conversation as vLLM renders it for this model (text, ahead of encoding)."""
         opts = options or DEFAULT_CHAT_OPTIONS
         template = self.template_for(opts)
-        conversation = _conversation(messages, opts, template)
-        extras: dict[str, Any] = {
-            "add_generation_prompt": opts.add_generation_prompt,
-            "continue_final_message": opts.continue_final_message,
-            "documents": list(opts.documents) if opts.documents is not None else None,
-            "reasoning_effort": opts.reasoning_effort,
-        }
-        user = opts.chat_template_kwargs or {}
-        if opts.reasoning_effort is not None and "enable_thinking" not in user:
-            extras["enable_thinking"] = opts.reasoning_effort != "none"
-        tools = [dict(t) for t in opts.tools] if opts.tools is not None else None
-        defaults = _merge(self._default_kwargs, {"tools": tools})
-        kwargs = _merge(defaults, _merge(user, extras))
+        turns = conversation(messages, opts, template)
+        kwargs = template_kwargs(opts, self._default_kwargs)
         tools_arg = kwargs.pop("tools", None)
         return template.render(
-            conversation,
+            turns,
             special_tokens=self._special,
             tools=tools_arg if isinstance(tools_arg, list) else None,
             documents=kwargs.pop("documents", None),
@@ -264,16 +237,7 @@ class HfTokenizer:
             return Encoded(array("I"), self._estimate(len(text)), not text)
         cap = len(text) if max_tokens is None else min(len(text), max_tokens * 128)
         boundaries = self._boundaries(text, cap)
-        base: array | None = None
-        base_index = -1
-        cache = self.cache
-        for i in range(len(boundaries) - 1, -1, -1):
-            key = boundaries[i][1]
-            if key in cache:
-                base = cache.get(key)
-                if base is not None:
-                    base_index = i
-                    break
+        base, base_index = self._cached_base(boundaries)
         piece: _Piece | None = None
         if base is not None:
             end, _, anchor = boundaries[base_index]
@@ -305,6 +269,18 @@ class HfTokenizer:
             total = len(base) + len(piece.ids) + math.ceil((len(text) - piece.end) * per_char)
         self._store(boundaries, base_index, len(base), piece, len(kept), ids)
         return Encoded(ids, total, piece.complete)
+
+    def _cached_base(self, boundaries: list[tuple[int, int, str]]) -> tuple[array | None, int]:
+        """The cached ids of the longest prefix ending at one of `boundaries`, and its index
+        (None, -1: none cached)."""
+        cache = self.cache
+        for i in range(len(boundaries) - 1, -1, -1):
+            key = boundaries[i][1]
+            if key in cache:
+                base = cache.get(key)
+                if base is not None:
+                    return base, i
+        return None, -1
 
     def _boundaries(self, text: str, cap: int) -> list[tuple[int, int, str]]:
         """(end, chained key, token) of each special token in text[:cap]."""
@@ -338,28 +314,16 @@ class HfTokenizer:
             if segment_end > pos:
                 segment = text[pos:segment_end]
                 if not fast.safe(segment):
-                    rest = None if need is None else max(0, need - len(ids))
-                    tail = self._encode_from(text, pos, "", rest)
-                    assert tail is not None  # no anchor: nothing to refuse
-                    offset = len(ids)
-                    ids.extend(tail.ids)
-                    return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
+                    return self._hand_over(text, start, pos, need, ids, counts)
                 try:
                     stop = fast.encode_into(ids, segment, need)
                 except HandOver as over:  # one huge piece: the HF path's bounded cut
-                    pos += over.consumed
-                    rest = None if need is None else max(0, need - len(ids))
-                    tail = self._encode_from(text, pos, "", rest)
-                    assert tail is not None
-                    offset = len(ids)
-                    ids.extend(tail.ids)
-                    return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
+                    return self._hand_over(text, start, pos + over.consumed, need, ids, counts)
                 if stop is not None:
                     return _Piece(ids, start, pos + stop, False, counts=counts)
             if match is None:
                 if ids and len(text) > start:
-                    ratio = (len(text) - start) / len(ids)
-                    self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * ratio
+                    self._learn_ratio((len(text) - start) / len(ids))
                 return _Piece(ids, start, len(text), True, counts=counts)
             ids.append(anchors[match.group()])
             pos = match.end()
@@ -367,15 +331,24 @@ class HfTokenizer:
             if need is not None and len(ids) >= need:
                 return _Piece(ids, start, pos, pos == len(text), counts=counts)
 
+    def _hand_over(
+        self, text: str, start: int, pos: int, need: int | None, ids: array, counts: dict
+    ) -> _Piece:
+        """The fast path's piece so far (`ids`, from `start`), finished by HF from `pos`."""
+        rest = None if need is None else max(0, need - len(ids))
+        tail = self._encode_from(text, pos, "", rest)
+        assert tail is not None  # no anchor: nothing to refuse
+        offset = len(ids)
+        ids.extend(tail.ids)
+        return _Piece(ids, start, tail.end, tail.complete, counts=counts, tail=tail, tail_offset=offset)  # fmt: skip
+
     def _encode_from(self, text: str, start: int, anchor: str, need: int | None) -> _Piece | None:
         """Encode text[start:] (after `anchor`), or a slice of it holding `need` exact ids."""
         skip = 1 if anchor else 0
-        remaining = len(text) - start
-        size = (
-            remaining
-            if need is None
-            else max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token * 1.2))
-        )
+        if need is None:
+            size = len(text) - start
+        else:
+            size = max(64, math.ceil((need + MARGIN_TOKENS) * self._chars_per_token * 1.2))
         first = size
         while True:
             end = min(len(text), start + size)
@@ -392,9 +365,7 @@ class HfTokenizer:
             count = len(ids) - skip
             if end == len(text):
                 if count and end > start:
-                    self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * (
-                        (end - start) / count
-                    )
+                    self._learn_ratio((end - start) / count)
                 return _Piece(ids[skip:], start, end, True, encoding, skip, len(anchor))
             assert need is not None
             if count >= need + MARGIN_TOKENS:
@@ -448,154 +419,19 @@ class HfTokenizer:
                 if key in cache:
                     parent, parent_len = key, count
 
+    def _learn_ratio(self, chars_per_token: float) -> None:
+        """A whole text's characters per token, averaged into the estimate (slices size by it)."""
+        self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * chars_per_token
+
     def _estimate(self, chars: int) -> int:
         return math.ceil(chars / self._chars_per_token)
 
 
-# -- the conversation as vLLM hands it to the template ---------------------------------
-def _conversation(
-    messages: Sequence[ChatMessage], options: ChatOptions, template: ChatTemplate
-) -> list[dict[str, Any]]:
-    if options.source == "anthropic" and template.requires_leading_system:
-        # vLLM's /v1/messages: every system text (the top-level one first) joined into
-        # one leading system turn.
-        systems = [m.content for m in messages if m.role == "system"]
-        if systems:
-            messages = [
-                ChatMessage("system", "".join(systems)),
-                *(m for m in messages if m.role != "system"),
-            ]
-    openai = template.content_format == "openai"
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        content: Any
-        if not openai:
-            content = message.content
-        elif message.parts is None:
-            content = [{"type": "text", "text": message.content}]
-        elif message.role == "tool" and all(p.get("type") == "text" for p in message.parts):
-            content = message.content  # vLLM joins a tool turn's text parts
-        else:
-            content = [dict(p) for p in message.parts]
-        turn: dict[str, Any] = {"role": message.role, "content": content}
-        if message.extra:
-            turn.update(message.extra)
-        out.append(turn)
-    if not template.supports_developer and any(t["role"] == "developer" for t in out):
-        out = _developer_as_system(out)
-    return out
+def __getattr__(name: str) -> Any:
+    # `epp.tokenization.hf.load_tokenizer_dir` stays importable; its home is hf_files,
+    # which imports this module (so it cannot be imported here at load).
+    if name == "load_tokenizer_dir":
+        from epp.tokenization.hf_files import load_tokenizer_dir
 
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(
-            p if isinstance(p, str) else str(p["text"])
-            for p in content
-            if isinstance(p, str) or (isinstance(p, dict) and "text" in p)
-        )
-    return content or ""
-
-
-def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """vLLM, for a template without a `developer` role: developer turns become system
-    turns (without their tools), and when a system turn is then not first, or there are
-    several, all of them are merged into one leading turn, joined with a blank line."""
-    turns = [
-        {k: v for k, v in t.items() if k != "tools"} | {"role": "system"}
-        if t["role"] == "developer"
-        else t
-        for t in conversation
-    ]
-    texts: list[str] = []
-    rest: list[dict[str, Any]] = []
-    merge = False
-    for i, turn in enumerate(turns):
-        if turn["role"] == "system":
-            if i > 0 or texts:
-                merge = True
-            text = _text_of(turn.get("content"))
-            if text:
-                texts.append(text)
-        else:
-            rest.append(turn)
-    if not merge:
-        return turns
-    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
-
-
-# -- loading ------------------------------------------------------------------------------
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
-
-def load_tokenizer_dir(
-    path: Path | str,
-    *,
-    name: str | None = None,
-    chat_template_file: Path | str | None = None,
-    content_format: Literal["auto", "string", "openai"] = "auto",
-    default_chat_template_kwargs: Mapping[str, Any] | None = None,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
-    now: Callable[[], datetime] = datetime.now,
-    fast_path: bool = True,
-) -> HfTokenizer:
-    """An HfTokenizer from a directory holding `tokenizer.json` (required),
-    `tokenizer_config.json`, `special_tokens_map.json` and `chat_template.jinja`
-    (optional). Raises ValueError naming the file for anything unreadable."""
-    directory = Path(path)
-    tokenizer_file = directory / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise ValueError(f"{directory}: no tokenizer.json")
-    try:
-        tok = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-    except Exception as exc:  # the Rust side's parse errors
-        raise ValueError(f"{tokenizer_file}: {exc}") from None
-    config_file = directory / "tokenizer_config.json"
-    config = _read_json(config_file) if config_file.is_file() else {}
-    map_file = directory / "special_tokens_map.json"
-    token_map = _read_json(map_file) if map_file.is_file() else {}
-    special: dict[str, str] = {}
-    for key in SPECIAL_TOKEN_NAMES:
-        value = _token_text(config.get(key)) or _token_text(token_map.get(key))
-        if value is not None:
-            special[key] = value
-    sources: dict[str, str] = {}
-    raw: Any = config.get("chat_template")
-    if isinstance(raw, str):
-        sources["default"] = raw
-    elif isinstance(raw, list):
-        for item in raw:
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                sources[item["name"]] = str(item.get("template", ""))
-    jinja_file = directory / "chat_template.jinja"
-    if jinja_file.is_file():
-        sources["default"] = jinja_file.read_text(encoding="utf-8")
-    if chat_template_file is not None:
-        sources = {"default": Path(chat_template_file).read_text(encoding="utf-8")}
-    templates = {
-        key: ChatTemplate(source, content_format=content_format, now=now)
-        for key, source in sources.items()
-    }
-    return HfTokenizer(
-        tok,
-        name=name or f"hf:{directory.name}",
-        special_tokens=special,
-        templates=templates,
-        default_chat_template_kwargs=default_chat_template_kwargs,
-        cache_bytes=cache_bytes,
-        fast_path=fast_path,
-    )
+        return load_tokenizer_dir
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

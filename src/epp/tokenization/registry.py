@@ -25,7 +25,8 @@ from pathlib import Path
 
 from epp.config import TokenizerConfig
 from epp.tokenization.estimate import ByteEstimateTokenizer
-from epp.tokenization.hf import HfTokenizer, load_tokenizer_dir
+from epp.tokenization.hf import HfTokenizer
+from epp.tokenization.hf_files import load_tokenizer_dir
 from epp.tokenization.protocol import Tokenizer
 
 
