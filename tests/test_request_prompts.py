@@ -9,6 +9,7 @@ import json
 import pytest
 import xxhash
 
+import epp.request as request_module
 from epp.conversation import media_stand_in
 from epp.request import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RequestRejected, parse_request
 
@@ -411,4 +412,40 @@ def test_an_image_in_the_long_tail_of_a_conversation_counts_as_its_stand_in():
         assert 0 < len(prompt.messages) < 25_000
         estimates.append(prompt.omitted_tokens)
     small, large = estimates
-    assert small > 1_000_000 and abs(large - small) <= 10, (small, large)
+    # the run `;base64,` + 4 MiB counts as its 24-byte stand-in, where the small image
+    # has 12 bytes (`;base64,QUJD`): 12 bytes more, 3 pseudo-tokens
+    assert small > 1_000_000 and large - small == 3, (small, large)
+
+
+def test_an_omitted_media_part_up_to_16_kib_counts_in_full():
+    """Only parts over 16 KiB stand in for their bytes in the estimate (smaller ones are
+    decoded as any part)."""
+    text = {"type": "text", "text": "y" * 100}
+    for size, counted in ((BIG_PART, BIG_PART), (BIG_PART + 1, 24)):
+        part = image_part_json(size)
+        late = b'{"role": "user", "content": [' + part + b", " + compact(text) + b"]}"
+        raw = b'{"model": "m", "messages": [' + compact(turn(16_000)) + b", " + late + b"]}"
+        prompt = parse_request(CHAT_PATH, raw, {}, max_prompt_tokens=CAP).prompt
+        omitted_bytes = len(late) - size + counted - 12
+        assert prompt.omitted_tokens == -(-omitted_bytes // 4), size
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, MESSAGES_PATH])
+@pytest.mark.parametrize("first", [200, 300, 600, 700])
+def test_a_conversation_cut_from_a_window_keeps_the_head_and_estimate_of_splitting_it(
+    monkeypatch, path, first
+):
+    """Past 4 x its byte budget a list is cut from a window of its first bytes and its
+    tail measured undecoded: with one turn left past the head, the same turns and the
+    same estimate, to the pseudo-token, as splitting the whole list (sizes 300-303 cover
+    every rounding of bytes / 4)."""
+    for last in (300, 301, 302, 303):
+        turns = [turn(first), turn(last, "assistant")]
+        assert len(compact(turns)) > 4 * 80  # a cap of 10 reads 80 bytes
+        windowed = chat(turns, 10, path)
+        monkeypatch.setattr(request_module, "_WINDOWED", 10**9)  # split all of it
+        whole = chat(turns, 10, path)
+        monkeypatch.undo()
+        assert windowed.messages == whole.messages and len(whole.messages) == 1
+        assert type(windowed.omitted_tokens) is int
+        assert windowed.omitted_tokens == whole.omitted_tokens == -(-(last - 12) // 4)
