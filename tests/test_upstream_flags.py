@@ -72,7 +72,7 @@ ZAP_FLAGS = [
 ]
 
 OURS = our_flag_names(build_parser())
-BOOLEANS = upstream_flags._BOOLEANS
+BOOLEANS = upstream_flags.BOOLEANS
 
 
 def upstream_flag_names() -> list[str]:
