@@ -257,7 +257,7 @@ def test_a_string_turn_keeps_what_the_template_reads_besides_its_text():
         "model": "m",
         "messages": [
             {"role": "system", "content": "s", "name": "sys"},
-            {"role": "user", "content": "u", "name": "ann"},
+            {"role": "user", "content": "u", "name": "ann", "task": "qa"},
             {"role": "assistant", "content": "a", "tool_calls": calls},
             {"role": "assistant", "content": "b", "reasoning": "r"},
             {"role": "developer", "content": "d", "tools": [{"x": 1}]},
@@ -277,7 +277,7 @@ def test_a_string_turn_keeps_what_the_template_reads_besides_its_text():
     ]
     assert [m.extra for m in turns] == [
         {"name": "sys"},
-        {"name": "ann"},
+        {"name": "ann", "task": "qa"},
         {
             "tool_calls": [
                 {"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}
@@ -449,3 +449,23 @@ def test_a_conversation_cut_from_a_window_keeps_the_head_and_estimate_of_splitti
         assert windowed.messages == whole.messages and len(whole.messages) == 1
         assert type(windowed.omitted_tokens) is int
         assert windowed.omitted_tokens == whole.omitted_tokens == -(-(last - 12) // 4)
+
+
+def test_a_first_turn_past_half_the_list_leaves_no_cut_and_the_list_is_split_whole():
+    """Windows are searched up to half the list: a first turn of 700 bytes in 855 leaves
+    no cut in them, so the list is split whole and its rest counted exactly."""
+    turns = [turn(700), turn(50, "assistant"), turn(50), turn(50, "assistant")]
+    assert len(compact(turns)) == 855
+    prompt = chat(turns, 10)
+    assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(150 - 3 * 12) // 4)
+
+
+def test_a_tail_cut_in_the_last_window_is_measured_at_the_heads_mean_turn_size():
+    """A cap of 10 reads 80 bytes: windows go up to 8 x 80 = 640 bytes, the last one
+    spans 640-1280, where the first turn (700 bytes) ends. The 12 turns after it are
+    measured, not split: 611 bytes with their commas, as many turns as 611 bytes make at
+    the head's mean turn size (700: at least one)."""
+    turns = [turn(700), *[turn(50, "assistant")] * 12]
+    assert len(compact(turns)) == 1314
+    prompt = chat(turns, 10)
+    assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(611 - 12) // 4)
