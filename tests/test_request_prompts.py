@@ -451,13 +451,26 @@ def test_a_conversation_cut_from_a_window_keeps_the_head_and_estimate_of_splitti
         assert windowed.omitted_tokens == whole.omitted_tokens == -(-(last - 12) // 4)
 
 
+def test_a_list_up_to_4_budgets_is_split_whole_and_counted_exactly():
+    """A cap of 10 reads 80 bytes: a list of 320 bytes is split into turns, its rest
+    counted turn by turn (a window's tail would be measured: 49, not 48)."""
+    turns = [turn(100), turn(108, "assistant"), turn(108)]
+    assert len(compact(turns)) == 320
+    assert chat(turns, 10).omitted_tokens == (216 - 2 * 12) // 4
+
+
 def test_a_first_turn_past_half_the_list_leaves_no_cut_and_the_list_is_split_whole():
-    """Windows are searched up to half the list: a first turn of 700 bytes in 855 leaves
-    no cut in them, so the list is split whole and its rest counted exactly."""
+    """Windows are searched below half the list: a first turn of 700 bytes in 855 (or
+    in exactly 1280, twice the last window) leaves no cut in them, so the list is split
+    whole and its rest counted exactly."""
     turns = [turn(700), turn(50, "assistant"), turn(50), turn(50, "assistant")]
     assert len(compact(turns)) == 855
     prompt = chat(turns, 10)
     assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(150 - 3 * 12) // 4)
+    turns = [turn(700), *[turn(50, "assistant")] * 10, turn(67)]
+    assert len(compact(turns)) == 1280
+    prompt = chat(turns, 10)
+    assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(567 - 11 * 12) // 4)
 
 
 def test_a_tail_cut_in_the_last_window_is_measured_at_the_heads_mean_turn_size():
@@ -469,3 +482,8 @@ def test_a_tail_cut_in_the_last_window_is_measured_at_the_heads_mean_turn_size()
     assert len(compact(turns)) == 1314
     prompt = chat(turns, 10)
     assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(611 - 12) // 4)
+    # a `},` inside the first turn's text, in the window too, is no cut: the next is
+    text = turns[0]["content"]
+    turns[0] = {"role": "user", "content": text[:630] + "}," + text[632:]}
+    assert compact(turns).find(b"},") == 657
+    assert chat(turns, 10).omitted_tokens == -(-(611 - 12) // 4)
