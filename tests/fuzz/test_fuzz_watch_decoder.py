@@ -28,8 +28,8 @@ from epp.datalayer.discovery.reflector import (
     WatchError,
     WatchSettings,
     _Gone,
-    _lines,
 )
+from epp.datalayer.discovery.watch_stream import watch_lines
 from epp.datalayer.kubernetes_resources import POD
 
 # What a broken or hostile line may raise out of a watch: the reflector's loop catches
@@ -157,7 +157,7 @@ def test_where_the_stream_is_cut_changes_nothing(stream, points):
 def test_lines_are_the_streams_lines_wherever_it_is_cut(stream, points):
     data, _ = stream
     expected = [line for line in data.split(b"\n") if line.strip()]
-    assert list(_lines(StandInResponse(cut(data, points)))) == expected
+    assert list(watch_lines(StandInResponse(cut(data, points)))) == expected
 
 
 @settings(max_examples=examples(150))

@@ -7,9 +7,9 @@ model CRDs: InferenceModel, and InferenceObjective and InferenceModelRewrite in 
 Of a kind served in both groups only the `llm-d.ai` objects count, as in the reference
 EPP (llm-d router v0.10.0 `server/controller_config.go`: "prefer the new group and
 IGNORE legacy resources"); that is decided on every change, so installing or removing
-either CRD later is followed. Their
-results move onto the asyncio loop with `call_soon_threadsafe` (bursts coalesce into one
-call), where the pure functions of `pool.py` and `models.py` turn them into
+either CRD later is followed. Their results move onto the asyncio loop with
+`call_soon_threadsafe` (bursts coalesce into one call), where the pure functions of
+`pool.py` and `models.py` turn them into
 
 - `on_endpoints(list[EndpointConfig])`: the pool's endpoints, called with the whole new
   list whenever it changes (first when the pool and its pods are listed), so a pod that
@@ -22,34 +22,37 @@ JSON decoding of a large pod list then yields the GIL every few milliseconds ins
 holding the routing loop for the whole parse.
 
 A pool edit applies at once: a new selector aborts the pod watch and relists with it
-(pods that no longer match drop out even before that), new targetPorts recompute the
+(pods that stop matching drop out even ahead of the relist), new targetPorts recompute the
 endpoints. A pool that is deleted empties the endpoint list; an edit that makes the pool
 invalid is logged and the last valid spec kept.
 
 Read only: get/list/watch of exactly the resources in `WATCHED_RESOURCES`, namespaced,
-plus API discovery (`GET /apis/<group>/<version>`, which needs no RBAC).
+plus API discovery (`GET /apis/<group>/<version>`, which needs no RBAC); the client and
+its calls: `kube_client.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import structlog
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
 from epp.config import EndpointConfig
+from epp.datalayer.discovery.kube_client import (
+    SERVICEACCOUNT_NAMESPACE,
+    crd_installed,
+    default_namespace,
+    list_call,
+    make_api_client,
+)
 from epp.datalayer.discovery.models import ModelTable, build_model_table
 from epp.datalayer.discovery.pool import (
     InvalidPool,
@@ -60,9 +63,7 @@ from epp.datalayer.discovery.pool import (
     parse_pool,
 )
 from epp.datalayer.discovery.reflector import (
-    ListCall,
     Reflector,
-    Response,
     Snapshot,
     WatchSettings,
 )
@@ -81,84 +82,14 @@ from epp.datalayer.kubernetes_resources import (
 
 log = structlog.get_logger("epp.discovery")
 
-SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def default_namespace(path: Path = SERVICEACCOUNT_NAMESPACE) -> str:
-    """The pod's own namespace (from its service account), else "default"."""
-    try:
-        namespace = path.read_text().strip()
-    except OSError:
-        return "default"
-    return namespace or "default"
-
-
-def make_api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
-    """In a pod: its service account (the token is re-read as it rotates). Elsewhere:
-    the kubeconfig (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config)."""
-    configuration = k8s.Configuration()
-    # Both loaders are untyped in the client; typed here by assignment.
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        load_incluster: Callable[..., None] = k8s_config.load_incluster_config
-        load_incluster(client_configuration=configuration)
-    else:
-        load_kube: Callable[..., None] = k8s_config.load_kube_config
-        load_kube(config_file=kubeconfig, context=context, client_configuration=configuration)
-    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 8)
-    return k8s.ApiClient(configuration)
-
-
-def _list_call(api_client: k8s.ApiClient, resource: WatchedResource, namespace: str) -> ListCall:
-    if resource.group == "" and resource.resource == "pods":
-        core = k8s.CoreV1Api(api_client)
-
-        def list_pods(**query: Any) -> Response:
-            # With _preload_content=False the generated methods return the raw response.
-            return cast(Response, core.list_namespaced_pod(namespace, **query))
-
-        return list_pods
-    if resource.group == "":
-        raise ValueError(f"no list call for core resource {resource.resource!r}")
-    custom = k8s.CustomObjectsApi(api_client)
-
-    def list_custom(**query: Any) -> Response:
-        return cast(
-            Response,
-            custom.list_namespaced_custom_object(
-                resource.group, resource.version, namespace, resource.resource, **query
-            ),
-        )
-
-    return list_custom
-
-
-def crd_installed(
-    api_client: k8s.ApiClient, resource: WatchedResource, timeout_s: float = 30.0
-) -> bool:
-    """API discovery: does `GET /apis/<group>/<version>` list the resource? 404: no."""
-    api = k8s.CustomObjectsApi(api_client)
-    try:
-        resp = cast(
-            Response,
-            api.get_api_resources(
-                resource.group,
-                resource.version,
-                _preload_content=False,
-                _request_timeout=(timeout_s, timeout_s),
-            ),
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    try:
-        doc = json.loads(resp.read())
-    finally:
-        resp.release_conn()
-    resources = doc.get("resources") if isinstance(doc, Mapping) else None
-    return any(
-        isinstance(r, Mapping) and r.get("name") == resource.resource for r in resources or ()
-    )
+__all__ = [
+    "SERVICEACCOUNT_NAMESPACE",
+    "KubernetesDiscovery",
+    "crd_installed",
+    "default_namespace",
+    "make_api_client",
+    "served",
+]
 
 
 @dataclass(slots=True)
@@ -234,42 +165,43 @@ class KubernetesDiscovery:
         self._pending: dict[str, Snapshot] = {}
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        rng = rng or random.Random()
-        s = self.settings
+        self._both_served_logged: set[str] = set()
+        self._read_models = read_models and standalone is None
+        self._pods, self._reflectors = self._make_reflectors(api_client, rng or random.Random())
+        if standalone is not None:
+            self._view.pool, self._view.pool_synced = standalone, True
+            self._pods.set_label_selector(standalone.label_selector)
+
+    def _make_reflectors(
+        self, api_client: k8s.ApiClient, rng: random.Random
+    ) -> tuple[Reflector, list[Reflector]]:
+        """The pods' reflector, and every reflector: the pool (unless standalone), its
+        pods, the model CRDs (each asked from API discovery first: optional)."""
+        settings = self.settings
 
         def reflector(resource: WatchedResource, **kwargs: Any) -> Reflector:
             return Reflector(
                 resource,
-                _list_call(api_client, resource, namespace),
+                list_call(api_client, resource, self.namespace),
                 lambda snapshot: self._post(resource.key, snapshot),
-                settings=s,
+                settings=settings,
                 rng=random.Random(rng.random()),
                 **kwargs,
             )
 
-        self._pods = reflector(POD, needs_label_selector=True)
-        self._reflectors = [self._pods]
-        if standalone is None:
-            self._reflectors.insert(
-                0,
-                reflector(self.pool_resource, field_selector=f"metadata.name={pool_name}"),
-            )
-        else:
-            self._view.pool, self._view.pool_synced = standalone, True
-            self._pods.set_label_selector(standalone.label_selector)
-            read_models = False
-        self._both_served_logged: set[str] = set()
-        if read_models:
+        pods = reflector(POD, needs_label_selector=True)
+        reflectors = [pods]
+        if self.standalone is None:
+            pool_selector = f"metadata.name={self.pool_name}"
+            reflectors.insert(0, reflector(self.pool_resource, field_selector=pool_selector))
+        if self._read_models:
             for resource in MODEL_RESOURCES:
-                self._reflectors.append(
-                    reflector(
-                        resource,
-                        present=lambda r=resource: crd_installed(
-                            api_client, r, s.request_timeout_s
-                        ),
-                    )
-                )
-        self._read_models = read_models
+
+                def present(r: WatchedResource = resource) -> bool:
+                    return crd_installed(api_client, r, settings.request_timeout_s)
+
+                reflectors.append(reflector(resource, present=present))
+        return pods, reflectors
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -1,4 +1,5 @@
-"""List, then watch, one namespaced collection in a thread; publish every change.
+"""List, then watch, one namespaced collection in a thread; publish every change
+(the wire side, `Snapshot` and the settings: `watch_stream.py`).
 
 The protocol, as client-go's reflector speaks it:
 
@@ -28,125 +29,44 @@ at once, rather than at the watch's timeout.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
 from epp.datalayer.discovery.state import Backoff, ResourceStats
+from epp.datalayer.discovery.watch_stream import (
+    ListCall,
+    Obj,
+    Response,
+    Snapshot,
+    WatchError,
+    WatchSettings,
+    _Absent,
+    _Forbidden,
+    _Gone,
+    abort,
+    object_name,
+    resource_version,
+    watch_lines,
+)
 from epp.datalayer.kubernetes_resources import WatchedResource
 
 log = structlog.get_logger("epp.discovery")
 
-Obj = Mapping[str, Any]
-
-
-class Response(Protocol):
-    """What the client returns with `_preload_content=False` (a urllib3 HTTPResponse)."""
-
-    def stream(
-        self, amt: int | None = ..., decode_content: bool | None = ...
-    ) -> Iterator[bytes]: ...
-
-    def read(self) -> bytes: ...
-
-    def close(self) -> None: ...
-
-    def release_conn(self) -> None: ...
-
-
-# Calls the collection's list endpoint with the given query keywords (label_selector,
-# field_selector, watch, resource_version, allow_watch_bookmarks, timeout_seconds,
-# _request_timeout) and `_preload_content=False`.
-ListCall = Callable[..., Response]
-
-
-@dataclass(frozen=True, slots=True)
-class WatchSettings:
-    watch_timeout_s: int = 300  # server-side timeoutSeconds, drawn from [t, 2t]
-    request_timeout_s: float = 30.0  # connect timeout, and read timeout of a list
-    read_slack_s: float = 30.0  # a silent watch is given up timeout + slack after it began
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    crd_recheck_s: float = 60.0  # an absent CRD: ask API discovery again this often
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    objects: Mapping[str, Obj]  # name -> object
-    label_selector: str | None  # the selector the objects were listed with
-    present: bool = True  # False: the CRD is not installed
-
-
-class _Gone(Exception):
-    """410: the resource version is too old; relist."""
-
-
-class _Absent(Exception):
-    """404 on an optional resource: its CRD is not installed (any more)."""
-
-
-class _Forbidden(Exception):
-    """403 on an optional resource: installed, but our Role does not grant it (an
-    upstream chart's RBAC lists fewer resources than we read). Treated as absent, so that
-    the resources that did sync still make the model table."""
-
-
-class WatchError(Exception):
-    """An ERROR event other than 410."""
-
-
-def _lines(resp: Response) -> Iterator[bytes]:
-    """The stream's non-blank lines, wherever the network cut it. Linear in the stream:
-    a line's pieces are joined once, when its newline comes (appending each piece to one
-    buffer and splitting it again copied a long line once per piece: 3.7 s for a 3 MiB
-    object arriving in 1 KiB pieces)."""
-    pending: list[bytes] = []
-    for chunk in resp.stream(None, decode_content=False):
-        if b"\n" not in chunk:
-            pending.append(chunk)
-            continue
-        first, *lines = chunk.split(b"\n")
-        pending.append(first)
-        lines[:0] = [b"".join(pending)]
-        pending = [lines.pop()]
-        for line in lines:
-            if line.strip():
-                yield line
-    rest = b"".join(pending)
-    if rest.strip():
-        yield rest
-
-
-def _abort(resp: object) -> None:
-    """Wake a thread blocked reading `resp`: closing a socket does not, shutting it down does."""
-    conn = getattr(resp, "connection", None)
-    sock = getattr(conn, "sock", None)
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _resource_version(obj: Obj) -> str | None:
-    metadata = obj.get("metadata")
-    if isinstance(metadata, Mapping):
-        rv = metadata.get("resourceVersion")
-        if isinstance(rv, str) and rv:
-            return rv
-    return None
-
-
-def _name(obj: Obj) -> str | None:
-    metadata = obj.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    return name if isinstance(name, str) and name else None
+__all__ = [
+    "ListCall",
+    "Obj",
+    "Reflector",
+    "Response",
+    "Snapshot",
+    "WatchError",
+    "WatchSettings",
+]
 
 
 class Reflector:
@@ -196,7 +116,7 @@ class Reflector:
             resp = self._resp
         self._wake.set()
         if resp is not None:
-            _abort(resp)
+            abort(resp)
 
     def join(self, timeout_s: float) -> bool:
         if self._thread.ident is not None:
@@ -213,7 +133,7 @@ class Reflector:
             resp = self._resp
         self._wake.set()
         if resp is not None:
-            _abort(resp)
+            abort(resp)
 
     # --- the thread ---------------------------------------------------------------------
 
@@ -257,29 +177,29 @@ class Reflector:
                 self.stats.gone += 1
                 self.stats.resource_version = None
                 log.info("discovery_relist", resource=self.resource.key, reason="410 Gone")
-            except _Absent:
+            except (_Absent, _Forbidden) as exc:
                 self.stats.resource_version = None
-                self._mark_absent()
-                self._sleep(self._settings.crd_recheck_s)
-            except _Forbidden:
-                self.stats.resource_version = None
-                self._mark_absent(forbidden=True)
+                self._mark_absent(forbidden=isinstance(exc, _Forbidden))
                 self._sleep(self._settings.crd_recheck_s)
             except Exception as exc:
-                if self._stale(generation):
-                    continue  # aborted on purpose: stop, or a new selector
-                self.stats.errors += 1
-                self.stats.last_sync_ok = False
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                delay = self._backoff.next()
-                log.warning(
-                    "discovery_error",
-                    resource=self.resource.key,
-                    error=self.stats.last_error,
-                    retry_in_s=round(delay, 3),
-                    then="watch" if self.stats.resource_version is not None else "list",
-                )
-                self._sleep(delay)
+                if not self._stale(generation):  # else aborted on purpose: stop, new selector
+                    self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """Count, log, and wait out the backoff; then watch again from the last rv (or
+        list, when there is none)."""
+        self.stats.errors += 1
+        self.stats.last_sync_ok = False
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        delay = self._backoff.next()
+        log.warning(
+            "discovery_error",
+            resource=self.resource.key,
+            error=self.stats.last_error,
+            retry_in_s=round(delay, 3),
+            then="watch" if self.stats.resource_version is not None else "list",
+        )
+        self._sleep(delay)
 
     def _check_present(self) -> bool:
         assert self._present is not None
@@ -342,7 +262,7 @@ class Reflector:
             self._resp = resp
             stale = self._stopping or generation != self._generation
         if stale:
-            _abort(resp)
+            abort(resp)
         return resp
 
     def _release(self, resp: Response, reuse: bool) -> None:
@@ -361,12 +281,14 @@ class Reflector:
         finally:
             self._release(resp, reuse=True)
         doc = json.loads(body)
-        rv = _resource_version(doc) if isinstance(doc, Mapping) else None
+        rv = resource_version(doc) if isinstance(doc, Mapping) else None
         items = doc.get("items") if isinstance(doc, Mapping) else None
         if rv is None or not isinstance(items, list):
             raise ValueError(f"list of {self.resource.key}: no resourceVersion or items")
         self._objects = {
-            name: item for item in items if isinstance(item, Mapping) and (name := _name(item))
+            name: item
+            for item in items
+            if isinstance(item, Mapping) and (name := object_name(item))
         }
         if self.stats.lists:
             self.stats.relists += 1
@@ -396,7 +318,7 @@ class Reflector:
         self.stats.last_sync_ok = True
         heard = False
         try:
-            for line in _lines(resp):
+            for line in watch_lines(resp):
                 if self._stale(generation):
                     return
                 if not heard:
@@ -421,11 +343,11 @@ class Reflector:
             if obj.get("code") == 410:
                 raise _Gone()
             raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
-        rv = _resource_version(obj)
+        rv = resource_version(obj)
         if kind == "BOOKMARK":
             self.stats.resource_version = rv or self.stats.resource_version
             return
-        name = _name(obj)
+        name = object_name(obj)
         if name is None:
             raise WatchError(f"watch of {self.resource.key}: {kind} of an unnamed object")
         self.stats.events += 1
