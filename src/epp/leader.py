@@ -24,14 +24,14 @@ client-go's rules (tools/leaderelection):
 Unlike controller-runtime, a replica that loses the Lease keeps running as a candidate
 (not Ready) instead of exiting; the upstream EPP is restarted by the kubelet for that.
 
-The API calls block: they run on one daemon thread, never on the event loop. `tick()` is
-one round of that thread's loop, public so that tests drive it on an injected clock.
+The API calls (`epp.leases`) block: they run on one daemon thread, never on the event
+loop. `tick()` is one round of that thread's loop, public so that tests drive it on an
+injected clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import random
@@ -43,14 +43,32 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
 
 import structlog
 
+from epp.leases import (
+    LEASE_API_VERSION,
+    KubernetesLeases,
+    LeaseApi,
+    LeaseConflict,
+    Obj,
+    micro_time,
+)
+
 log = structlog.get_logger("epp.leader")
 
-Obj = dict[str, Any]
-LEASE_API_VERSION = "coordination.k8s.io/v1"
+__all__ = [
+    "KubernetesLeases",
+    "LeaderElectionError",
+    "LeaderElector",
+    "LeaseApi",
+    "LeaseConflict",
+    "LeaseTimings",
+    "holder_identity",
+    "lease_name",
+    "micro_time",
+]
+
 # A Pod of a Deployment is named <deployment>-<replicaset hash>-<suffix>: upstream's
 # extractDeploymentName.
 _DEPLOYMENT_POD = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
@@ -58,10 +76,6 @@ _DEPLOYMENT_POD = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
 
 class LeaderElectionError(ValueError):
     """Leader election cannot start (no Lease name can be derived); one line."""
-
-
-class LeaseConflict(Exception):
-    """409: the Lease exists (create) or changed since it was read (update)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,79 +111,6 @@ def holder_identity(pod_name: str | None = None) -> str:
     restarted process is a new holder and waits like any candidate."""
     base = pod_name or os.environ.get("POD_NAME") or socket.gethostname()
     return f"{base}_{uuid.uuid4()}"
-
-
-def micro_time(now: datetime) -> str:
-    """A MicroTime as the API server parses it (RFC 3339, exactly six fraction digits)."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class LeaseApi(Protocol):
-    """get: the Lease or None (404); create/replace: the stored Lease, or LeaseConflict."""
-
-    def get(self, namespace: str, name: str, timeout_s: float) -> Obj | None: ...
-
-    def create(self, namespace: str, body: Obj, timeout_s: float) -> Obj: ...
-
-    def replace(self, namespace: str, name: str, body: Obj, timeout_s: float) -> Obj: ...
-
-
-class KubernetesLeases:
-    """LeaseApi on a `kubernetes` ApiClient: get, create and update of namespaced
-    coordination.k8s.io/v1 Leases (the verbs the Role grants). Raw JSON both ways, through
-    the client's request layer (its auth, TLS and timeouts): the generated methods turn a
-    body into their models, which write a MicroTime as `+00:00` and drop its fraction at a
-    whole second, which the API server refuses."""
-
-    def __init__(self, api_client: Any) -> None:
-        self._client = api_client
-
-    def _request(
-        self, method: str, namespace: str, name: str | None, body: Obj | None, timeout_s: float
-    ) -> Obj | None:
-        from kubernetes.client.exceptions import ApiException  # loaded only when used
-
-        path = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-        params = {"namespace": namespace}
-        if name is not None:
-            path += "/{name}"
-            params["name"] = name
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        serialized = self._client.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params=params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(*serialized, _request_timeout=timeout_s)
-        data = resp.read()
-        if resp.status == 404:
-            return None
-        if resp.status == 409:
-            raise LeaseConflict(f"{method} lease {namespace}/{name or ''}: 409")
-        if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason)
-        lease: Obj = json.loads(data)
-        return lease
-
-    def get(self, namespace: str, name: str, timeout_s: float) -> Obj | None:
-        return self._request("GET", namespace, name, None, timeout_s)
-
-    def create(self, namespace: str, body: Obj, timeout_s: float) -> Obj:
-        stored = self._request("POST", namespace, None, body, timeout_s)
-        if stored is None:
-            raise RuntimeError(f"lease create in {namespace}: 404 (namespace missing?)")
-        return stored
-
-    def replace(self, namespace: str, name: str, body: Obj, timeout_s: float) -> Obj:
-        stored = self._request("PUT", namespace, name, body, timeout_s)
-        if stored is None:
-            raise LeaseConflict("the lease was deleted since it was read")
-        return stored
 
 
 class LeaderElector:
