@@ -15,7 +15,14 @@ from epp.datalayer.endpoint import Endpoint
 from epp.scheduling.filters import BalanceFilter
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import Decision, SchedulingError, SchedulingRequest
+from epp.scheduling.types import (
+    Completed,
+    Decision,
+    Dispatched,
+    Removed,
+    SchedulingError,
+    SchedulingRequest,
+)
 
 
 def request(**kw) -> SchedulingRequest:
@@ -226,3 +233,18 @@ def test_the_imbalance_guard_takes_its_ratio_from_the_config():
     d = Scheduler(on, rng=random.Random(0)).schedule(request(), pods)
     assert [e.name for e in d.candidates] == ["least"]
     assert d.filtered_out == {"balance": 1}
+
+
+def test_the_router_events_reach_every_weighted_scorer_with_state_of_its_own():
+    scheduler = Scheduler(SchedulingConfig(), rng=random.Random(0))  # prefill weighted
+    prefill = scheduler.scorer("prefill")
+    a = endpoint("a")
+    scheduler.observe(Dispatched(request(prompt_tokens=4096, now=100.0), a))
+    scheduler.observe(Completed(a, 200, 2.0))
+    state = prefill.state(a)
+    assert state.lane_end > 100.0 and state.service_s == 2.0
+    scheduler.observe(Removed(a))
+    assert prefill.state(a).service_s is None
+    # Without a weight no scorer keeps state: events are accepted and go nowhere.
+    unweighted = Scheduler(SchedulingConfig(weights={"cache": 0.5, "load": 0.5}))
+    unweighted.observe(Dispatched(request(), a))
