@@ -8,15 +8,15 @@ from pydantic import Field, field_validator, model_validator
 
 from epp.config.base import Strict
 
-# The five-factor score the EPP was first specified with (no `prefill`). With these weights
+# The five-factor score of the EPP's specification (no `prefill`). With these weights
 # a cache-hot pod at 80% load scores 0.64 on cache + load against 0.20 for an idle cold
 # one, each queued request costs 0.05 (at max_queue 20), and a pod of health 0.29 is
 # excluded (tests/scheduling/test_scorers.py).
 SPEC_WEIGHTS = {"cache": 0.60, "load": 0.20, "queue": 0.10, "health": 0.05, "adapter": 0.05}
 # The default: these five factors at half weight, and half on `prefill`, which prices a
 # cache match and the work queued on each pod in seconds of expected time to first token.
-# Chosen on benchmark evidence (docs/benchmarks/virtual.md, "Default weights"): at round
-# robin's saturation rate TTFT p90 21x lower than round robin vs 10x with SPEC_WEIGHTS,
+# Why (docs/benchmarks/virtual.md, "Default weights"): at round robin's saturation rate
+# its TTFT p90 is 21x lower than round robin's, against 10x with SPEC_WEIGHTS,
 # and no worse than round robin on prompts with nothing to reuse, where SPEC_WEIGHTS
 # trails least-outstanding. Set `weights: SPEC_WEIGHTS` for the five-factor score alone.
 DEFAULT_WEIGHTS = {name: weight * 0.5 for name, weight in SPEC_WEIGHTS.items()} | {"prefill": 0.5}
@@ -59,8 +59,9 @@ class BalanceConfig(Strict):
     any load signal), and a fleet splits 3:1 while one pod idles. 0 disables a bound.
 
     Off by default: the `prefill` factor's slot wait and the tie-break by work given so
-    far now do that job, and the guard moved conversations off their cache (the demo's
-    TTFT p90 72 -> 280 ms, hit rate 91.6% -> 89.9%; virtual multi-turn +30 ms p90).
+    far do that job, and the guard moves conversations off their cache (with it on, the
+    demo's TTFT p90 is 280 ms against 72 ms and its hit rate 89.9% against 91.6%;
+    virtual multi-turn p90 +30 ms).
     """
 
     abs_requests: float = Field(4.0, ge=0.0)
