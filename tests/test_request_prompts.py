@@ -487,3 +487,43 @@ def test_a_tail_cut_in_the_last_window_is_measured_at_the_heads_mean_turn_size()
     turns[0] = {"role": "user", "content": text[:630] + "}," + text[632:]}
     assert compact(turns).find(b"},") == 657
     assert chat(turns, 10).omitted_tokens == -(-(611 - 12) // 4)
+
+
+# A conversation of 73 KB with a cap of 1000 (8,000 bytes read): its first turn (40,000
+# bytes) ends in the window of 32,000-64,000 bytes; the 500 turns after it are measured
+# as one turn at the head's mean size when that cut is found (8872), or counted turn by
+# turn when the list is split whole (7250).
+TAIL_TURNS = b",".join(compact({"role": "assistant", "content": "y" * 37}) for _ in range(500))
+CUT_FOUND = -(-(len(TAIL_TURNS) - 12) // 4)
+
+
+def long_first_turn(filler: bytes, extra: bytes = b"") -> bytes:
+    head, end = b'{"role":"user","content":"', b'"' + extra + b"}"
+    pad = 40_000 - len(head) - len(end) - len(filler) - 100
+    return head + b"x" * pad + filler + b"x" * 100 + end
+
+
+def cut_estimate(first: bytes) -> int:
+    raw = b'{"model":"m","messages":[' + first + b"," + TAIL_TURNS + b"]}"
+    prompt = parse_request(CHAT_PATH, raw, {}, max_prompt_tokens=1000).prompt
+    assert len(prompt.messages) == 1
+    return prompt.omitted_tokens
+
+
+def test_the_cut_after_a_turn_ending_in_a_nested_object_is_found():
+    assert len(long_first_turn(b"")) == 40_000 and len(TAIL_TURNS) == 35_499
+    assert cut_estimate(long_first_turn(b"")) == CUT_FOUND == 8872
+    assert cut_estimate(long_first_turn(b"", b',"meta":{"a":{}}')) == CUT_FOUND
+
+
+def test_a_window_tries_16_candidate_cuts():
+    """`},` inside a string is no cut: the window tries 16 of them, then gives up (the
+    list is then split whole and counted turn by turn)."""
+    assert cut_estimate(long_first_turn(b"},x" * 15)) == CUT_FOUND
+    whole = cut_estimate(long_first_turn(b"},x" * 16))
+    assert whole == -(-(len(TAIL_TURNS) - 499 - 500 * 12) // 4) == 7250
+
+
+def test_a_window_checks_4096_braces():
+    assert cut_estimate(long_first_turn(b"}" * 4095)) == CUT_FOUND
+    assert cut_estimate(long_first_turn(b"}" * 4096)) == 7250
