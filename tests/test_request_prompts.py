@@ -503,8 +503,8 @@ def long_first_turn(filler: bytes, extra: bytes = b"") -> bytes:
     return head + b"x" * pad + filler + b"x" * 100 + end
 
 
-def cut_estimate(first: bytes) -> int:
-    raw = b'{"model":"m","messages":[' + first + b"," + TAIL_TURNS + b"]}"
+def cut_estimate(first: bytes, comma: bytes = b",") -> int:
+    raw = b'{"model":"m","messages":[' + first + comma + TAIL_TURNS + b"]}"
     prompt = parse_request(CHAT_PATH, raw, {}, max_prompt_tokens=1000).prompt
     assert len(prompt.messages) == 1
     return prompt.omitted_tokens
@@ -514,6 +514,15 @@ def test_the_cut_after_a_turn_ending_in_a_nested_object_is_found():
     assert len(long_first_turn(b"")) == 40_000 and len(TAIL_TURNS) == 35_499
     assert cut_estimate(long_first_turn(b"")) == CUT_FOUND == 8872
     assert cut_estimate(long_first_turn(b"", b',"meta":{"a":{}}')) == CUT_FOUND
+    assert cut_estimate(long_first_turn(b""), b" \n\t ,") == CUT_FOUND
+
+
+def test_a_comma_further_than_16_bytes_after_a_brace_is_not_looked_for():
+    """The cut is then after the next turn: the first tail turn (70 bytes) is counted
+    exactly and the rest measured (35,428 bytes, one turn at the mean of 40,070 / 2)."""
+    estimate = cut_estimate(long_first_turn(b""), b" " * 16 + b",")
+    assert estimate == -(-(70 + 35_428 - 2 * 12) // 4) == 8869
+    assert cut_estimate(long_first_turn(b""), b" " * 15 + b",") == CUT_FOUND
 
 
 def test_a_window_tries_16_candidate_cuts():
