@@ -108,6 +108,16 @@ class _Piece:
         return token + 1 - self.skip
 
 
+def _clear_of_the_cut(encoding: tokenizers.Encoding, need: int, skip: int) -> bool:
+    """Whether the first `need` ids end two pre-tokenizer pieces ahead of the slice's end,
+    so that no merge across the cut can change them (unknown word ids count as clear)."""
+    if need == 0:
+        return True
+    cut_word = encoding.token_to_word(need - 1 + skip)
+    last_word = encoding.token_to_word(len(encoding.ids) - 1)
+    return cut_word is None or last_word is None or cut_word < last_word - 2
+
+
 class HfTokenizer:
     """The `Tokenizer` protocol over a model's HF tokenizer files (module docstring)."""
 
@@ -369,17 +379,9 @@ class HfTokenizer:
                 return _Piece(ids[skip:], start, end, True, encoding, skip, len(anchor))
             assert need is not None
             if count >= need + MARGIN_TOKENS:
-                cut_word = encoding.token_to_word(need - 1 + skip) if need > 0 else None
-                last_word = encoding.token_to_word(len(ids) - 1)
-                # The kept ids end two pieces before the cut; one growth at most for that
-                # (a single huge "word" would otherwise grow the slice to the whole text).
-                if (
-                    need == 0
-                    or cut_word is None
-                    or last_word is None
-                    or cut_word < last_word - 2
-                    or size >= 2 * first
-                ):
+                # One growth at most for a clear cut (a single huge "word" would otherwise
+                # grow the slice to the whole text).
+                if size >= 2 * first or _clear_of_the_cut(encoding, need, skip):
                     return _Piece(ids[skip:], start, end, False, encoding, skip, len(anchor))
                 size *= 2  # the cut word's pieces: once
             else:
