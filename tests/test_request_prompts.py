@@ -536,3 +536,25 @@ def test_a_window_tries_16_candidate_cuts():
 def test_a_window_checks_4096_braces():
     assert cut_estimate(long_first_turn(b"}" * 4095)) == CUT_FOUND
     assert cut_estimate(long_first_turn(b"}" * 4096)) == 7250
+
+
+def test_a_window_whose_turns_just_reach_the_budget_is_the_cut():
+    """A first turn of exactly 80 bytes (a cap of 10) ends the head: the 300-byte turn
+    after it is measured at the head's mean turn size (80 bytes: 3 turns), not split."""
+    prompt = chat([turn(80), turn(300, "assistant")], 10)
+    assert len(prompt.messages) == 1 and prompt.omitted_tokens == -(-(300 - 3 * 12) // 4)
+
+
+def test_an_image_that_leaves_the_window_short_of_the_budget_widens_the_window():
+    """A cap of 1000 reads 8,000 bytes. The first cut (after a 20 KB turn that is mostly an
+    image, 130 bytes once the image counts as its stand-in) is short of that: the window
+    widens to 32,000-64,000 bytes and cuts after the third turn. Kept: the image turn and
+    the next (10,130 bytes); counted: the third turn (10,000) and the 30 measured turns
+    after it (30,029 bytes; 2 turns at the head's mean of 13,374)."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 20_000}}
+    first = {"role": "user", "content": [{"type": "text", "text": "see"}, image]}
+    turns = [first, turn(10_000, "assistant"), turn(10_000), *[turn(1000, "assistant")] * 30]
+    assert len(compact(first)) == 20_122 and len(compact(turns)) == 70_156
+    prompt = chat(turns, 1000)
+    assert len(prompt.messages) == 2
+    assert prompt.omitted_tokens == -(-(10_000 + 30_029 - 3 * 12) // 4)
