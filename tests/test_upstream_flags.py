@@ -1,4 +1,4 @@
-"""`epp serve` takes the upstream EPP's flags (epp/upstream_flags.py).
+"""`epp serve` takes the upstream EPP's flags (epp/upstream_flags/).
 
 The flag names come from the upstream sources and the arguments from the upstream
 manifests and charts, all under tests/fixtures/upstream: the flag definitions of the

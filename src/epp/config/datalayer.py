@@ -128,7 +128,7 @@ _TEMPLATE_FIELDS = ("host", "port", "model", "name")
 
 
 class KvEventsConfig(Strict):
-    """Precise mode: follow each pod's vLLM KV events over ZMQ (epp/datalayer/kv_subscriber.py).
+    """Precise mode: follow each pod's vLLM KV events over ZMQ (epp/datalayer/kv_subscriber/).
 
     Per pod, `pod_modes[name]` or else `mode`: `auto` subscribes and makes the pod precise
     once its publisher completes a handshake (approximate again after `fallback_after_s`
