@@ -6,14 +6,16 @@ from __future__ import annotations
 from array import array
 
 import pytest
+from tokenizer_fixtures import tokenizer_dir
 
 from epp.config import PrefixConfig
 from epp.prefix.blocks import PromptBlocks, encode_head, prompt_blocks
-from epp.prefix.hashing import block_hashes, chain_seed
+from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import Prompt
+from epp.request import Prompt, RequestRejected
 from epp.tokenization.estimate import ByteEstimateTokenizer
-from epp.tokenization.protocol import ChatMessage, Encoded, encode_head_by_slicing
+from epp.tokenization.hf import load_tokenizer_dir
+from epp.tokenization.protocol import ChatMessage, ChatOptions, Encoded, encode_head_by_slicing
 
 TOK = ByteEstimateTokenizer()
 SEED = chain_seed("m")
@@ -148,3 +150,106 @@ def test_record_limit_follows_the_pods_reported_capacity():
 def test_record_fraction_is_validated():
     with pytest.raises(ValueError):
         PrefixIndex(10, max_record_fraction=0.0)
+
+
+# -- real chat templates (tests/fixtures/tokenizer/chatml): options, refusals ---------------
+
+CHATML = load_tokenizer_dir(tokenizer_dir("chatml"))
+TURNS = (ChatMessage("system", "You are terse. " * 40), ChatMessage("user", "Hi " * 60))
+
+
+class _PlainChatml:
+    """The chatml tokenizer seen through the original protocol only (encode, encode_chat):
+    prompt_blocks falls back to a full encode and cuts it."""
+
+    name = "plain-chatml"
+
+    def encode(self, text: str) -> array:
+        return CHATML.encode(text)
+
+    def encode_chat(self, messages, options=None) -> array:
+        return CHATML.encode_chat(messages, options)
+
+
+@pytest.mark.parametrize("tokenizer", [CHATML, _PlainChatml()], ids=["prefix", "plain"])
+def test_a_chat_the_template_refuses_is_a_400_naming_messages(tokenizer):
+    refused = (ChatMessage("user", "hi"), ChatMessage("system", "late"))
+    with pytest.raises(RequestRejected) as caught:
+        prompt_blocks(Prompt(messages=refused), tokenizer, 16, SEED, max_blocks=64)
+    rejected = caught.value
+    assert (rejected.status, rejected.reason, rejected.param) == (
+        400,
+        "invalid-request",
+        "messages",
+    )
+    assert rejected.message == "System message must be at the beginning."
+
+
+@pytest.mark.parametrize("tokenizer", [CHATML, _PlainChatml()], ids=["prefix", "plain"])
+def test_the_requests_chat_options_reach_the_template(tokenizer):
+    options = ChatOptions(add_generation_prompt=False)
+    with_options = CHATML.encode_chat(TURNS, options)
+    assert with_options != CHATML.encode_chat(TURNS)  # the option changes the rendering
+    blocks = prompt_blocks(Prompt(messages=TURNS, chat=options), tokenizer, 4, SEED, 8192)
+    assert blocks.prompt_tokens == len(with_options)
+    assert blocks.hashes == block_hashes(with_options, 4, SEED)
+    default = prompt_blocks(Prompt(messages=TURNS), tokenizer, 4, SEED, 8192)
+    assert default.hashes == block_hashes(CHATML.encode_chat(TURNS), 4, SEED)
+
+
+@pytest.mark.parametrize("kind", ["text", "chat"])
+def test_a_tokenizer_without_prefix_methods_cuts_at_the_head_exactly(kind):
+    plain = _PlainChatml()
+    if kind == "text":
+        prompt = Prompt(text="the quick brown fox " * 50)
+        full = CHATML.encode(prompt.text)
+    else:
+        prompt = Prompt(messages=TURNS)
+        full = CHATML.encode_chat(TURNS)
+    n = len(full)
+    for cap in (None, n + 1, n):  # no cap, or the whole prompt fits: nothing is cut
+        head = encode_head(prompt, plain, cap)
+        assert list(head.ids) == list(full) and head.total_tokens == n and head.exact
+    head = encode_head(prompt, plain, n - 1)
+    assert list(head.ids) == list(full[: n - 1]) and head.total_tokens == n
+    # Whole blocks only, counted over the whole prompt.
+    blocks = prompt_blocks(prompt, plain, 4, SEED, max_blocks=n // 4 - 1)
+    assert blocks.hashes == block_hashes(full, 4, SEED)[: n // 4 - 1]
+    assert blocks.prompt_tokens == n and blocks.exact and blocks.truncated
+
+
+def test_token_id_heads_are_cut_at_the_cap_and_counted_whole():
+    ids = array("I", range(50))
+    for cap in (None, 50, 51):
+        head = encode_head(Prompt(token_ids=ids), TOK, cap)
+        assert list(head.ids) == list(ids) and head.total_tokens == 50 and head.exact
+    head = encode_head(Prompt(token_ids=ids), TOK, 49)
+    assert list(head.ids) == list(range(49)) and head.total_tokens == 50
+
+
+def test_what_the_parser_left_out_is_counted_exact_only_for_token_ids():
+    ids = array("I", range(64))
+    blocks = prompt_blocks(Prompt(token_ids=ids, omitted_tokens=1000), TOK, 16, SEED, 8192)
+    assert blocks.prompt_tokens == 1064 and blocks.exact  # ids are counted, not estimated
+    assert blocks.hashes == block_hashes(ids, 16, SEED) and blocks.truncated
+    chat = Prompt(messages=TURNS, omitted_tokens=1000)
+    head = TOK.encode_chat(TURNS)
+    blocks = prompt_blocks(chat, TOK, 16, SEED, 8192)
+    assert blocks.prompt_tokens == len(head) + 1000 and not blocks.exact  # turns: estimated
+    assert prompt_blocks(Prompt(messages=TURNS), TOK, 16, SEED, 8192).exact
+
+
+def test_an_estimated_encoding_makes_the_count_inexact():
+    text = "é" * 10_000  # not ASCII: the tokenizer estimates what it did not encode
+    blocks = prompt_blocks(Prompt(text=text), TOK, 16, SEED, max_blocks=4)
+    assert not blocks.exact and blocks.prompt_tokens > 64
+
+
+@pytest.mark.parametrize(
+    ("tokens", "hashed", "total", "truncated"),
+    [(32, 2, 2, False), (47, 2, 2, False), (48, 2, 3, True), (0, 0, 0, False), (15, 0, 0, False)],
+)
+def test_total_blocks_counts_the_whole_prompts_full_blocks(tokens, hashed, total, truncated):
+    blocks = PromptBlocks(tokens, [BlockHash(i) for i in range(hashed)], 16)
+    assert blocks.total_blocks == total and blocks.truncated is truncated
+    assert blocks.exact  # the default: a count with nothing estimated
