@@ -264,3 +264,27 @@ def test_a_pod_whose_slots_are_exactly_full_makes_a_new_request_wait_for_one_com
     e.metrics.running = 3  # a slot free: no wait
     e.refresh()
     assert slot_wait(e, NOW, service_s=2.0) == 0.0
+
+
+def test_a_dispatch_to_a_pod_without_a_match_is_priced_cold():
+    scorer, a = PrefillScorer(COST), pod("a")
+    scorer.observe(Dispatched(request({"b": 256}), a))  # only another pod holds the prompt
+    assert scorer.state(a).lane_end == pytest.approx(NOW + OWN_COLD)
+
+
+def test_the_scorer_prices_a_full_pod_without_request_times_by_its_oldest_request():
+    from epp.datalayer.endpoint import Dispatch
+
+    full, free = pod("full"), pod("free")
+    for e, running in ((full, 4), (free, 1)):
+        e.configured_slots = 4
+        e.metrics.running, e.metrics.waiting = running, 0
+    full.open[1] = Dispatch(1, 100, NOW - 2.0)  # nothing finished yet, running for 2 s
+    full.in_flight = 1
+    for e in (full, free):
+        e.refresh()
+    wait = 1 * 2.0 / 4
+    assert PrefillScorer(COST).score(request(), [full, free]) == [
+        pytest.approx(OWN_COLD / (wait + OWN_COLD)),
+        1.0,
+    ]
