@@ -52,8 +52,9 @@ async def test_a_burst_of_200_on_three_idle_pods_is_served_not_refused():
 async def test_a_thundering_herd_spreads_one_new_prefix_and_serves_all_50():
     """4 pods, maxQueue 20, 50 concurrent requests of one new prefix: the first pod to
     get it becomes cache-hot, then the queued prefill it draws (the
-    `prefill` factor) spreads the rest over the other pods."""
-    router, _store, *_ = router_with(pods(4), scheduling={"max_queue": 20})
+    `prefill` factor) spreads the rest over the other pods. The store's clock stands
+    still: all 50 arrive at once, however slowly this machine routes them."""
+    router, _store, *_ = router_with(pods(4), clock=lambda: 1000.0, scheduling={"max_queue": 20})
     results = await asyncio.gather(
         *(route(router, PREFIX + f" q{i}", rid=f"r{i}") for i in range(50)),
         return_exceptions=True,

@@ -206,7 +206,7 @@ async def test_a_pod_added_while_requests_wait_takes_them():
     while router.waiting == 0:
         await asyncio.sleep(0)
     store.sync(configs(PODS))  # "added": b has room
-    routed = await asyncio.wait_for(waiter, 1.0)
+    routed = await asyncio.wait_for(waiter, 10.0)  # a guard against a hang, not a timing
     assert routed.endpoint.name == "b" and router.waiting == 0
     assert {h.endpoint.name for h in held} == {"a"}
 
