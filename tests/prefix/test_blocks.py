@@ -112,11 +112,19 @@ class _SpyTokenizer(_PlainTokenizer):
         self.asked.append(max_tokens)
         return TOK.encode_prefix(text, max_tokens)
 
+    def encode_chat_prefix(self, messages, max_tokens: int | None = None) -> Encoded:
+        self.asked.append(max_tokens)
+        return TOK.encode_chat_prefix(messages, max_tokens)
+
 
 def test_prompt_blocks_asks_the_tokenizer_for_the_head_only():
     spy = _SpyTokenizer()
     prompt_blocks(Prompt(text="a" * 1_000_000), spy, 16, SEED, max_blocks=100)
     assert spy.asked == [1600]
+    turns = tuple(ChatMessage("user", "b" * 1000) for _ in range(1000))
+    blocks = prompt_blocks(Prompt(messages=turns), spy, 16, SEED, max_blocks=100)
+    assert spy.asked == [1600, 1600]  # the chat's head too, not a full render
+    assert blocks.hashes == block_hashes(TOK.encode_chat(turns), 16, SEED)[:100]
     assert len(encode_head(Prompt(text="a" * 1_000_000), spy, None).ids) == 250_000
 
 

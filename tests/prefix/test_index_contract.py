@@ -5,6 +5,8 @@ hashes are small made-up values; the clock is the test's."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from epp.config import PrefixConfig
@@ -64,6 +66,19 @@ def test_from_config_carries_the_record_fraction_and_the_prediction_times():
     assert (index.predicted_ttl_s, index.predicted_max_s) == (5.0, 50.0)
     index.record("a", keys(*range(1, 101)))
     assert index.match(keys(*range(1, 101))) == {"a": 100}
+
+
+def test_every_block_of_a_record_is_kept_whichever_the_pod_holds_already():
+    index = PrefixIndex(100)
+    index.record("a", keys(1))
+    index.record("a", keys(1))  # held and marked
+    index.record("b", keys(2))
+    index.record("a", keys(2))  # shared with b
+    index.record("a", keys(7, 8, 2))
+    index.record("a", keys(9, 1))
+    assert index.match(keys(7, 8, 2)) == {"a": 3}
+    assert index.match(keys(9, 1)) == {"a": 2}
+    assert index.blocks("a") == 5
 
 
 # -- unknown and approximate pods answer the precise calls with nothing ----------------------
@@ -363,3 +378,46 @@ def test_a_cold_engine_block_goes_at_its_turn(per_block):
             "a", [5000 + 2 * n, 5001 + 2 * n][: 2 // per_block], new, per_block
         )
     assert index.match(keys(1, 2)) == {}
+
+
+@pytest.mark.parametrize("per_block", [1, 2])
+def test_blocks_a_decision_only_passed_through_after_a_miss_are_not_kept_as_hits(per_block):
+    # Every request starts with a block the pod lacks: a miss from its first block, so the
+    # pod's blocks later in the prompt are not reused and get no second chance.
+    index, _ = precise("a", capacity=64)
+    index.store_engine_blocks("a", [10, 20][: 2 // per_block], keys(1, 2), per_block)
+    for n in range(400):
+        index.record("a", [BlockHash(90_000 + n), *keys(1, 2)], token=f"r{n}")
+        index.completed(f"r{n}", 0.0)
+        new = keys(1000 + 2 * n, 1001 + 2 * n)
+        engine = [5000 + 2 * n, 5001 + 2 * n][: 2 // per_block]
+        index.store_engine_blocks("a", engine, new, per_block)
+    assert index.engine_block("a", 10) is None
+    assert index.reported("a", BlockHash(1)) is False
+
+
+# -- memory: what churns is given back (docs/benchmarks/index.md; internals read here) -------
+
+
+def test_a_churned_predicted_table_is_right_sized_again():
+    index, clock = precise("a", capacity=1_000_000, predicted_ttl_s=2.0)
+    for n in range(90):  # 90,000 predicted entries released at 2.0
+        index.record("a", keys(*range(n * 1000, (n + 1) * 1000)), now=0.0)
+    for n in range(90, 100):  # 10,000 that stay until 3.0
+        index.record("a", keys(*range(n * 1000, (n + 1) * 1000)), now=1.0)
+    assert index.expire(2.0) == 90_000
+    assert index.blocks("a") == 10_000
+    table = index._pods["a"].predicted
+    # Not the table of 100,000 it was (about 16 times more): within a resize or two of fresh.
+    assert sys.getsizeof(table) <= 4 * sys.getsizeof(dict(table))
+    clock.now = 2.5
+    assert index.match(keys(*range(90_000, 91_000))) == {"a": 1000}
+
+
+def test_an_approximate_pods_queue_stays_bounded_over_many_turns():
+    index = PrefixIndex(10, max_record_fraction=1.0)
+    for n in range(100_000):
+        index.record("a", keys(n))
+    assert index.blocks("a") == 10
+    assert len(index._pods["a"].log) <= 2 * 1024 + 10
+    assert index.match(keys(99_999)) == {"a": 1} and index.match(keys(99_989)) == {}
