@@ -556,5 +556,15 @@ def test_an_image_that_leaves_the_window_short_of_the_budget_widens_the_window()
     turns = [first, turn(10_000, "assistant"), turn(10_000), *[turn(1000, "assistant")] * 30]
     assert len(compact(first)) == 20_122 and len(compact(turns)) == 70_156
     prompt = chat(turns, 1000)
-    assert len(prompt.messages) == 2
+    assert len(prompt.messages) == 2 and type(prompt.omitted_tokens) is int
     assert prompt.omitted_tokens == -(-(10_000 + 30_029 - 3 * 12) // 4)
+
+
+def test_a_cut_needs_its_brace_and_comma_in_one_window():
+    """A first turn of 159 bytes (cap 10: windows 80-160, 160-320, 320-640) ends on the
+    last byte of the first window, its comma starts the second: neither window holds a
+    cut, the 500-byte turn after it ends past them, so the list is split whole."""
+    turns = [turn(159), turn(500, "assistant"), turn(300)]
+    assert compact(turns).find(b"},") == 159 and len(compact(turns)) == 963
+    prompt = chat(turns, 10)
+    assert len(prompt.messages) == 1 and prompt.omitted_tokens == (800 - 2 * 12) // 4
