@@ -6,11 +6,12 @@ hashes are small made-up values; the clock is the test's."""
 from __future__ import annotations
 
 import sys
+from array import array
 
 import pytest
 
 from epp.config import PrefixConfig
-from epp.prefix.hashing import BlockHash
+from epp.prefix.hashing import BlockHash, block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
 
 
@@ -79,6 +80,23 @@ def test_every_block_of_a_record_is_kept_whichever_the_pod_holds_already():
     assert index.match(keys(7, 8, 2)) == {"a": 3}
     assert index.match(keys(9, 1)) == {"a": 2}
     assert index.blocks("a") == 5
+
+
+def test_switching_a_pod_to_the_mode_it_has_keeps_its_blocks():
+    index = PrefixIndex(100)
+    index.record("a", keys(1, 2))
+    index.set_precise("a", False)
+    assert index.match(keys(1, 2)) == {"a": 2}
+    index.set_precise("b", False)  # an unknown pod stays unknown
+    assert index.pods() == ["a"]
+    index.set_precise("a", True)
+    index.store_engine_blocks("a", [10], keys(1), 1)
+    index.set_precise("a", True)
+    assert index.match(keys(1, 2)) == {"a": 1} and index.is_precise("a")
+    # Back to approximate: no engine blocks left to list.
+    index.set_precise("a", False)
+    count, slices = index.engine_block_slices("a")
+    assert (count, list(slices), index.engine_blocks("a")) == (0, [], [])
 
 
 # -- unknown and approximate pods answer the precise calls with nothing ----------------------
@@ -297,6 +315,19 @@ def test_expire_counts_the_entries_it_dropped_and_each_capped_prediction():
     assert index.blocks("a") == 0
 
 
+def test_completions_past_the_cap_leave_the_entries_to_the_cap():
+    index, clock = precise("a", capacity=100_000, predicted_ttl_s=1.0, predicted_max_s=1.0)
+    for n in range(1100):
+        index.record("a", keys(n), token=f"r{n}", now=0.0)
+    for n in range(1100):
+        index.completed(f"r{n}", 0.5)  # 0.5 + TTL is past the cap at 1.0
+    clock.now = 0.99
+    assert index.match(keys(0)) == {"a": 1} and index.predictions == 0
+    clock.now = 1.0
+    assert index.match(keys(1099)) == {} and index.blocks("a") == 0
+    assert index.predictions_capped == 0
+
+
 def test_a_lost_completion_is_still_capped_after_the_in_flight_queue_is_compacted():
     index, clock = precise("a", capacity=100_000, predicted_ttl_s=1.0, predicted_max_s=3600.0)
     index.record("a", keys(1), token="lost", now=0.0)
@@ -412,6 +443,16 @@ def test_a_churned_predicted_table_is_right_sized_again():
     assert sys.getsizeof(table) <= 4 * sys.getsizeof(dict(table))
     clock.now = 2.5
     assert index.match(keys(*range(90_000, 91_000))) == {"a": 1000}
+
+
+def test_an_approximate_pods_queue_holds_real_hashes_in_8_bytes_each():
+    index = PrefixIndex(1000)
+    hashes = block_hashes(array("I", range(16 * 64)), 16, chain_seed("m"))
+    assert max(hashes) >= 2**63  # xxh64 digests use the whole unsigned range
+    index.record("a", hashes)
+    log = index._pods["a"].log
+    assert isinstance(log, array) and log.itemsize == 8
+    assert index.match(hashes) == {"a": 64}
 
 
 def test_an_approximate_pods_queue_stays_bounded_over_many_turns():
