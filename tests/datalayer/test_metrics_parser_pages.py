@@ -145,6 +145,7 @@ def test_tritons_page_with_the_label_matchers_gie_passes_for_it():
         f'{WAITING}{{engine="0"}}  4\n',
         f"{WAITING}{{}} 4\n",
         f'{WAITING}{{a="x}}y"}} 4\n',  # a brace inside a label value
+        f'{WAITING}{{engine="0"}}4\n',  # Prometheus needs no blank after the labels
     ],
     ids=repr,
 )
@@ -168,6 +169,12 @@ def test_a_line_without_a_value_is_no_series(line):
     page = f"{line}\nvllm:num_requests_running 2\n"
     metrics = vllm_reader().parse(page)
     assert (metrics.waiting, metrics.running) == (0.0, 2.0)
+
+
+def test_a_one_letter_metric_after_its_bare_name():
+    reader = PageReader(MetricSpec("q"), None, None, None, None)
+    assert reader.parse("q\nq 1\n").waiting == 1.0
+    assert reader.parse("x\nq\nq 1\n").waiting == 1.0
 
 
 def test_consecutive_series_of_one_metric_are_all_read():

@@ -148,12 +148,10 @@ def parse_metric_spec(text: str) -> MetricSpec | None:
         if key in labels:
             raise MetricSpecError(f"{text!r}: label {key!r} is given twice")
         labels[key] = _unescape(raw)
+        # A match ends after a comma or at the end of the body (`\s*` takes a last newline
+        # before `$` can match ahead of it), so what is left is more matchers, or blank: the
+        # end, or a trailing comma, which PromQL allows.
         pos = match.end()
-        if match[6] == ",":
-            if not body[pos:].strip():
-                break  # PromQL allows a trailing comma
-        elif pos < len(body):
-            raise MetricSpecError(f"{text!r}: unexpected {body[pos:]!r}")
     return MetricSpec(name, tuple(sorted(labels.items())))
 
 
