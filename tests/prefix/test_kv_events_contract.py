@@ -604,3 +604,48 @@ def test_read_event_by_event_lora_id_and_group_are_kept():
     assert got is not None
     assert fields_of(got.events[0]) == expected(stored, "map")
     assert fields_of(got.events[1]) == expected(removed, "map")
+
+
+def test_counters_add_up_over_batches():
+    dec = KvEventDecoder()
+    stored = real_stored()
+    for events in ([stored, real_removed()], [positional(stored)], [positional(stored)]):
+        assert dec.decode(enc([1.0, events, 0])) is not None
+    counts = dec.stats.counts
+    assert (counts["batches"], counts["events"], counts["positional_layout"]) == (3, 4, 2)
+    for events in ([UNKNOWN, stored], [with_bytes_hashes(stored)], [with_bytes_hashes(stored)]):
+        assert dec.decode(enc([1.0, events, 0])) is not None
+    assert (counts["batches"], counts["events"], counts["bytes_hashes"]) == (6, 7, 2)
+
+
+def test_the_smallest_block_size_is_one_token():
+    stored = real_stored(block_size=1, token_ids=[42])
+    for events in ([stored], [positional(stored)], [UNKNOWN, stored]):
+        _, got = decode(*events)
+        assert got is not None and got.events[-1].block_size == 1  # type: ignore[union-attr]
+
+
+def test_an_event_whose_type_is_no_string_is_an_unknown_type():
+    with structlog.testing.capture_logs() as logs:
+        dec, got = decode([17, [1], None], {"type": 5}, real_removed())
+    assert got is not None and len(got.events) == 1
+    assert dec.stats.counts["unknown_event_type"] == 2
+    assert [log["type"] for log in logs] == ["17", "5"]
+
+
+def test_a_type_name_is_cut_only_past_80_characters():
+    exact = "B" * 78  # its repr, quotes included, is 80 characters
+    with structlog.testing.capture_logs() as logs:
+        decode({"type": exact}, {"type": exact + "C"})
+    assert [log["type"] for log in logs] == [repr(exact), repr(exact + "C")[:80] + "..."]
+
+
+def test_a_warning_is_logged_as_soon_as_one_whole_line_has_refilled():
+    now = [0.0]
+    stats = KvEventStats(log_burst=1.0, log_per_second=2.0, clock=lambda: now[0])
+    with structlog.testing.capture_logs() as logs:
+        stats.problem("gaps")
+        stats.problem("gaps")  # suppressed
+        now[0] = 0.5  # exactly one line refilled at 2 a second
+        stats.problem("gaps")
+    assert len(logs) == 2 and logs[1]["suppressed"] == 1
