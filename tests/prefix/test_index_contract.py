@@ -445,6 +445,16 @@ def test_a_churned_predicted_table_is_right_sized_again():
     assert index.match(keys(*range(90_000, 91_000))) == {"a": 1000}
 
 
+def test_releasing_every_prediction_after_heavy_churn_leaves_an_empty_table():
+    index, _ = precise("a", capacity=100_000, predicted_ttl_s=1.0)
+    for n in range(5):
+        index.record("a", keys(*range(n * 1000, (n + 1) * 1000)), now=0.0)
+    assert index.expire(1.0) == 5000
+    assert index.blocks("a") == 0 and index.nodes == 0
+    index.record("a", keys(1, 2), now=1.0)
+    assert index.match(keys(1, 2)) == {"a": 2}
+
+
 def test_an_approximate_pods_queue_holds_real_hashes_in_8_bytes_each():
     index = PrefixIndex(1000)
     hashes = block_hashes(array("I", range(16 * 64)), 16, chain_seed("m"))
