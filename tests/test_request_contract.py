@@ -182,6 +182,20 @@ def test_a_body_that_is_not_json_is_refused_with_the_decoder_error(raw, detail):
     assert "surrogate" not in refused.value.message
 
 
+@pytest.mark.parametrize("field", ["documents", "tools"])
+def test_a_number_out_of_range_in_a_template_setting_is_refused_as_invalid_json(field):
+    """Settings are checked as JSON when the body is decoded and read later: a number
+    out of float range there is found then, and refused as the body's."""
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "%s": [1e999]}' % (
+        field.encode()
+    )
+    with pytest.raises(RequestRejected) as refused:
+        parse_request(CHAT_PATH, raw, ADAPTERS)
+    rejected = refused.value
+    assert rejected.message.startswith("the body is not valid JSON: Number out of range")
+    assert (rejected.status, rejected.reason, rejected.param) == (400, "invalid-json", None)
+
+
 def test_an_unpaired_surrogate_is_named_as_the_cause():
     raw = rb'{"model": "m", "prompt": "a\ud800b"}'
     with pytest.raises(RequestRejected) as refused:

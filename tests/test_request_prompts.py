@@ -262,6 +262,7 @@ def test_a_string_turn_keeps_what_the_template_reads_besides_its_text():
             {"role": "assistant", "content": "b", "reasoning": "r"},
             {"role": "developer", "content": "d", "tools": [{"x": 1}]},
             {"role": "tool", "content": "t", "tool_call_id": "1"},
+            {"role": "user", "content": "task", "task": "qa"},
             {"role": "user", "content": "plain"},
         ],
     }
@@ -273,6 +274,7 @@ def test_a_string_turn_keeps_what_the_template_reads_besides_its_text():
         ("assistant", "b", None),
         ("developer", "d", None),
         ("tool", "t", None),
+        ("user", "task", None),
         ("user", "plain", None),
     ]
     assert [m.extra for m in turns] == [
@@ -286,6 +288,7 @@ def test_a_string_turn_keeps_what_the_template_reads_besides_its_text():
         {"reasoning": "r", "reasoning_content": "r"},
         {"tools": [{"x": 1}]},
         {"tool_call_id": "1"},
+        {"task": "qa"},
         None,
     ]
 

@@ -451,6 +451,7 @@ def _chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Pro
             and m.tool_calls is None
             and m.name is None
             and m.reasoning is None
+            and m.task is None
             and not (m.role == "system" and m.content.startswith("x-anthropic-billing"))
             else openai_turn(
                 m.role,
