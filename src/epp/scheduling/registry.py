@@ -1,8 +1,11 @@
-"""Scorer names -> factories, and the weighted profile built from the configured weights.
+"""Scorer names -> factories, and the weighted profile built from the configured weights;
+the operator's own filters.
 
 Registration is explicit (no import side effects): built-ins are listed here, and an
 operator's own scorer is added with `registry.register("name", factory)` before the
-profile is built, then given a weight in `scheduling.weights`.
+profile is built, then given a weight in `scheduling.weights`. An operator's own filter
+is added with `registry.add_filter(factory)`: it has no weight and always runs (where in
+the chain: scheduler.py).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from epp.scheduling.scorers.health import HealthScorer
 from epp.scheduling.scorers.load import LoadScorer
 from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
 from epp.scheduling.scorers.queue import QueueScorer
-from epp.scheduling.types import Scorer
+from epp.scheduling.types import Filter, Scorer
 
 ScorerFactory = Callable[[SchedulingConfig], Scorer]
+FilterFactory = Callable[[SchedulingConfig], Filter]
 
 BUILTIN_SCORERS: dict[str, ScorerFactory] = {
     "cache": lambda config: CacheScorer(),
@@ -37,11 +41,23 @@ BUILTIN_SCORERS: dict[str, ScorerFactory] = {
 class ScorerRegistry:
     def __init__(self) -> None:
         self._factories: dict[str, ScorerFactory] = dict(BUILTIN_SCORERS)
+        self._filters: list[FilterFactory] = []
 
     def register(self, name: str, factory: ScorerFactory) -> None:
         if name in self._factories:
             raise ValueError(f"a scorer named {name!r} is already registered")
         self._factories[name] = factory
+
+    def add_filter(self, factory: FilterFactory) -> None:
+        """A filter of the operator's own, run in the order added (scheduler.py). It reads
+        the pods, and of the request only what flow control keys waiting requests by (its
+        base model and subset: routing/types.placement); otherwise a waiting request could
+        be held back by another's verdict."""
+        self._filters.append(factory)
+
+    def build_filters(self, config: SchedulingConfig) -> list[Filter]:
+        """The added filters, built for this config."""
+        return [factory(config) for factory in self._filters]
 
     @property
     def names(self) -> list[str]:

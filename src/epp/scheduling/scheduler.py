@@ -37,15 +37,21 @@ class Scheduler:
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
+        registry = registry or ScorerRegistry()
+        # The registry's filters (the operator's own) run after those that say which pods
+        # may serve the request and before those that measure room: a pod they remove
+        # neither makes a request wait for it (saturation: 429, flow control holds it) nor
+        # counts as the least busy pod (balance).
         self.filters: list[Filter] = [
             SubsetFilter(),
             ModelFilter(),
             HealthFilter(),
+            *registry.build_filters(config),
             SaturationFilter(max_queue=config.max_queue),
         ]
         if config.balance.enabled:
             self.filters.append(BalanceFilter(config.balance.abs_requests, config.balance.ratio))
-        self.profile = (registry or ScorerRegistry()).build(config)
+        self.profile = registry.build(config)
         self.weights = {scorer.name: weight for scorer, weight in self.profile}
         # Scorers with per-pod state of their own (types.PodStateScorer).
         self._observers = [s for s, _ in self.profile if isinstance(s, PodStateScorer)]
