@@ -37,12 +37,7 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(Endpoint))
 CONSTRUCTOR_OWNER = FIELD_OWNERS["name"]
 
 # Callers allowed for the store's write methods, by receiver `store` / `_store`.
-ACCOUNTING = (
-    "epp.routing.accounting",
-    # remove once routing.py is split (the Router's reservations move to accounting):
-    "epp.routing",
-    "epp.routing.router",
-)
+ACCOUNTING = ("epp.routing.accounting",)
 STORE_CALLERS: dict[str, tuple[str, ...]] = {
     "dispatched": ACCOUNTING,  # a reservation
     "completed": ACCOUNTING,  # its end

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
+from epp.addresses import format_host_port
 from epp.config import EppConfig, load_config, load_endpoints_file
 from epp.datalayer.discovery.file import EndpointsFileWatcher
 from epp.datalayer.discovery.state import DiscoveryState
@@ -297,9 +298,9 @@ class EppService:
             task.add_done_callback(self._background_task_ended)
         log.info(
             "epp_started",
-            grpc=f"{self.config.server.grpc_host}:{self.grpc_port}",
-            grpc_health=f"{self.config.server.grpc_host}:{self.grpc_health_port}",
-            metrics=f"{self.config.server.metrics_host}:{self.metrics_port}",
+            grpc=format_host_port(self.config.server.grpc_host, self.grpc_port),
+            grpc_health=format_host_port(self.config.server.grpc_host, self.grpc_health_port),
+            metrics=format_host_port(self.config.server.metrics_host, self.metrics_port),
             endpoints=len(self.store),
             weights=self.scheduler.weights,
         )
@@ -436,7 +437,7 @@ class EppService:
         if server.debug_port is None:
             return
         if self._debug_shares_metrics():
-            self.debug_address = f"{server.metrics_host}:{self.metrics_port}"
+            self.debug_address = format_host_port(server.metrics_host, self.metrics_port)
             return
         app = web.Application()
         app.add_routes(self._debug_routes())
@@ -450,7 +451,7 @@ class EppService:
             return
         self._debug_runner = runner
         port = runner.addresses[0][1]
-        self.debug_address = f"{server.debug_host}:{port}"
+        self.debug_address = format_host_port(server.debug_host, port)
         if is_loopback(server.debug_host):
             log.info("debug_pages", address=self.debug_address)
         else:
@@ -607,7 +608,7 @@ def our_flag_names(parser: argparse.ArgumentParser) -> frozenset[str]:
 
 
 def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, UpstreamArgs]:
-    """`epp serve`'s arguments: ours, and the upstream EPP's (epp/upstream_flags.py).
+    """`epp serve`'s arguments: ours, and the upstream EPP's (epp/upstream_flags/).
     Raises FlagError for a malformed upstream flag; argparse exits on anything unknown."""
     parser = build_parser()
     upstream = translate(argv, our_flag_names(parser))

@@ -125,7 +125,7 @@ def test_hashes_beyond_max_blocks_are_not_recorded():
 
 def test_a_forwarded_completion_releases_this_replicas_reservation():
     inbox, router, _store, *_ = setup()
-    router.token_prefix = "me."
+    router.hooks.token_prefix = "me."
     routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
     assert routed.token.startswith("me.")
     assert routed.endpoint.in_flight == 1
@@ -154,8 +154,8 @@ def test_dispatch_listeners_hear_each_decision_and_their_failure_costs_nothing()
 def test_a_completion_for_another_replicas_token_goes_to_foreign_completion_only():
     router, *_ = router_with(PODS, **SECTIONS)
     forwarded = []
-    router.token_prefix = "me."
-    router.foreign_completion = lambda *args: forwarded.append(args)
+    router.hooks.token_prefix = "me."
+    router.hooks.foreign_completion = lambda *args: forwarded.append(args)
     routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
     router.complete("peer.abc", 200, "127.0.0.1:8001")
     router.complete("me.unknown", 200)  # ours, long gone: nothing to forward

@@ -31,13 +31,3 @@ def test_the_package_names_load_on_first_use() -> None:
     assert all(getattr(package, name) is not None for name in package.__all__)
     with pytest.raises(ImportError, match="Nothing"):
         from epp.tokenization import Nothing  # type: ignore[attr-defined]  # noqa: F401
-
-
-# Goes with src/epp/tokenize.py once routing/ and epp_bench/virtual/epp.py stop importing it.
-def test_the_old_module_re_exports_the_same_objects() -> None:
-    import epp.tokenize as old
-    from epp.tokenization import estimate, protocol
-
-    for name in old.__all__:
-        new = getattr(protocol, name, None) or getattr(estimate, name)
-        assert getattr(old, name) is new, name

@@ -178,7 +178,7 @@ def immediate(
     )
 
 
-# The observer filter's response_attributes (envoy_config.py), as Envoy 1.40 names them in
+# The observer filter's response_attributes (epp/envoy_config/filters.py), as Envoy 1.40 names them in
 # ProcessingRequest.attributes["envoy.filters.http.ext_proc"]: one key per expression.
 ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS_ATTRIBUTE = "upstream.address"

@@ -352,7 +352,7 @@ def build_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     address = f"{config.grpc_host}:{config.grpc_port}"
     # TLS by default (server.secure_serving): certificate files re-read when they change,
-    # or a self-signed certificate generated now (epp/tls.py). Health shares the port.
+    # or a self-signed certificate generated now (epp/tls/). Health shares the port.
     tls = transport if transport is not None else grpc_transport(config)
     if tls is None:
         port = server.add_insecure_port(address)

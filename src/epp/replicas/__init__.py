@@ -143,9 +143,9 @@ class ReplicaSync:
             on_peer=self.peers.peer_appeared,
             auth=self.auth,
         )
-        router.token_prefix = f"{self.replica_id}."
-        router.dispatch_listeners.append(self.on_dispatch)
-        router.foreign_completion = self.on_foreign_completion
+        router.hooks.token_prefix = f"{self.replica_id}."
+        router.hooks.shared.append(self.on_dispatch)
+        router.hooks.foreign_completion = self.on_foreign_completion
 
     async def start(self) -> None:
         await self.server.start()

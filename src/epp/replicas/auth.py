@@ -27,7 +27,7 @@ test guesses of the secret offline, so the secret must be random (`openssl rand 
 32`), not a password: at least MIN_SECRET_BYTES are required.
 
 Rotation: the file is read again when its content changes (checked at most every
-`check_s`, by content rather than mtime, as epp/tls.py does: a Kubernetes Secret volume
+`check_s`, by content rather than mtime, as epp/tls/files.py does: a Kubernetes Secret volume
 swaps a symlink). A new secret signs from then on and the previous one is still accepted
 for `previous_s`, so replicas that see the new file at different times (the kubelet
 updates each pod's volume within a minute or two) still connect. A listener sends one

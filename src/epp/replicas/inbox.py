@@ -159,5 +159,5 @@ class PeerInbox:
     def completion(self, message: Completion) -> None:
         """A response end of one of this replica's decisions, seen by a peer."""
         self._metrics.completions_received.inc()
-        if message.token.startswith(self._router.token_prefix):
+        if message.token.startswith(self._router.hooks.token_prefix):
             self._router.complete(message.token, message.status, message.served)

@@ -44,12 +44,8 @@ from epp.routing.flow_control import FlowControl, Shed, Ticket
 from epp.routing.observation import DecisionObserver
 from epp.routing.preparation import Preparation
 from epp.routing.types import (
-    CompletionListener,
     DecisionHooks,
-    DispatchListener,
-    ForeignCompletion,
     PreparedRequest,
-    RecordListener,
     RoutedRequest,
     Saturated,
 )
@@ -57,7 +53,7 @@ from epp.scheduling.admission import Waiting
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry
 from epp.tokenization.engine import EngineTokenizer
-from epp.tokenize import Tokenizer
+from epp.tokenization.protocol import Tokenizer
 
 
 @dataclass(slots=True)
@@ -132,34 +128,6 @@ class Router:
     @engine_tokenizer.setter
     def engine_tokenizer(self, engine: EngineTokenizer | None) -> None:
         self.preparation.engine_tokenizer = engine
-
-    @property
-    def token_prefix(self) -> str:
-        return self.hooks.token_prefix
-
-    @token_prefix.setter
-    def token_prefix(self, prefix: str) -> None:
-        self.hooks.token_prefix = prefix
-
-    @property
-    def foreign_completion(self) -> ForeignCompletion | None:
-        return self.hooks.foreign_completion
-
-    @foreign_completion.setter
-    def foreign_completion(self, hook: ForeignCompletion | None) -> None:
-        self.hooks.foreign_completion = hook
-
-    @property
-    def dispatch_listeners(self) -> list[DispatchListener]:
-        return self.hooks.shared
-
-    @property
-    def record_listeners(self) -> list[RecordListener]:
-        return self.hooks.before_record
-
-    @property
-    def completion_listeners(self) -> list[CompletionListener]:
-        return self.hooks.completed
 
     def set_model_table(self, table: ModelTable) -> None:
         self.preparation.set_model_table(table)

@@ -42,7 +42,8 @@ from epp.routing.flow_control import Shed, Ticket
 from epp.scheduling.registry import ScorerRegistry
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import Dispatched
-from epp.tokenize import ByteEstimateTokenizer, Tokenizer
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.tokenization.protocol import Tokenizer
 from epp.wiring import connect
 from epp_bench.virtual.types import WAITING, PreparedRequest, RouteChoice, VirtualPods
 from vllm_sim.engine import SimEngine

@@ -146,8 +146,8 @@ class PreciseEppRouter(EppVirtualRouter):
             self.precise.attach(name, pods.served_model)
         # Stale routing as `epp.app.connect` wires it: a decision on a precise pod opens a
         # claim before its blocks are recorded; the claim is checked after it ended.
-        self.router.record_listeners.append(self.precise.dispatched)
-        self.router.completion_listeners.append(self.precise.completed)
+        self.router.hooks.before_record.append(self.precise.dispatched)
+        self.router.hooks.completed.append(self.precise.completed)
         # (due, pod, payload) in due order (one delay for all: FIFO is due order).
         self._inbox: deque[tuple[float, str, bytes]] = deque()
         self.batches = 0
