@@ -2,9 +2,9 @@
 
 `PreciseMode` owns what the app needs for it: the shared `KvEventStats`, the
 `PreciseIndex` that applies events to the prefix index, one ZMQ context for every
-subscriber (made on first use) and a pod name -> `KvEventSubscriber` map. The app
-connects `on_change` to the endpoint store (after `index_listener`), as every other
-reader of the store's events:
+subscriber (made on first use) and a pod name -> `KvEventSubscriber` map. `epp.wiring`
+hands it the endpoint store's events after the index listener, as every other reader of
+the store's events:
 
 - `added` / `updated`: the pod's mode and endpoints are resolved from `kv_events:` and
   its labels (`resolve_pod`). A pod that is not `approximate`, whose publisher endpoint is
@@ -21,7 +21,7 @@ reader of the store's events:
 - every page's start time also goes to the subscriber (`observe_start_time`), which
   remembers it: a subscriber made after a page compares the next one with it.
 - For a pod followed precisely, that decision is the only one: the app's index listener
-  (`epp.app.index_listener`, connected before this) asks `owns_entries` and leaves such a
+  (`epp.wiring.index_listener`, called before this) asks `owns_entries` and leaves such a
   pod's `reset` here, so that the two do not drop what one of them knows to be current.
 - `removed`: the subscriber is closed and the pod forgotten (`PreciseIndex.remove_pod`):
   no entry stays.

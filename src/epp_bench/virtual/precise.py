@@ -28,7 +28,7 @@
   `epp_approx_engine_tok` is the approximate EPP with the engine's tokenizer, to tell
   the tokenizer's share of a difference from the events'.
 - Stale routing from the events (`PreciseIndex.dispatched` / `completed` as the Router's
-  record and completion listeners, as `epp.app.connect` wires them; `poll` at every
+  `before_record` and `completed` hooks, as `epp.wiring.connect` wires them; `poll` at every
   event, `epp.prefix.precise_stale`): reported as `stale_events` /
   `stale_events_checked`.
 
@@ -144,7 +144,7 @@ class PreciseEppRouter(EppVirtualRouter):
         self.decoder = KvEventDecoder(stats=self.precise.stats)
         for name in pods.names:
             self.precise.attach(name, pods.served_model)
-        # Stale routing as `epp.app.connect` wires it: a decision on a precise pod opens a
+        # Stale routing as `epp.wiring.connect` wires it: a decision on a precise pod opens a
         # claim before its blocks are recorded; the claim is checked after it ended.
         self.router.hooks.before_record.append(self.precise.dispatched)
         self.router.hooks.completed.append(self.precise.completed)
