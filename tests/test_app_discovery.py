@@ -227,7 +227,9 @@ async def test_a_model_rewrite_renames_the_model_envoy_forwards(
     rewrite["spec"]["rules"][0]["targets"] = [{"modelRewrite": MODEL}]
     standin.apply(LLMD_INFERENCE_MODEL_REWRITE, admitted(rewrite), NS)
     await until(lambda: service.ready, "ready")
-    await until(lambda: "model-to-be-rewritten" in service.router.preparation.models.rewrites, "the rewrite")
+    await until(
+        lambda: "model-to-be-rewritten" in service.router.preparation.models.rewrites, "the rewrite"
+    )
 
     listen, admin = free_ports(2)
     config = envoy_config.render(
