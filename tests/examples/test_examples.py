@@ -119,3 +119,24 @@ def test_an_added_filter_runs_before_saturation():
     with pytest.raises(Saturated) as refused:
         router.route_now(path="/v1/completions", body=body(2), request_id="r2")
     assert refused.value.status == 429
+
+
+def test_contributing_quotes_the_examples_as_they_are_tested():
+    """The page shows the code this file runs: each example after its `__future__`
+    import, and the registration lines used above."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "CONTRIBUTING.md").read_text()
+    for name in ("scorer_example.py", "filter_example.py"):
+        source = (Path(__file__).parent / name).read_text()
+        code = source[source.index("\n\n", source.index("from __future__")) + 2 :]
+        assert code.rstrip() in page, name
+    this = Path(__file__).read_text()
+    for line in (
+        'registry.register("zone", lambda config: ZoneScorer(zone="east"))',
+        "registry.add_filter(lambda config: DrainFilter())",
+        "service = EppService(config, registry=registry)",
+    ):
+        assert line in page, line
+        assert this.count(line) >= 2, line  # here in the tuple, and where it is run
