@@ -140,3 +140,18 @@ def test_contributing_quotes_the_examples_as_they_are_tested():
     ):
         assert line in page, line
         assert this.count(line) >= 2, line  # here in the tuple, and where it is run
+
+
+def test_added_filters_run_in_the_order_added_between_health_and_saturation():
+    from dataclasses import replace
+
+    from epp.config import SchedulingConfig
+    from epp.scheduling.scheduler import Scheduler
+
+    registry = drain_registry()
+    registry.add_filter(lambda config: replace(DrainFilter(), name="second"))
+    names = [f.name for f in Scheduler(SchedulingConfig(), registry).filters]
+    assert names[:6] == ["subset", "model", "health", "drain", "second", "saturation"]
+    assert [f.name for f in Scheduler(SchedulingConfig()).filters][:4] == [
+        "subset", "model", "health", "saturation",
+    ]  # fmt: skip
