@@ -86,10 +86,12 @@ def real_removed(**changes: Any) -> dict[str, Any]:
     return event
 
 
-def as_bytes(value: int | None) -> bytes | None:
+def as_bytes(value: int | bytes | None) -> bytes | None:
     """A hash as vLLM sends it with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: a 32-byte digest
-    whose last 8 bytes, big-endian, are the value."""
-    return None if value is None else b"\x5a" * 24 + value.to_bytes(8, "big")
+    whose last 8 bytes, big-endian, are the value (bytes are kept as they are)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return b"\x5a" * 24 + value.to_bytes(8, "big")
 
 
 def with_bytes_hashes(event: dict[str, Any]) -> dict[str, Any]:
@@ -328,12 +330,13 @@ def test_an_event_breaking_the_rules_is_dropped_with_a_warning_naming_the_rule(b
 @pytest.mark.parametrize(("bad", "error"), INVALID)
 def test_an_event_breaking_the_rules_is_dropped_whatever_the_path(bad, error):
     """The same rules in the positional layout and read event by event."""
-    for events in ([UNKNOWN, bad], [positional(bad)]):
+    for events in ([UNKNOWN, bad], [positional(bad)], [with_bytes_hashes(bad)]):
         with structlog.testing.capture_logs() as logs:
             dec, got = decode(*events, real_removed())
         assert got is not None and len(got.events) == 1
         assert dec.stats.counts["invalid_event"] == 1
-        assert [log["error"] for log in logs if log["reason"] == "invalid_event"] == [error]
+        invalid = [log for log in logs if log["reason"] == "invalid_event"]
+        assert [(log["error"], log["pod"]) for log in invalid] == [(error, "pod-a")]
 
 
 def test_an_unknown_event_type_is_dropped_with_its_type_in_the_warning():
@@ -347,7 +350,7 @@ def test_an_unknown_event_type_is_dropped_with_its_type_in_the_warning():
         "'Unheard'",
         repr(long_name)[:80] + "...",  # long values are cut at 80 characters
     ]
-    assert {log["reason"] for log in logs} == {"unknown_event_type"}
+    assert {(log["reason"], log["pod"]) for log in logs} == {("unknown_event_type", "pod-a")}
 
 
 @pytest.mark.parametrize(
@@ -507,7 +510,9 @@ def test_counters_start_at_zero_for_every_reason_and_add_counts():
     stats.add("gaps")
     stats.add("gaps", 4)
     stats.add("a_new_reason")
+    stats.problem("another_new_reason", 2)
     assert stats.counts["gaps"] == 5 and stats.counts["a_new_reason"] == 1
+    assert stats.counts["another_new_reason"] == 2
 
 
 # -- sequence frames ---------------------------------------------------------------------------
