@@ -165,20 +165,21 @@ def test_an_engine_block_of_several_of_ours_holds_its_own_keys():
     assert index.match(keys(1, 2, 3, 4)) == {"a": 2, "c": 4}
 
 
-def test_a_block_the_engine_stored_three_times_goes_with_its_third_removal():
+def test_a_block_the_engine_stored_four_times_goes_with_its_fourth_removal():
     index, _ = precise("a")
-    for _ in range(3):
+    for _ in range(4):
         index.store_engine_blocks("a", [10], keys(1), 1)
     index.store_engine_blocks("a", [20, 30], keys(2, 3), 1)
-    for left in (2, 1):
-        assert index.remove_engine_blocks("a", [10]) == 1
-        assert index.match(keys(1)) == {"a": 1}, left
     # Other blocks of the pod go at once, all of them, while copies are being tracked.
     assert index.remove_engine_blocks("a", [20, 30]) == 2
     assert index.match(keys(2)) == {} and index.match(keys(3)) == {}
+    for left in (3, 2, 1):
+        assert index.remove_engine_blocks("a", [10]) == 1
+        assert index.match(keys(1)) == {"a": 1}, left
     assert index.remove_engine_blocks("a", [10]) == 1
     assert index.match(keys(1)) == {}
     assert index.engine_blocks("a") == []
+    assert index.remove_engine_blocks("a", [10]) == 0
 
 
 def test_removing_a_precise_pods_block_keeps_the_other_pods_holding_its_key():
@@ -368,6 +369,17 @@ def test_a_smaller_capacity_bounds_a_precise_pods_engine_blocks_and_predictions(
     assert index.match(keys(*range(5001, 5101))) == {}  # the oldest predictions went
 
 
+def test_a_precise_pods_engine_map_shrinks_with_its_capacity():
+    index, _ = precise("a", "b", capacity=100_000)
+    index.store_engine_blocks("a", list(range(1, 65)), keys(*range(101, 165)), 1)
+    index.store_engine_blocks("b", list(range(1, 65)), keys(*range(101, 165)), 1)
+    index.set_capacity("b", 64)  # b reports a small KV cache: its map is sized for it
+    assert index.match(keys(*range(101, 165))) == {"a": 64, "b": 64}
+    small, large = index._pods["b"].engine, index._pods["a"].engine
+    assert small is not None and large is not None
+    assert small.nbytes() * 10 < large.nbytes()
+
+
 def test_the_engine_bound_drops_the_excess_and_a_slack_of_a_32nd():
     index, _ = precise("a", capacity=64)
     index.store_engine_blocks("a", list(range(1, 65)), keys(*range(101, 165)), 1)
@@ -383,18 +395,21 @@ def test_the_engine_bound_drops_the_excess_and_a_slack_of_a_32nd():
 
 @pytest.mark.parametrize("per_block", [1, 2])
 def test_a_hit_engine_block_outlives_cold_ones_through_the_bound(per_block):
-    index, _ = precise("a", capacity=64)
+    index, clock = precise("a", capacity=64)
     hot = keys(1, 2)
     index.record("b", hot)  # another pod shares it: its bits are never touched
     index.store_engine_blocks("a", [10, 20][: 2 // per_block], hot, per_block)
     for n in range(400):
+        clock.now = float(n)
         index.record("a", hot, token=f"r{n}")  # a routed hit each time
-        index.completed(f"r{n}", 0.0)
+        index.completed(f"r{n}", clock.now)
         new = keys(1000 + 2 * n, 1001 + 2 * n)
         index.store_engine_blocks(
             "a", [5000 + 2 * n, 5001 + 2 * n][: 2 // per_block], new, per_block
         )
+    clock.now = 1000.0  # no prediction left: the engine's word only
     assert index.match(hot) == {"a": 2, "b": 2}
+    assert index.reported("a", BlockHash(1)) and index.reported("a", BlockHash(2))
     assert index.precise_capacity_evictions > 300
 
 
