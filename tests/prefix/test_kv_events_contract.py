@@ -429,7 +429,30 @@ def test_the_default_payload_cap_is_one_mebibyte():
     with structlog.testing.capture_logs() as logs:
         assert dec.decode(payload_of(1024 * 1024 + 1), pod="pod-a") is None
     assert dec.stats.counts["oversized_payload"] == 1
-    assert logs[0]["reason"] == "oversized_payload" and logs[0]["bytes"] == 1024 * 1024 + 1
+    assert logs == [
+        {
+            "event": "kv_event_problem",
+            "log_level": "warning",
+            "reason": "oversized_payload",
+            "count": 1,
+            "pod": "pod-a",
+            "bytes": 1024 * 1024 + 1,
+        }
+    ]
+
+
+def test_a_payload_nested_past_the_decoders_depth_is_refused_not_raised():
+    # Nesting inside extra_keys (list[Any]) passes the typed decoder's checks and makes it
+    # raise RecursionError rather than a msgspec error.
+    event = real_stored(extra_keys=[None])
+    payload = enc([1.0, [event], 0])
+    at = payload.index(b"\x91\xc0")  # extra_keys: [None]
+    deep = payload[:at] + b"\x91" * 100_000 + b"\xc0" + payload[at + 2 :]
+    dec = KvEventDecoder()
+    with structlog.testing.capture_logs() as logs:
+        assert dec.decode(deep, pod="pod-a") is None
+    assert dec.stats.counts["malformed_payload"] == 1
+    assert [(log["reason"], log["pod"]) for log in logs] == [("malformed_payload", "pod-a")]
 
 
 @pytest.mark.parametrize("layout", ["map", "map-bytes-hashes", "positional", "event-by-event"])
