@@ -130,10 +130,15 @@ def test_override_host_walks_the_fallback_list_when_the_primary_is_gone(tmp_path
 
 def test_hung_pod_fails_over_within_the_idle_timeout_and_the_epp_counts_it(tmp_path):
     """The observer filter reports the pod that served (upstream.address), so the EPP's
-    epp_fallback_served_total counts the failover."""
+    epp_fallback_served_total counts the failover. The cost scorer alone makes the hung
+    pod the EPP's first choice (cache affinity would otherwise send every request to
+    whichever pod served the first, and half the time no request would fail over)."""
     with rig(tmp_path) as r:
         r.start_pods(2, lambda i: HANG if i == 0 else [])
-        r.start_epp({"scheduling": {"fallbacks": 1}})
+        r.start_epp(
+            {"scheduling": {"fallbacks": 1, "weights": {"cost": 1.0}}},
+            labels_for=lambda i: {"cost_per_hour": "1" if i == 0 else "10"},
+        )
         r.start_envoy(*envoy_for(r, upstream_idle_timeout_s=2.0))
         for i in range(4):
             started = time.monotonic()
