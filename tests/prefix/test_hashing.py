@@ -125,5 +125,5 @@ def test_no_blocks_for_a_zero_or_negative_cap(max_blocks):
 
 def test_only_uint32_arrays_are_accepted_with_a_clear_message():
     for typecode in ("i", "L", "H", "Q"):
-        with pytest.raises(TypeError, match=r"tokens must be an array\('I'\) of token ids"):
+        with pytest.raises(TypeError, match=r"^tokens must be an array\('I'\) of token ids$"):
             block_hashes(array(typecode, range(32)), 16, 0)
