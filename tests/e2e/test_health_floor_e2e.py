@@ -128,10 +128,13 @@ def watch_exclusions(stack: LocalStack, stop: threading.Event, seen: list[int]) 
 
 
 def one_client_burst(
-    stack: LocalStack, bad_requests: int = 100, until: Callable[[], bool] | None = None
+    stack: LocalStack,
+    bad_requests: int = 100,
+    until: Callable[[], bool] | None = None,
+    most: int = 5,
 ) -> dict:
     """Another client at 30 req/s; one client sends `bad_requests` the pods answer 500
-    (8 at a time), and with `until` goes on (up to 5 times as many) until it holds; the
+    (8 at a time), and with `until` goes on (up to `most` times as many) until it holds; the
     other client goes on 4 s after the burst."""
     url = f"{stack.envoy_url}/v1/completions"
     for i in range(8):  # warm: every pod scraped and serving
@@ -143,7 +146,7 @@ def one_client_burst(
     time.sleep(1.0)
     bad: list[int] = []
     lock = threading.Lock()
-    counter = iter(range(bad_requests * (5 if until is not None else 1)))
+    counter = iter(range(bad_requests * (most if until is not None else 1)))
 
     def fail_some() -> None:
         for i in counter:
@@ -226,18 +229,22 @@ def test_panic_serves_other_clients_when_errors_exclude_every_pod(tmp_path):
         log_level="warning",
         epp_config_yaml="scheduling: {max_error_exclusion_share: 1.0}\n",
     ) as stack:
-        # The burst goes on until the panic is counted: on a loaded machine the other
-        # client's 200s can keep a pod's error rate under the threshold for a while.
+        # The burst goes on until requests were routed in panic: on a loaded machine the
+        # other client's 200s can keep a pod's error rate under the threshold for a while,
+        # and a panic can end before a request arrives in it.
         def panicked() -> bool:
-            return bool(epp_series(stack, "epp_health_panics_total").get(""))
+            return bool(epp_series(stack, "epp_health_panic_requests_total").get(""))
 
-        figures = one_client_burst(stack, until=panicked)
+        figures = one_client_burst(stack, until=panicked, most=20)
         figures["panics"] = epp_series(stack, "epp_health_panics_total").get("")
         figures["panic_requests"] = epp_series(stack, "epp_health_panic_requests_total").get("")
         report("all excluded, panic", figures)
         log = stack.log_paths["epp"].read_text()
-    assert figures["most_excluded"] == 4, figures
+    # A panic is declared only when no pod of the model is routable (healthy_panic_share
+    # 0): the counter proves errors excluded all 4. /debug/endpoints, sampled every 20 ms
+    # by the watcher, can miss so short a state on a loaded machine.
     assert figures["panics"] and figures["panic_requests"], figures
+    assert figures["most_excluded"] >= 2, figures  # the watcher saw exclusions at all
     assert "health_panic" in log
     assert figures["other_failed"] == 0, figures
 
