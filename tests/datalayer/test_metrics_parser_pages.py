@@ -308,6 +308,8 @@ def test_usage_is_the_mean_of_the_engines_and_stays_in_range():
 def test_the_process_start_time_is_read_with_the_servers_series():
     page = f"process_start_time_seconds 1795945000.5\n{WAITING} 1\n"
     assert vllm_reader().parse(page).start_time == 1795945000.5
+    zero = vllm_reader().parse(f"process_start_time_seconds -0\n{WAITING} 1\n").start_time
+    assert zero == 0.0 and math.copysign(1.0, zero) == 1.0  # -0 reads as 0
 
 
 def test_lora_info_alone_makes_a_page_and_the_newest_series_wins_ties_to_the_first():

@@ -41,6 +41,7 @@ def test_a_blank_spec_means_the_series_is_not_read(text):
         ('q{a="x", }', "q", (("a", "x"),)),
         ('q{a=""}', "q", (("a", ""),)),
         ('q{a="x,y}z"}', "q", (("a", "x,y}z"),)),
+        ('q{a="x{y"}', "q", (("a", "x{y"),)),  # the name ends at the first brace
         (r'q{a="say \"hi\"\\now\n"}', "q", (("a", 'say "hi"\\now\n'),)),
         (r"q{a='it\'s'}", "q", (("a", "it's"),)),
         ('q{_a1="1",B="2"}', "q", (("B", "2"), ("_a1", "1"))),
