@@ -41,6 +41,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.index",
         "prefix index: lookup, memory per entry, KV event ingest, loop pauses",
     ),
+    "loop": (
+        "epp_bench.picker.loop",
+        "routing latency with KV events, relists, pages on the loop or off it",
+    ),
     "precise-report": (
         "epp_bench.virtual.precise_report",
         "precise vs approximate mode tables (docs/benchmarks/precise.md) from virtual runs",

@@ -24,6 +24,15 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from epp.datalayer.kv_subscriber.receiver import (
+    Connected,
+    Disconnected,
+    Failed,
+    Item,
+    LiveReceiver,
+    Message,
+    Retried,
+)
 from epp.datalayer.kv_subscriber.sockets import (
     ReplayFailed,
     ReplayRequest,
@@ -83,6 +92,8 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        # settings.receive_in_thread: the live socket is read and decoded in this thread.
+        self._receiver: LiveReceiver | None = None
         self._resync_reason: str | None = None  # a full resync is due
         self._skip_through = -1  # live seqs up to this were applied by a replay
         self._recent = RecentBatches()
@@ -99,8 +110,16 @@ class KvEventSubscriber:
             return
         if self.mode == "precise":
             self._attach()
-        self._open()
-        self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.pod}")
+        if self.settings.receive_in_thread:
+            self._receiver = LiveReceiver(
+                self.pod, self._context, self.endpoint, self.topic, self.settings
+            )
+            self._receiver.start()
+            run = self._run_received()
+        else:
+            self._open()
+            run = self._run()
+        self._task = asyncio.create_task(run, name=f"kv-events-{self.pod}")
 
     async def close(self, detach: bool = True) -> None:
         """Stop and close the sockets; with `detach`, the pod goes back to approximate
@@ -110,6 +129,9 @@ class KvEventSubscriber:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            await receiver.stop()  # its sockets closed: the context may end
         self._close_sockets()
         if self._own_context:
             self._context.term()
@@ -214,11 +236,56 @@ class KvEventSubscriber:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.state.errors += 1
-                self.stats.problem("subscriber_error", pod=self.pod, error=repr(exc)[:200])
-                self._drop_entries()
-                self._resync_reason = "error"
+                self._failed(repr(exc)[:200])
                 await asyncio.sleep(self.settings.reconnect_ivl_s)
+
+    async def _run_received(self) -> None:
+        """`_run` with the live socket read and decoded by the receiver's thread: the same
+        cycle, over the items it received in order (monitor events, then a due resync,
+        then messages, as `_run` takes them from one poll)."""
+        receiver = self._receiver
+        assert receiver is not None
+        while True:
+            try:
+                items = await receiver.items(self._poll_timeout_ms() / 1000)
+                self._slice_started = time.perf_counter()
+                for item in items:
+                    await self._on_item(item)
+                if self._resync_reason is not None and self.state.connected:
+                    await self._full_resync(self._resync_reason)
+                await self._timers()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(repr(exc)[:200])
+                await asyncio.sleep(self.settings.reconnect_ivl_s)
+
+    async def _on_item(self, item: Item) -> None:
+        if isinstance(item, Message):
+            if self._resync_reason is not None and self.state.connected:
+                await self._full_resync(self._resync_reason)
+            if item.seq is None:
+                self.stats.problem("malformed_frames", pod=self.pod, frames=item.frames)
+            else:
+                await self._on_live(item.seq, item.payload, item)
+            if self._resync_reason is not None:
+                await self._full_resync(self._resync_reason)
+        elif isinstance(item, Connected):
+            self._on_connected()
+        elif isinstance(item, Disconnected):
+            if self.state.connected:
+                self._on_disconnected()
+        elif isinstance(item, Retried):
+            self.state.connect_retries += 1
+        elif isinstance(item, Failed):
+            self._failed(item.error)
+
+    def _failed(self, error: str) -> None:
+        """An unexpected error in a cycle: the entries go and a resync is due."""
+        self.state.errors += 1
+        self.stats.problem("subscriber_error", pod=self.pod, error=error)
+        self._drop_entries()
+        self._resync_reason = "error"
 
     def _poll_timeout_ms(self) -> int:
         return 1000 if self._resync_reason is None else 100
@@ -307,12 +374,16 @@ class KvEventSubscriber:
                 await self._full_resync(self._resync_reason)
 
     async def _on_message(self, frames: list[bytes]) -> None:
-        """One live message: a copy is ignored, a sequence going back is a new publisher
-        (full resync), a sequence jumping ahead is a gap (filled from the replay first)."""
-        state = self.state
         if len(frames) != 3 or (seq := decode_seq(frames[1])) is None:
             self.stats.problem("malformed_frames", pod=self.pod, frames=len(frames))
             return
+        await self._on_live(seq, frames[2])
+
+    async def _on_live(self, seq: int, payload: bytes, decoded: Message | None = None) -> None:
+        """One live message (`decoded`: already decoded by the receiver's thread): a copy
+        is ignored, a sequence going back is a new publisher (full resync), a sequence
+        jumping ahead is a gap (filled from the replay first)."""
+        state = self.state
         state.last_message_at = self._clock()
         if not state.attached:
             return  # auto mode, no handshake seen yet: nothing to keep
@@ -322,7 +393,7 @@ class KvEventSubscriber:
         self._skip_through = -1
         expected = state.next_seq
         if expected is not None and seq < expected:
-            if self._recent.is_copy(seq, frames[2]):
+            if self._recent.is_copy(seq, payload):
                 state.duplicates += 1
                 return
             state.restarts += 1
@@ -334,11 +405,18 @@ class KvEventSubscriber:
             state.gaps += 1
             self.stats.problem("gaps", pod=self.pod, missed=seq - expected)
             await self._fill_gap(expected, seq)
-        await self._apply_payload(frames[2], seq)
+        await self._apply_payload(payload, seq, decoded)
         state.messages += 1
 
-    async def _apply_payload(self, payload: bytes, seq: int) -> None:
-        batch = self.decoder.decode(payload, self.pod)
+    async def _apply_payload(
+        self, payload: bytes, seq: int, decoded: Message | None = None
+    ) -> None:
+        if decoded is None:
+            batch = self.decoder.decode(payload, self.pod)
+        else:
+            batch = decoded.batch
+            for reason, n in decoded.counts.items():
+                self.stats.add(reason, n)
         self.state.next_seq = seq + 1
         self._recent.remember(seq, payload)
         if batch is None:
