@@ -330,9 +330,14 @@ def test_an_event_breaking_the_rules_is_dropped_with_a_warning_naming_the_rule(b
 @pytest.mark.parametrize(("bad", "error"), INVALID)
 def test_an_event_breaking_the_rules_is_dropped_whatever_the_path(bad, error):
     """The same rules in the positional layout and read event by event."""
-    for events in ([UNKNOWN, bad], [positional(bad)], [with_bytes_hashes(bad)]):
+    good = real_removed()
+    for events in (
+        [UNKNOWN, bad, good],
+        [positional(bad), positional(good)],
+        [with_bytes_hashes(bad), with_bytes_hashes(good)],
+    ):
         with structlog.testing.capture_logs() as logs:
-            dec, got = decode(*events, real_removed())
+            dec, got = decode(*events)
         assert got is not None and len(got.events) == 1
         assert dec.stats.counts["invalid_event"] == 1
         invalid = [log for log in logs if log["reason"] == "invalid_event"]
