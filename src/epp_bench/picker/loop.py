@@ -512,10 +512,43 @@ async def _phase(
     )
 
 
+def work_costs(service: EppService, lists: list[bytes], repeats: int = 5) -> dict[str, float]:
+    """Each piece of background work alone, best of `repeats` (ms): what it would hold the
+    loop for in one piece."""
+    pool = standalone_pool("bench", SELECTOR, [8000])
+    objects = parse_list(lists[0])
+    endpoints = [
+        endpoints_for_pool(pool, parse_list(body).values(), MetricsLocation()) for body in lists
+    ]
+    flips = iter(range(1_000_000))
+
+    def relist_sync() -> None:
+        service.store.sync(endpoints[next(flips) % 2])
+
+    pieces: dict[str, Callable[[], object]] = {
+        "json.loads of the pod list (reflector thread)": lambda: parse_list(lists[0]),
+        "endpoints_for_pool": lambda: endpoints_for_pool(pool, objects.values(), MetricsLocation()),
+        "EndpointStore.sync (20 pods flap)": relist_sync,
+        "/metrics exposition": service.metrics.exposition,
+        "/debug/endpoints rows + JSON": lambda: json.dumps(service._endpoint_rows()),
+        "gc.collect() (full)": gc.collect,
+    }
+    costs = {}
+    for name, piece in pieces.items():
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            piece()
+            best = min(best, time.perf_counter() - started)
+        costs[name] = round(best * 1000, 2)
+    service.store.sync(endpoints[0])
+    return costs
+
+
 PHASES = [("idle", "-"), ("kv", "on"), ("kv", "off"), ("relist", "on"), ("relist", "off"), ("pages", "on"), ("pages", "off")]  # fmt: skip
 
 
-async def run(settings: Settings, loads: list[str]) -> list[PhaseResult]:
+async def run(settings: Settings, loads: list[str]) -> tuple[list[PhaseResult], dict[str, float]]:
     publisher = Publisher(settings)
     kv_ports = publisher.start() if "kv" in loads else []
     try:
@@ -526,6 +559,9 @@ async def run(settings: Settings, loads: list[str]) -> list[PhaseResult]:
         runner_on, ctx["pages_on"] = await serve(service._web_app())
         runner_off, ctx["pages_off"] = await serve(off_loop_pages(service))
         await route_open_loop(service, bodies, settings.rate, 0.5)  # warm up
+        costs = work_costs(service, ctx["lists"])
+        for name, ms in costs.items():
+            print(f"  alone: {name}: {ms:.1f} ms", flush=True)
         results = []
         for repeat in range(settings.repeats):
             order = [p for p in PHASES if p[0] in loads or p[0] == "idle"]
@@ -544,7 +580,7 @@ async def run(settings: Settings, loads: list[str]) -> list[PhaseResult]:
                 )
         await runner_on.cleanup()
         await runner_off.cleanup()
-        return results
+        return results, costs
     finally:
         sent = publisher.stop()
         if sent:
@@ -626,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     started = time.perf_counter()
-    results = asyncio.run(run(settings, loads))
+    results, costs = asyncio.run(run(settings, loads))
     rows = summary(results)
     print()
     print(markdown(rows))
@@ -637,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "settings": asdict(settings),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "alone_ms": costs,
             "summary": rows,
             "phases": [asdict(r) for r in results],
         }
