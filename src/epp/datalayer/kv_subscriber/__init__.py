@@ -1,16 +1,18 @@
 """One pod's vLLM KV events over ZMQ, kept in step with the pod (the I/O of precise mode).
 
-Modules: `subscriber` (the receive/replay loop and the rules below), `sockets` (the ZMQ
-SUB and replay conversations), `state` (settings, per-pod state, the sink contract),
-`pod_endpoints` (config and labels -> a pod's endpoints and topic).
+Modules: `subscriber` (the receive/replay loop and the rules below), `receiver` (the
+live socket read and decoded in a thread), `sockets` (the ZMQ SUB and replay
+conversations), `state` (settings, per-pod state, the sink contract), `pod_endpoints`
+(config and labels -> a pod's endpoints and topic).
 
 A `KvEventSubscriber` per followed pod:
 
 - **Live**: a SUB socket connected to the pod's publisher, subscribed to its topic (a ZMQ
   prefix filter). A message is `[topic, seq (8 bytes, big-endian), payload]`; the payload
-  is decoded (`epp.prefix.kv_events`) and applied to the index (`epp.prefix.precise`)
-  in slices of bounded work, yielding to the event loop between slices, so that a burst
-  of events never holds the loop for long (`slice_ms`).
+  is received and decoded (`epp.prefix.kv_events`) in the pod's receiver thread, and
+  applied to the index (`epp.prefix.precise`) on the loop, in order, in slices of
+  bounded work, yielding to the event loop between slices, so that a burst of events
+  never holds the loop for long (`slice_ms`). Why a thread: docs/benchmarks/loop.md.
 - **Sequence gaps** (a batch lost: the publisher's queue overflowed, the network dropped
   it): the missed batches are asked from the pod's replay socket (DEALER to its ROUTER:
   `[b"", start seq]` -> `[b"", (topic,) seq, payload]` ... then seq ff..ff) and applied

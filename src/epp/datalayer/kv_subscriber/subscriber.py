@@ -1,12 +1,14 @@
 """`KvEventSubscriber`: one pod's live events, gaps filled from its replay socket, and the
 decision when its entries are dropped and rebuilt (the rules: the package docstring).
 
-One cycle of `_run`: monitor events (connect, disconnect), a due full resync, every live
-message queued (`_drain` -> `_on_message`, applied in slices of `slice_ms`), then the
-timers (auto-mode fallback, idle probe). Any unexpected error in a cycle drops the pod's
+One cycle of `_run_received`: what the receiver's thread took from the live socket since
+the last cycle, in order: monitor events (connect, disconnect), a due full resync, live
+messages already decoded (`_on_live`, applied in slices of `slice_ms`); then the timers
+(auto-mode fallback, idle probe). `_run` is the same cycle with the socket read and
+decoded on the loop (`SubscriberSettings.receive_in_thread` False). Any unexpected error in a cycle drops the pod's
 entries and schedules a resync; it never ends the loop.
 
-It stays one class (~430 lines): the sequence bookkeeping (`next_seq`, `_skip_through`,
+It stays one class (~500 lines): the sequence bookkeeping (`next_seq`, `_skip_through`,
 the recent batches) and the resync standing (`resynced_at`) are read and written by the
 live path, the replay and the restart signals alike; split apart, each piece would need
 the others' internals.
