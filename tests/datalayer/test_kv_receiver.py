@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
+import zmq
 
 from epp.datalayer.kv_subscriber import KvEventSubscriber, SubscriberSettings
 from epp.prefix.kv_events import BlockStored, KvEvent, KvEventStats
@@ -197,3 +198,19 @@ async def test_close_before_any_connection_is_clean(in_thread: bool) -> None:
     await until(lambda: sub.state.connect_retries >= 1)
     await asyncio.wait_for(sub.close(), 5.0)
     await until(lambda: live_threads() == [], timeout=2.0)
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+async def test_a_bad_endpoint_raises_on_start_and_leaves_no_thread(in_thread: bool) -> None:
+    sub = KvEventSubscriber(
+        "pod-0",
+        "nosuchtransport://127.0.0.1:1",
+        RecordingSink(),
+        model="m",
+        mode="precise",
+        settings=_replace(FAST, receive_in_thread=in_thread),
+    )
+    with pytest.raises(zmq.ZMQError):
+        await sub.start()
+    assert live_threads() == []
+    await asyncio.wait_for(sub.close(), 5.0)

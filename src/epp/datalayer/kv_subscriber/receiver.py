@@ -11,7 +11,8 @@ sequence bookkeeping stays on the loop: this thread only produces, in arrival or
   `counts`), or its frames malformed (`seq` None);
 - `Failed`: an unexpected error in the thread, which goes on after `reconnect_ivl_s`.
 
-Invariants: the thread alone touches its sockets (ZMQ sockets are not thread-safe) and
+Invariants: once started, the thread alone touches its sockets (ZMQ sockets are not
+thread-safe; `start` opens them, so that a bad endpoint raises to its caller) and
 closes them before `stop` returns, so the context can be terminated after it; items
 reach the loop in the order they were received; at most `rcvhwm` items wait for the
 loop, then the thread stops reading and ZMQ's own queue (`rcvhwm` more) fills and drops,
@@ -99,8 +100,14 @@ class LiveReceiver:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Open the sockets here, so that a bad endpoint raises to the caller, then hand
+        them to the thread (starting it is the memory barrier ZMQ asks for a socket to
+        change threads); from then on only the thread touches them."""
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name=f"kv-live-{self.pod}", daemon=True)
+        sockets = open_sub_socket(self._context, self._endpoint, self._topic, self._settings)  # type: ignore[arg-type]  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, args=sockets, name=f"kv-live-{self.pod}", daemon=True
+        )
         self._thread.start()
 
     async def stop(self) -> None:
@@ -142,10 +149,8 @@ class LiveReceiver:
             except RuntimeError:  # the loop is closed: the service is gone
                 self._stopping.set()
 
-    def _run(self) -> None:
-        sub = monitor = None
+    def _run(self, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
         try:
-            sub, monitor = open_sub_socket(self._context, self._endpoint, self._topic, self._settings)  # type: ignore[arg-type]  # fmt: skip
             poller = zmq.Poller()
             poller.register(sub, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
@@ -156,12 +161,10 @@ class LiveReceiver:
                     self._put(Failed(repr(exc)[:200]))
                     self._stopping.wait(self._settings.reconnect_ivl_s)
         finally:
-            if sub is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    sub.disable_monitor()
-                sub.close(linger=0)
-            if monitor is not None:
-                monitor.close(linger=0)
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            sub.close(linger=0)
+            monitor.close(linger=0)
 
     def _cycle(self, poller: zmq.Poller, sub: zmq.Socket, monitor: zmq.Socket) -> None:
         if len(self._items) >= self._settings.rcvhwm:
