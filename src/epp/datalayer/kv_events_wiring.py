@@ -160,10 +160,14 @@ class PreciseMode:
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         follows, self._follows = self._follows, {}
-        for follow in follows.values():
+
+        async def close(follow: _Follow) -> None:
             with contextlib.suppress(Exception):
                 await follow.sub.close(detach=True)
             follow.gate.open = False
+
+        # All at once: each waits up to receiver.POLL_MS for its thread to see the stop.
+        await asyncio.gather(*(close(follow) for follow in follows.values()))
         if self._context is not None and self._own_context:
             self._context.term()
             self._context = None

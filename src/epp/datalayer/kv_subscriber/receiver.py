@@ -115,8 +115,11 @@ class LiveReceiver:
         self._stopping.set()
         self._room.set()
         thread, self._thread = self._thread, None
-        if thread is not None:
-            await asyncio.to_thread(thread.join)
+        if thread is None:
+            return
+        while thread.is_alive():  # within POLL_MS; no executor thread held meanwhile
+            await asyncio.sleep(0.005)
+        thread.join()
 
     async def items(self, timeout_s: float) -> list[Item]:
         """Every item received so far, in order; waits up to `timeout_s` for the first."""
