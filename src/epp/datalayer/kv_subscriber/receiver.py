@@ -37,7 +37,7 @@ from epp.datalayer.kv_subscriber.sockets import open_sub_socket
 from epp.datalayer.kv_subscriber.state import SubscriberSettings
 from epp.prefix.kv_events import EventBatch, KvEventDecoder, KvEventStats, decode_seq
 
-POLL_MS = 100  # how soon the thread sees `stop`
+POLL_MS = 500  # how soon the thread sees `stop` (an idle thread wakes this often)
 
 
 @dataclass(frozen=True, slots=True)
