@@ -139,11 +139,14 @@ def test_a_request_waiting_in_admission_outlives_envoys_message_timeout(tmp_path
             threading.Thread(target=send, args=(f"hold{i}", f"hold {i} " * 10, 80))
             for i in range(2)
         ]
-        # Each holder in flight on the pod before the next request: the pod is full when
-        # the waiter arrives, whatever the machine's speed.
+        # Each holder in flight on the pod before the next request, and the EPP's view of
+        # the pod full (a page showing the second holder queued) before the waiter: a page
+        # fetched after a dispatch but before the request reached the pod would otherwise
+        # leave room for the waiter on a loaded machine.
         for count, thread in enumerate(holders, start=1):
             thread.start()
             _wait_until(lambda n=count: _pod_in_flight(stack) >= n, f"{count} holders on the pod")
+        _wait_until(lambda: _epp_queue_depth(stack) >= 1, "the EPP seeing the pod's queue")
         send("waiter", "waiter " * 10, 2)
         for thread in holders:
             thread.join()
@@ -169,3 +172,15 @@ def _wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def _epp_queue_depth(stack: LocalStack) -> float:
+    """The EPP's queue depth of the pods (epp_queue_depth), from its metrics page."""
+    assert stack.epp_metrics_url is not None
+    with urllib.request.urlopen(stack.epp_metrics_url, timeout=5) as response:
+        page = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("epp_queue_depth{")
+    )
