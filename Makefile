@@ -118,7 +118,7 @@ deploy-configs: $(STAMP)
 
 # Mutation testing of the pure core ([tool.mutmut] in pyproject.toml: scheduling, prefix,
 # request parsing, the ext_proc machine, admission, the metrics parser, KV-event decoding).
-# Not in CI: about 40 minutes on 2 idle cores. Prints the score per area and file; the
+# Not in CI: about an hour on 2 cores. Prints the score per area and file; the
 # triage of surviving mutants is tools/mutation/equivalent/, the scores CONTRIBUTING.md.
 mutate: $(VENV)/.installed-mutate
 	rm -rf mutants
