@@ -3,6 +3,13 @@
 Per-request metrics are updated once per decision outside the scoring loop; per-pod
 gauges are refreshed from the endpoint store when /metrics is scraped, not on the hot path.
 
+A scrape is two steps (`render`): the collectors run on the routing loop, because they read
+state only the loop writes (the endpoint store, the index, the subscribers, the KV-event
+counts: dicts the loop may resize, which another thread must not iterate); the text
+encoding of what they returned, about three quarters of a scrape's CPU at 1,000 pods,
+runs in a worker thread, where it reads only those immutable snapshots
+(docs/benchmarks/loop.md).
+
 Labels that come from client input (`model`, `adapter`) are bounded (labels.py): values
 the configuration or the pods know, plus at most `client_label_limit` others, then
 `"other"`. `model_label` / `adapter_label` give the bounded value; `decisions` and
@@ -11,6 +18,7 @@ the configuration or the pods know, plus at most `client_label_limit` others, th
 
 from __future__ import annotations
 
+import asyncio
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -105,6 +113,20 @@ class _PodCollector(Collector):
             "Endpoints health does not exclude (0: every request gets 503).",
             value=sum(1 for e in endpoints if not e.excluded),
         )
+
+
+class CollectedFamilies(Collector):
+    """Families already collected: encoding them reads nothing the loop writes."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+    def encode(self) -> bytes:
+        """The Prometheus text exposition of these families."""
+        return generate_latest(self)
 
 
 class _FloorCollector(Collector):
@@ -346,4 +368,14 @@ class EppMetrics:
         return [a for e in self._endpoints() for a in e.adapters]
 
     def exposition(self) -> bytes:
+        """The whole page, collected and encoded on the calling thread."""
         return generate_latest(self.registry)
+
+    def collect_now(self) -> CollectedFamilies:
+        """Every family's samples as of now. Call on the loop: the collectors iterate state
+        the loop owns and resizes."""
+        return CollectedFamilies(list(self.registry.collect()))
+
+    async def render(self) -> bytes:
+        """The page for /metrics: collected on the loop, encoded in a worker thread."""
+        return await asyncio.to_thread(self.collect_now().encode)

@@ -1,0 +1,52 @@
+"""Serving until the process is told to stop: the first SIGTERM/SIGINT drains (readiness
+off, routing on until quiet or the drain timeout), a second one stops at once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from epp.app import EppService
+
+log = structlog.get_logger("epp.app")
+
+
+async def serve_until_signalled(service: EppService) -> None:
+    signals = 0
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        (stop if signals == 1 else hurry).set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    warn_fallbacks(service.config.scheduling.fallbacks)
+    await service.start()
+    try:
+        await stop.wait()
+        drain = asyncio.ensure_future(service.drain())
+        hurried = asyncio.ensure_future(hurry.wait())
+        await asyncio.wait({drain, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, hurried):
+            task.cancel()
+    finally:
+        # Short grace: routing streams still open finish; observers are cut (fail-open).
+        await service.stop(grace_s=1.0)
+
+
+def warn_fallbacks(fallbacks: int) -> None:
+    """The EPP cannot see the gateway's config: say once what a fallback list needs."""
+    if fallbacks > 0:
+        log.warning(
+            "fallback_list_needs_override_host",
+            fallbacks=fallbacks,
+            detail="the destination is a comma list; only a gateway that walks it "
+            "(Envoy override_host) serves it, an ORIGINAL_DST cluster answers 503",
+        )
