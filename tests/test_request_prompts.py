@@ -48,6 +48,32 @@ def test_completion_prompt_forms_are_read_whatever_the_whitespace():
     assert list(completion(b"[[6]]").token_ids) == [6]
 
 
+@pytest.mark.parametrize("gap", [62, 63, 64, 1000, 100_000])
+def test_a_prompt_list_is_read_whatever_the_whitespace_after_its_bracket(gap):
+    """JSON allows any whitespace between `[` and the first element."""
+    space = (b" \t\r\n" * gap)[:gap]
+    assert completion(b"[" + space + b'"a", "b"]').text == "a"
+    assert list(completion(b"[" + space + b"1, 2]").token_ids) == [1, 2]
+    assert list(completion(b"[" + space + b"[3, 4], [5]]").token_ids) == [3, 4]
+    ids = completion(b"[" + space + b"1," * 3000 + b"2]", max_prompt_tokens=100)
+    assert list(ids.token_ids) == [1] * 100 and ids.omitted_tokens == 2901
+    for other in (b"", b"true", b"{}"):  # an empty list, or another form
+        raw = b'{"model": "m", "prompt": [' + space + other + b"]}"
+        assert refused(COMPLETIONS_PATH, raw).message == FORM_MESSAGE
+
+
+@pytest.mark.parametrize("ids_per_cap", [1, 2, 5, 6, 7, 20])
+@pytest.mark.parametrize("indent", [None, 0, 3])
+def test_the_token_ids_kept_are_bounded_by_the_cap(ids_per_cap, indent):
+    """A token-id prompt keeps at most `max_prompt_tokens` ids, and counts the rest."""
+    cap = 1000
+    ids = [i % 10 for i in range(cap * ids_per_cap + 1)]
+    raw = json.dumps(ids, indent=indent, separators=(",", ":") if indent is None else None)
+    prompt = completion(raw.encode(), max_prompt_tokens=cap)
+    assert len(prompt.token_ids) == cap and list(prompt.token_ids) == ids[:cap]
+    assert prompt.omitted_tokens == len(ids) - cap
+
+
 @pytest.mark.parametrize("prompt", [b"[4294967295, 0]", b"[[4294967295, 0]]"])
 def test_token_ids_take_the_whole_unsigned_32_bit_range(prompt):
     ids = completion(prompt).token_ids

@@ -206,6 +206,7 @@ _BRACE_CHECKS = 4096
 _BASE64_RUN = re.compile(rb";base64,[A-Za-z0-9+/=]{%d,}" % _BIG_PART)
 _LEADING_TYPE = re.compile(rb'\{\s*"type"\s*:\s*"([A-Za-z_]{1,32})"')
 _PROMPT_TEXT = msgspec.json.Decoder(str)
+_NOT_JSON_SPACE = re.compile(rb"[^ \t\r\n]")
 _PROMPT_TEXTS = msgspec.json.Decoder(list[str])
 _PROMPT_IDS = msgspec.json.Decoder(list[TokenId])
 _PROMPT_ID_LISTS = msgspec.json.Decoder(list[list[TokenId]])
@@ -237,19 +238,24 @@ def _is_null(raw: msgspec.Raw) -> bool:
     return len(raw) == 0 or (len(raw) == 4 and bytes(raw) == b"null")
 
 
+def _capped_ids(ids: list[int], max_ids: int) -> Prompt:
+    """At most `max_ids` ids are kept (memory bounded by the cap); the rest are counted."""
+    return Prompt(token_ids=array("I", ids[:max_ids]), omitted_tokens=max(0, len(ids) - max_ids))
+
+
 def _token_ids_head(raw: msgspec.Raw, max_ids: int) -> Prompt:
     """A flat list of token ids: decode (and validate) its first `max_ids` ids, count the
     rest. The rest must look like numbers (no strings, lists or objects); the engine
     validates their values."""
     view = memoryview(raw)
     if len(view) <= max_ids * 2:  # cannot hold more than max_ids ids
-        return Prompt(token_ids=array("I", _PROMPT_IDS.decode(raw)))
+        return _capped_ids(_PROMPT_IDS.decode(raw), max_ids)
     size = max(64, max_ids * 12)
     while True:
         chunk = bytes(view[:size])
         cut = chunk.rfind(b",") if size < len(view) else -1
         if cut < 0:  # the whole list fits: no head to cut
-            return Prompt(token_ids=array("I", _PROMPT_IDS.decode(raw)))
+            return _capped_ids(_PROMPT_IDS.decode(raw), max_ids)
         ids = _PROMPT_IDS.decode(chunk[:cut] + b"]")
         if len(ids) > max_ids:
             break
@@ -263,25 +269,28 @@ def _token_ids_head(raw: msgspec.Raw, max_ids: int) -> Prompt:
     return Prompt(token_ids=array("I", ids[:max_ids]), omitted_tokens=count - max_ids)
 
 
+def _next_byte(raw: msgspec.Raw, at: int = 0) -> tuple[bytes, int]:
+    """The first byte at or after `at` that is not JSON whitespace, and its offset (b""
+    past the end). JSON allows any amount of whitespace there: no fixed window."""
+    found = _NOT_JSON_SPACE.search(raw, at)
+    return (b"", len(raw)) if found is None else (found.group(), found.start())
+
+
 def _completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     if _is_null(raw):
         raise _bad("a completion request needs 'prompt'", "prompt")
-    head = bytes(memoryview(raw)[:64]).lstrip()
-    if head.startswith(b'"'):
+    opening, at = _next_byte(raw)
+    if opening == b'"':
         return Prompt(text=_PROMPT_TEXT.decode(raw))
-    if head.startswith(b"["):
+    if opening == b"[":
         # The first element says which form the list is: strings, ids, or lists of ids.
-        first = head[1:].lstrip()[:1]
+        first, _ = _next_byte(raw, at + 1)
         try:
             if first == b'"':
                 # A batch of prompts is one request to one pod; its first prompt leads.
                 return Prompt(text=_PROMPT_TEXTS.decode(raw)[0])
             if first == b"[":
-                ids = _PROMPT_ID_LISTS.decode(raw)[0]
-                return Prompt(
-                    token_ids=array("I", ids[:max_tokens]),
-                    omitted_tokens=max(0, len(ids) - max_tokens),
-                )
+                return _capped_ids(_PROMPT_ID_LISTS.decode(raw)[0], max_tokens)
             if first.isdigit() or first == b"-":
                 return _token_ids_head(raw, max_tokens)
         except msgspec.ValidationError as exc:
