@@ -200,6 +200,50 @@ def test_two_engine_blocks_under_one_key_are_both_removed_cleanly():
     assert index.match(keys(1)) == {} and index.nodes == 0
 
 
+@pytest.mark.parametrize("first", [10, 11])
+def test_a_key_two_engine_blocks_carry_is_held_until_the_last_of_them_goes(first):
+    index, _ = precise("a")
+    index.store_engine_blocks("a", [10], keys(1), 1)
+    index.store_engine_blocks("a", [11], keys(1), 1)
+    assert index.remove_engine_blocks("a", [first]) == 1
+    assert index.match(keys(1)) == {"a": 1}
+    assert index.reported("a", BlockHash(1))
+    assert index.remove_engine_blocks("a", [21 - first]) == 1
+    assert index.match(keys(1)) == {} and index.nodes == 0
+
+
+def test_a_key_shared_by_engine_blocks_of_several_keys_is_held_until_the_last_goes():
+    index, _ = precise("a")
+    index.store_engine_blocks("a", [10, 11], keys(1, 2, 1, 3), 2)  # key 1 in both
+    index.store_engine_blocks("a", [12, 13], keys(1, 1), 1)  # and in two more, in one call
+    assert index.remove_engine_blocks("a", [10, 12]) == 2
+    assert index.match(keys(1)) == {"a": 1}
+    assert index.remove_engine_blocks("a", [11]) == 1
+    assert index.match(keys(1)) == {"a": 1}  # engine block 13 still carries it
+    assert index.remove_engine_blocks("a", [13]) == 1
+    assert index.match(keys(1)) == {}
+
+
+def test_a_copy_of_one_engine_block_is_not_a_second_carrier_of_its_key():
+    index, _ = precise("a")
+    index.store_engine_blocks("a", [10], keys(1), 1)
+    index.store_engine_blocks("a", [10], keys(1), 1)  # the same block again: a copy
+    index.store_engine_blocks("a", [11], keys(1), 1)
+    assert index.remove_engine_blocks("a", [10, 10]) == 2
+    assert index.match(keys(1)) == {"a": 1}
+    assert index.remove_engine_blocks("a", [11]) == 1
+    assert index.match(keys(1)) == {} and index.nodes == 0
+
+
+def test_clearing_a_pod_forgets_which_keys_several_engine_blocks_carried():
+    index, _ = precise("a")
+    index.store_engine_blocks("a", [10, 11], keys(1, 1), 1)
+    index.clear_pod("a")
+    index.store_engine_blocks("a", [12], keys(1), 1)
+    assert index.remove_engine_blocks("a", [12]) == 1
+    assert index.match(keys(1)) == {} and index.nodes == 0
+
+
 def test_reported_is_this_pods_engine_word_only():
     index, _ = precise("a", "b")
     index.store_engine_blocks("b", [10], keys(1), 1)

@@ -113,6 +113,7 @@ class _Pod:
         "precise",
         "predicted",
         "predicted_churn",
+        "shared",
     )
 
     def __init__(self, name: str, pod_id: int, capacity: int) -> None:
@@ -132,6 +133,7 @@ class _Pod:
         # of extra copies.
         self.engine: EngineMap | None = None
         self.extra_copies: dict[int, int] | None = None
+        self.shared: dict[BlockHash, int] | None = None
         # Precise: our key -> (creator's sequence number, live predictions holding it) of a
         # predicted entry not yet confirmed by an event (_COUNT_BITS).
         self.predicted: dict[BlockHash, int] = {}
@@ -569,6 +571,8 @@ class PrefixIndex:
                 for i in reported:
                     if not add(engine_hashes[i], keys[i]):
                         self._extra_copy(slot, engine_hashes[i])  # the same block again
+                    else:
+                        self._share(slot, keys[i])
         else:
             for i, engine_hash in enumerate(engine_hashes):
                 group = tuple(keys[i * per_block : (i + 1) * per_block])
@@ -581,8 +585,8 @@ class PrefixIndex:
                         holders[key] = bit
                     elif not mask & bit:
                         holders[key] = mask | bit
-                    else:
-                        pop_predicted(key, None)
+                    elif pop_predicted(key, None) is None:
+                        self._share(slot, key)
         if len(slot.engine) > slot.capacity:
             self._bound_engine(slot)
         return True
@@ -638,24 +642,25 @@ class PrefixIndex:
         holders_of = holders.get
         hold, keep = slot.hold, ~slot.both
         copies = slot.extra_copies
-        if not copies:  # the common case: one loop in the map, one here
+        if not copies and not slot.shared:  # the common case: one loop in the map, one here
             popped = slot.engine.pop_many(engine_hashes)
         else:
             popped = []
             for engine_hash in engine_hashes:
-                extra = copies.get(engine_hash)
+                extra = copies.get(engine_hash) if copies else None
                 if extra is None:
                     keys = slot.engine.pop(engine_hash)
                     if keys is not None:
                         popped.append(keys)
                     continue
                 if extra > 1:
-                    copies[engine_hash] = extra - 1
+                    copies[engine_hash] = extra - 1  # type: ignore[index]
                 else:
-                    del copies[engine_hash]
+                    del copies[engine_hash]  # type: ignore[attr-defined]
                 popped.append(())  # a copy went: the block stays
+        shared = slot.shared
         for keys in popped:
-            if isinstance(keys, int):  # inline: the hot loop's common case
+            if isinstance(keys, int) and not shared:  # inline: the hot loop's common case
                 mask = holders_of(keys)
                 if mask is not None and mask & hold:
                     mask &= keep
@@ -701,16 +706,28 @@ class PrefixIndex:
 
     def _clear_keys(self, keys: EngineKeys, slot: _Pod) -> None:
         """The pod no longer holds an engine block with these keys."""
-        if isinstance(keys, int):
-            self._clear_bit(keys, slot)
-        else:
-            for key in keys:
+        for key in (keys,) if isinstance(keys, int) else keys:
+            shared = slot.shared
+            extra = shared.get(key) if shared else None
+            if extra is None:
                 self._clear_bit(key, slot)
+            elif extra > 1:
+                shared[key] = extra - 1  # type: ignore[index]
+            else:
+                del shared[key]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _share(slot: _Pod, key: BlockHash) -> None:
+        shared = slot.shared
+        if shared is None:
+            shared = slot.shared = {}
+        shared[key] = shared.get(key, 0) + 1
 
     def _clear(self, slot: _Pod) -> None:
         clear_bit = self._clear_bit
         for block in islice(slot.log, slot.log_pos, None):
             clear_bit(block, slot)
+        slot.shared = None
         if slot.engine is not None:
             for keys in slot.engine.values():
                 self._clear_keys(keys, slot)
