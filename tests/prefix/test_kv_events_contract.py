@@ -624,13 +624,9 @@ def test_an_event_costs_its_blocks_and_at_least_one():
     assert event_blocks(BlockRemoved([])) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (reported with issue 18, for issue 16's layout unification): read "
-    "event by event, BlockStored loses lora_id and group_idx and BlockRemoved loses "
-    "group_idx, so a batch with one unknown event makes a group-1 block look full-attention",
-)
 def test_read_event_by_event_lora_id_and_group_are_kept():
+    """A batch with one unknown event is read event by event: its other events keep their
+    LoRA id and KV cache group (a group-1 block must not look full-attention)."""
     stored = real_stored(**LORA_ON_CPU_GROUP_1, extra_keys=[["sql-lora"]])
     removed = real_removed(medium="CPU", group_idx=1)
     _, got = decode(UNKNOWN, stored, removed)

@@ -27,7 +27,7 @@ TRIAGE = Path(__file__).with_name("equivalent")  # one TOML file per area
 AREAS = (
     ("admission", "src/epp/scheduling/admission.py"),
     ("scheduling", "src/epp/scheduling/"),
-    ("KV-event decoding", "src/epp/prefix/kv_events.py"),
+    ("KV-event decoding", "src/epp/prefix/kv_events/"),
     ("prefix", "src/epp/prefix/"),
     ("request parsing", "src/epp/request.py"),
     ("ext_proc machine", "src/epp/extproc/machine.py"),

@@ -1,0 +1,152 @@
+"""The layouts of a batch a vLLM publisher sends, each built from the one declaration of
+the events' fields (events.py):
+
+- `MAP` (vLLM >= 0.26, the default): each event a map whose `"type"` key names it.
+- `MAP_BYTES`: the same with hashes as bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+- `POSITIONAL` (vLLM <= 0.25): each event an array, its type name first, then its fields in
+  declaration order through `group_idx` (later fields are ignored).
+
+Each layout has a typed decoder of a whole batch. A batch that none of them decodes (an
+unknown event type, a field of the wrong type, layouts mixed) is read event by event with
+`read_by_hand`, which checks each declared field by its kind. Either way an event gets
+every field its layout carries, with the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from epp.prefix.kv_events.events import EVENT_TYPES, EventBatch, KvEvent
+from epp.prefix.kv_events.fields import Invalid, Kind
+
+# The last field each event carries in the positional layout.
+_POSITIONAL_THROUGH = "group_idx"
+
+
+class UnknownType(Exception):
+    """An event whose type this decoder does not know; args[0] is what was sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One way a batch is sent. `decoder` decodes a whole batch; `convert` turns each of its
+    events into the event the router keeps (None: they are those events already, with
+    int hashes); `bytes_hashes`: its hashes may be bytes; `counter`: a reason counted once
+    per batch in this layout."""
+
+    name: str
+    decoder: msgspec.msgpack.Decoder[Any]
+    convert: Callable[[Any], KvEvent] | None
+    bytes_hashes: bool
+    counter: str | None
+
+
+def declared(cls: type[KvEvent]) -> tuple[tuple[str, Kind], ...]:
+    """Each field `cls` declares, in order, with its kind."""
+    return tuple((info.name, info.type.__metadata__[0]) for info in msgspec.structs.fields(cls))
+
+
+def positional_fields(cls: type[KvEvent]) -> tuple[str, ...]:
+    """The fields an event of `cls` carries in the positional layout, in order."""
+    names = [name for name, _ in declared(cls)]
+    return tuple(names[: names.index(_POSITIONAL_THROUGH) + 1]) if names else ()
+
+
+def _variant(cls: type[KvEvent], *, array_like: bool, bytes_hashes: bool) -> type[Any]:
+    """The struct a typed decoder reads `cls` as in a layout: `cls` itself when the layout
+    is `cls`'s own (a map with int hashes)."""
+    infos = msgspec.structs.fields(cls)
+    if array_like:
+        infos = infos[: len(positional_fields(cls))]
+    widen = bytes_hashes and any(info.type.__metadata__[0].with_bytes for info in infos)
+    if not array_like and not widen:
+        return cls
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for info in infos:
+        kind: Kind = info.type.__metadata__[0]
+        typ = kind.with_bytes if bytes_hashes and kind.with_bytes is not None else info.type
+        fields.append((info.name, typ) if info.required else (info.name, typ, info.default))
+    return msgspec.defstruct(
+        cls.__name__, fields, tag=cls.__name__, tag_field="type", array_like=array_like, gc=False
+    )
+
+
+def _converter(cls: type[KvEvent], bytes_hashes: bool) -> Callable[[Any], KvEvent]:
+    """What turns `cls`'s variant into `cls`: the values in order, hashes made ints."""
+    to_int = [kind.from_bytes if bytes_hashes else None for _, kind in declared(cls)]
+    astuple = msgspec.structs.astuple
+    if not any(to_int):
+        return lambda item: cls(*astuple(item))
+    return lambda item: cls(
+        *[
+            value if fn is None else fn(value)
+            for fn, value in zip(to_int, astuple(item), strict=False)
+        ]
+    )
+
+
+def _layout(name: str, *, array_like: bool, bytes_hashes: bool, counter: str | None) -> Layout:
+    variants = {
+        cls: _variant(cls, array_like=array_like, bytes_hashes=bytes_hashes) for cls in EVENT_TYPES
+    }
+    if all(variant is cls for cls, variant in variants.items()):
+        return Layout(name, msgspec.msgpack.Decoder(EventBatch), None, bytes_hashes, counter)
+    union = variants[EVENT_TYPES[0]] | variants[EVENT_TYPES[1]] | variants[EVENT_TYPES[2]]
+    batch = msgspec.defstruct(
+        "EventBatch",
+        [("ts", float), ("events", list[union]), ("data_parallel_rank", int | None, None)],  # type: ignore[valid-type]
+        array_like=True,
+        gc=False,
+    )
+    converters = {
+        variant: (lambda item: item) if variant is cls else _converter(cls, bytes_hashes)
+        for cls, variant in variants.items()
+    }
+    return Layout(
+        name,
+        msgspec.msgpack.Decoder(batch),
+        lambda item: converters[type(item)](item),
+        bytes_hashes,
+        counter,
+    )
+
+
+# Tried in this order: the first that decodes the batch reads it.
+MAP = _layout("map", array_like=False, bytes_hashes=False, counter=None)
+MAP_BYTES = _layout("map, bytes hashes", array_like=False, bytes_hashes=True, counter=None)
+POSITIONAL = _layout("positional", array_like=True, bytes_hashes=False, counter="positional_layout")
+LAYOUTS = (MAP, MAP_BYTES, POSITIONAL)
+
+_BY_NAME: dict[str, tuple[type[KvEvent], tuple[tuple[str, Kind], ...], tuple[str, ...]]] = {
+    cls.__name__: (cls, declared(cls), positional_fields(cls)) for cls in EVENT_TYPES
+}
+
+
+def read_by_hand(item: object) -> tuple[KvEvent, bool]:
+    """The event in `item` (a map or a positional array, decoded without a type), and
+    whether its block hashes came as bytes. Raises Invalid for a broken rule, UnknownType
+    for a type not declared in events.py."""
+    if isinstance(item, dict):
+        name, fields = item.get("type"), item
+    elif isinstance(item, list) and item:
+        name = item[0]
+        entry = _BY_NAME.get(name) if isinstance(name, str) else None
+        fields = dict(zip(entry[2] if entry else (), item[1:], strict=False))
+    else:
+        raise Invalid("an event is neither a map nor a non-empty array")
+    entry = _BY_NAME.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise UnknownType(name)
+    cls, kinds, _ = entry
+    event = cls(*[kind.read(field, fields.get(field)) for field, kind in kinds])
+    hashes = fields.get("block_hashes")
+    return event, isinstance(hashes, list) and any(type(h) is bytes for h in hashes)
+
+
+def sent_bytes(item: object) -> bool:
+    """Whether a typed-decoded event's block hashes came as bytes."""
+    return any(type(h) is bytes for h in getattr(item, "block_hashes", ()))
