@@ -212,5 +212,157 @@ async def test_a_bad_endpoint_raises_on_start_and_leaves_no_thread(in_thread: bo
     )
     with pytest.raises(zmq.ZMQError):
         await sub.start()
-    assert live_threads() == []
+    await until(lambda: live_threads() == [], timeout=2.0)
     await asyncio.wait_for(sub.close(), 5.0)
+
+
+# -- one shared thread for every followed pod ----------------------------------------------
+
+
+def follower(name: str, port: int, sink: RecordingSink, context: zmq.asyncio.Context, settings: SubscriberSettings = FAST) -> KvEventSubscriber:  # fmt: skip
+    return KvEventSubscriber(
+        name,
+        f"tcp://127.0.0.1:{port}",
+        sink,
+        model="m",
+        topic="t",
+        mode="precise",
+        settings=settings,
+        context=context,
+    )
+
+
+async def test_every_followed_pod_is_read_by_one_thread() -> None:
+    context = zmq.asyncio.Context()
+    publishers = [KvEventPublisher(KvEventsConfig(port=0), topic="t") for _ in range(12)]
+    sinks = [RecordingSink() for _ in publishers]
+    for publisher in publishers:
+        await publisher.start()
+    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], context) for i, p in enumerate(publishers)]
+    try:
+        for sub in subs:
+            await sub.start()
+        await until(lambda: all(s.state.connected and s.state.resyncs >= 1 for s in subs))
+        assert live_threads() == ["kv-live-receiver"]
+        for n in range(100):
+            for i, publisher in enumerate(publishers):
+                publisher.publish(batch(n * 100 + i))
+            await asyncio.sleep(0)
+        expected = [[(n * 100 + i) * 1000 for n in range(100)] for i in range(len(publishers))]
+        await until(lambda: [s.applied for s in sinks] == expected)
+    finally:
+        await asyncio.gather(*(sub.close() for sub in subs))
+        for publisher in publishers:
+            await publisher.close()
+        context.term()
+    await until(lambda: live_threads() == [], timeout=2.0)
+
+
+async def test_garbage_from_one_pod_never_stops_the_others() -> None:
+    """Pod `bad` is a raw PUB socket sending truncated and garbage frames, pod `good` a
+    vLLM-layout publisher: every good batch arrives, in order, while the garbage flows;
+    the bad pod's problems are counted on its side, and it still applies a valid batch."""
+    context = zmq.asyncio.Context()
+    raw = context.socket(zmq.PUB)
+    raw_port = raw.bind_to_random_port("tcp://127.0.0.1")
+    good_pub = KvEventPublisher(KvEventsConfig(port=0), topic="t")
+    await good_pub.start()
+    bad_sink, good_sink = RecordingSink(), RecordingSink()
+    bad = follower("bad", raw_port, bad_sink, context)
+    good = follower("good", good_pub.pub_port, good_sink, context)
+    try:
+        await bad.start()
+        await good.start()
+        await until(lambda: bad.state.connected and good.state.connected)
+        await until(lambda: good.state.resyncs >= 1 and bad.state.resyncs >= 1)
+        garbage = [
+            [b"t"],  # truncated: one frame
+            [b"t", sim_events.encode_seq(0)],  # truncated: no payload
+            [b"t", b"\x01\x02\x03", b"\x90"],  # a sequence number of 3 bytes
+            [b"t", sim_events.encode_seq(0), b"\xc1 not msgpack"],
+            [b"t", sim_events.encode_seq(1), b"\x93\xff\xff"],  # msgpack, not a batch
+        ]
+        for n in range(300):
+            await raw.send_multipart(garbage[n % len(garbage)])
+            good_pub.publish(batch(n))
+            if n % 20 == 0:
+                await asyncio.sleep(0.001)
+        await until(lambda: good_sink.applied == [n * 1000 for n in range(300)])
+        assert good.state.gaps == 0 and good.state.errors == 0
+        problems = bad_sink.stats.counts
+        await until(lambda: problems["malformed_frames"] >= 180)
+        assert problems["malformed_payload"] >= 1
+        assert good_sink.stats.counts["malformed_frames"] == 0
+        # The bad pod's receiver still works: a valid batch after the garbage applies.
+        seq = bad.state.next_seq or 0
+        payload = sim_events.encode_event_batch(batch(777), time.time())
+        await raw.send_multipart([b"t", sim_events.encode_seq(seq), payload])
+        await until(lambda: bad_sink.applied[-1:] == [777_000])
+    finally:
+        await bad.close()
+        await good.close()
+        raw.close(linger=0)
+        await good_pub.close()
+        context.term()
+
+
+async def test_a_failure_reading_one_pod_is_that_pods_alone(monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """An unexpected error handling one pod's socket (a bug, a ZMQ error) reaches that
+    pod's subscriber as an error (its entries dropped, a resync due); its socket rests
+    and is read again; the other pod's batches keep arriving meanwhile."""
+    context = zmq.asyncio.Context()
+    pubs = [KvEventPublisher(KvEventsConfig(port=0), topic="t") for _ in range(2)]
+    for publisher in pubs:
+        await publisher.start()
+    sinks = [RecordingSink(), RecordingSink()]
+    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], context) for i, p in enumerate(pubs)]
+    try:
+        for sub in subs:
+            await sub.start()
+        await until(lambda: all(s.state.connected and s.state.resyncs >= 1 for s in subs))
+        broken = subs[0]._receiver
+        assert broken is not None
+        failures = 0
+        original = broken._decode
+
+        def decode_failing_thrice(frames: list[bytes]) -> object:
+            nonlocal failures
+            if failures < 3:
+                failures += 1
+                raise RuntimeError("decoder bug")
+            return original(frames)
+
+        monkeypatch.setattr(broken, "_decode", decode_failing_thrice)
+        for n in range(200):
+            pubs[0].publish(batch(n))
+            pubs[1].publish(batch(n))
+            if n % 20 == 0:
+                await asyncio.sleep(0.001)
+        await until(lambda: sinks[1].applied == [n * 1000 for n in range(200)])
+        await until(lambda: subs[0].state.errors == 3)
+        # The broken pod goes on after resting: a later batch reaches its sink.
+        pubs[0].publish(batch(999))
+        await until(lambda: sinks[0].applied[-1:] == [999_000])
+        assert subs[1].state.errors == 0 and subs[1].state.gaps == 0
+    finally:
+        await asyncio.gather(*(sub.close() for sub in subs))
+        for publisher in pubs:
+            await publisher.close()
+        context.term()
+
+
+async def test_more_pods_than_zmqs_default_socket_limit() -> None:
+    """Three sockets a pod (SUB, its monitor pair): 400 pods are 1,200 sockets, beyond
+    libzmq's default of 1,023 per context, which would fail the 342nd pod's start."""
+    context = zmq.asyncio.Context()
+    quiet = _replace(FAST, reconnect_ivl_s=1.0, reconnect_max_s=5.0)
+    subs = [follower(f"pod-{i}", 1, RecordingSink(), context, quiet) for i in range(400)]
+    try:
+        for sub in subs:
+            await sub.start()
+        assert live_threads() == ["kv-live-receiver"]
+        await until(lambda: all(s.state.connect_retries >= 1 for s in subs))
+    finally:
+        await asyncio.gather(*(sub.close() for sub in subs))
+        context.term()
+    await until(lambda: live_threads() == [], timeout=2.0)

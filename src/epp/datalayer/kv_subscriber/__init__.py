@@ -1,7 +1,7 @@
 """One pod's vLLM KV events over ZMQ, kept in step with the pod (the I/O of precise mode).
 
 Modules: `subscriber` (the receive/replay loop and the rules below), `receiver` (the
-live socket read and decoded in a thread), `sockets` (the ZMQ SUB and replay
+live sockets of every followed pod read and decoded in one shared thread), `sockets` (the ZMQ SUB and replay
 conversations), `state` (settings, per-pod state, the sink contract), `pod_endpoints`
 (config and labels -> a pod's endpoints and topic).
 
@@ -9,7 +9,7 @@ A `KvEventSubscriber` per followed pod:
 
 - **Live**: a SUB socket connected to the pod's publisher, subscribed to its topic (a ZMQ
   prefix filter). A message is `[topic, seq (8 bytes, big-endian), payload]`; the payload
-  is received and decoded (`epp.prefix.kv_events`) in the pod's receiver thread, and
+  is received and decoded (`epp.prefix.kv_events`) in the receiver thread (one for all followed pods), and
   applied to the index (`epp.prefix.precise`) on the loop, in order, in slices of
   bounded work, yielding to the event loop between slices, so that a burst of events
   never holds the loop for long (`slice_ms`). Why a thread: docs/benchmarks/loop.md.

@@ -1,34 +1,49 @@
-"""The live SUB socket of one pod, read and decoded in a thread of its own.
+"""Every followed pod's live SUB socket, read and decoded in one shared thread.
 
-Receiving and decoding a pod's live batches costs the routing loop about as much as
+Receiving and decoding live batches on the routing loop costs it about as much as
 applying them (pyzmq's asyncio sockets wake the loop once per message, and msgpack
-decoding is not sliced): `epp bench loop` (docs/benchmarks/loop.md) measured routing p99
-several times lower with that work here. What changes the index or the subscriber's
-sequence bookkeeping stays on the loop: this thread only produces, in arrival order,
+decoding is not sliced): docs/benchmarks/loop.md. What changes the index or a
+subscriber's sequence bookkeeping stays on the loop. Here, per pod (`LiveReceiver`),
+in arrival order:
 
 - `Connected`, `Disconnected`, `Retried`: the socket monitor's events;
 - `Message`: a live message, its payload decoded (`batch`; None: refused, counted in
   `counts`), or its frames malformed (`seq` None);
-- `Failed`: an unexpected error in the thread, which goes on after `reconnect_ivl_s`.
+- `Failed`: an unexpected error handling that pod's sockets; its sockets rest for
+  `reconnect_ivl_s`, the other pods' do not.
 
-Invariants: once started, the thread alone touches its sockets (ZMQ sockets are not
-thread-safe; `start` opens them, so that a bad endpoint raises to its caller) and
-closes them before `stop` returns, so the context can be terminated after it; items
-reach the loop in the order they were received; at most `rcvhwm` items wait for the
-loop, then the thread stops reading and ZMQ's own queue (`rcvhwm` more) fills and drops,
-which the subscriber sees as a gap, as it would without the thread. The decoder's
-counters are the thread's own (`KvEventStats` is not thread-safe): each item carries
-what its decoding counted, for the loop to add.
+One thread (`ReceiverHub`), not one per pod: a zmq Poller over every pod's SUB and
+monitor sockets, so that 1,000 followed pods cost one thread. Its invariants:
+
+- Once a receiver's sockets are handed over, only the hub thread touches them (ZMQ
+  sockets are not thread-safe; the handover goes through a lock, the memory barrier ZMQ
+  asks for when a socket changes threads); it closes them before `stop` returns.
+- Per-pod isolation: whatever one pod sends (garbage, truncated frames) or whatever
+  fails handling its sockets reaches that pod's items only; a pod reads at most
+  `TURN_MESSAGES` per poll, so a storming pod delays the others by one turn at most.
+- Per-pod bound: at most `rcvhwm` items wait for the loop per pod; then the hub stops
+  polling that pod's SUB socket, ZMQ's own queue (`rcvhwm` more) fills and drops, which
+  the subscriber sees as a gap, as it would without the thread.
+- The live sockets live in the hub's own ZMQ context, whose socket limit is raised
+  (libzmq's default, 1,023 sockets, is ~340 pods at three sockets each); replay sockets
+  stay on the subscriber's context.
+- One hub per subscriber context (PreciseMode shares one context among its pods), alive
+  while it has receivers: the last `stop` ends its thread and its context.
+- The decoder's counters are each receiver's own (`KvEventStats` is not thread-safe):
+  each item carries what its decoding counted, for the loop to add.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
+import structlog
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -37,7 +52,10 @@ from epp.datalayer.kv_subscriber.sockets import open_sub_socket
 from epp.datalayer.kv_subscriber.state import SubscriberSettings
 from epp.prefix.kv_events import EventBatch, KvEventDecoder, KvEventStats, decode_seq
 
-POLL_MS = 500  # how soon the thread sees `stop` (an idle thread wakes this often)
+log = structlog.get_logger("epp.kv_subscriber")
+
+POLL_MS = 500  # the longest the hub sleeps with nothing to do (it is woken for changes)
+TURN_MESSAGES = 64  # live messages read from one pod per poll (fairness between pods)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +91,8 @@ Item = Message | Connected | Disconnected | Retried | Failed
 
 
 class LiveReceiver:
-    """`start()` on the loop that consumes; `await items(timeout)` there; `await stop()`."""
+    """One pod's live socket as the loop sees it: `start()` on the consuming loop,
+    `await items(timeout)` there, `await stop()`. The reading is the hub's."""
 
     def __init__(
         self,
@@ -84,42 +103,42 @@ class LiveReceiver:
         settings: SubscriberSettings,
     ) -> None:
         self.pod = pod
-        # The same context, with sync sockets.
-        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(context.underlying)
+        self.settings = settings
+        self._hub_key = context.underlying  # the hub shared by this context's pods
         self._endpoint = endpoint
         self._topic = topic
-        self._settings = settings
         self._decoder = KvEventDecoder(settings.limits, KvEventStats())
         self._items: deque[Item] = deque()
         self._lock = threading.Lock()
         self._notified = False  # a wake-up is on its way to the loop
-        self._room = threading.Event()
-        self._stopping = threading.Event()
         self._ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._hub: ReceiverHub | None = None
+        self._closed: asyncio.Future[None] | None = None
+        # The hub thread's own: whether it polls the SUB socket now.
+        self.full = False  # rcvhwm items wait for the loop
+        self.resting_until = 0.0  # after a failure (time.monotonic)
 
     def start(self) -> None:
         """Open the sockets here, so that a bad endpoint raises to the caller, then hand
-        them to the thread (starting it is the memory barrier ZMQ asks for a socket to
-        change threads); from then on only the thread touches them."""
-        self._loop = asyncio.get_running_loop()
-        sockets = open_sub_socket(self._context, self._endpoint, self._topic, self._settings)  # type: ignore[arg-type]  # fmt: skip
-        self._thread = threading.Thread(
-            target=self._run, args=sockets, name=f"kv-live-{self.pod}", daemon=True
-        )
-        self._thread.start()
+        them to the hub; from then on only its thread touches them."""
+        loop = self._loop = asyncio.get_running_loop()
+        hub = ReceiverHub.join(self._hub_key)
+        try:
+            sub, monitor = open_sub_socket(hub.context, self._endpoint, self._topic, self.settings)  # type: ignore[arg-type]  # fmt: skip
+        except BaseException:
+            hub.leave()
+            raise
+        self._hub, self._closed = hub, loop.create_future()
+        hub.add(self, sub, monitor)
 
     async def stop(self) -> None:
-        """End the thread; its sockets are closed when this returns."""
-        self._stopping.set()
-        self._room.set()
-        thread, self._thread = self._thread, None
-        if thread is None:
+        """Leave the hub; this pod's sockets are closed when this returns."""
+        hub, self._hub = self._hub, None
+        if hub is None or self._closed is None:
             return
-        while thread.is_alive():  # within POLL_MS; no executor thread held meanwhile
-            await asyncio.sleep(0.005)
-        thread.join()
+        hub.remove(self)
+        await asyncio.shield(self._closed)
 
     async def items(self, timeout_s: float) -> list[Item]:
         """Every item received so far, in order; waits up to `timeout_s` for the first."""
@@ -136,51 +155,31 @@ class LiveReceiver:
             self._items.clear()
             self._notified = False
             self._ready.clear()
-        self._room.set()
+            was_full = self.full
+        if was_full and self._hub is not None:
+            self._hub.wake()  # room again: the hub polls this pod's socket again
         return items
 
-    # -- the thread ---------------------------------------------------------------------
+    # -- called by the hub thread ----------------------------------------------------------
 
-    def _put(self, item: Item) -> None:
+    def closed(self) -> None:
+        """The hub closed this pod's sockets."""
+        if self._loop is not None and self._closed is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(_resolve, self._closed)
+
+    def has_room(self) -> bool:
+        return len(self._items) < self.settings.rcvhwm
+
+    def put(self, item: Item) -> None:
         with self._lock:
             self._items.append(item)
             notify, self._notified = not self._notified, True
-        loop = self._loop
-        if notify and loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._ready.set)
-            except RuntimeError:  # the loop is closed: the service is gone
-                self._stopping.set()
+        if notify and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the service is gone
+                self._loop.call_soon_threadsafe(self._ready.set)
 
-    def _run(self, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
-        try:
-            poller = zmq.Poller()
-            poller.register(sub, zmq.POLLIN)
-            poller.register(monitor, zmq.POLLIN)
-            while not self._stopping.is_set():
-                try:
-                    self._cycle(poller, sub, monitor)
-                except Exception as exc:
-                    self._put(Failed(repr(exc)[:200]))
-                    self._stopping.wait(self._settings.reconnect_ivl_s)
-        finally:
-            with contextlib.suppress(zmq.ZMQError):
-                sub.disable_monitor()
-            sub.close(linger=0)
-            monitor.close(linger=0)
-
-    def _cycle(self, poller: zmq.Poller, sub: zmq.Socket, monitor: zmq.Socket) -> None:
-        if len(self._items) >= self._settings.rcvhwm:
-            self._room.clear()
-            self._room.wait(POLL_MS / 1000)  # the loop is behind: let ZMQ's queue hold
-            return
-        ready = dict(poller.poll(POLL_MS))
-        if monitor in ready:
-            self._monitor_events(monitor)
-        if sub in ready:
-            self._messages(sub)
-
-    def _monitor_events(self, monitor: zmq.Socket) -> None:
+    def monitor_events(self, monitor: zmq.Socket[bytes]) -> None:
         while True:
             try:
                 frames = monitor.recv_multipart(zmq.NOBLOCK)
@@ -188,20 +187,24 @@ class LiveReceiver:
                 return
             event = parse_monitor_message(frames)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._put(Connected())
+                self.put(Connected())
             elif event == zmq.EVENT_DISCONNECTED:
-                self._put(Disconnected())
+                self.put(Disconnected())
             elif event == zmq.EVENT_CONNECT_RETRIED:
-                self._put(Retried())
+                self.put(Retried())
 
-    def _messages(self, sub: zmq.Socket) -> None:
-        """What is queued now, up to the room left for the loop."""
-        while len(self._items) < self._settings.rcvhwm:
+    def messages(self, sub: zmq.Socket[bytes]) -> None:
+        """What is queued now, up to `TURN_MESSAGES` and the room left for the loop."""
+        for _ in range(TURN_MESSAGES):
+            if not self.has_room():
+                with self._lock:
+                    self.full = True
+                return
             try:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._put(self._decode(frames))
+            self.put(self._decode(frames))
 
     def _decode(self, frames: list[bytes]) -> Message:
         seq = decode_seq(frames[1]) if len(frames) == 3 else None
@@ -214,3 +217,192 @@ class LiveReceiver:
         for reason in counted:
             counts[reason] = 0
         return Message(seq, payload, batch, counted, 3)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    receiver: LiveReceiver
+    sub: zmq.Socket[bytes]
+    monitor: zmq.Socket[bytes]
+    polled: bool = False  # the SUB socket is registered with the poller
+
+
+class ReceiverHub:
+    """The thread that reads every live socket of one subscriber context's pods."""
+
+    _hubs: dict[int, ReceiverHub] = {}  # subscriber context -> its hub, while it has pods
+    _hubs_lock = threading.Lock()  # guards _hubs and every hub's commands and users
+
+    def __init__(self, key: int) -> None:
+        self._key = key
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.context.set(zmq.MAX_SOCKETS, self.context.get(zmq.SOCKET_LIMIT))
+        self._users = 0  # receivers joined and not gone
+        self._commands: deque[tuple[str, LiveReceiver, tuple[zmq.Socket[bytes], ...]]] = deque()
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._wake_in.setblocking(False)
+        self._wake_out.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name="kv-live-receiver", daemon=True)
+        self._thread.start()
+
+    # -- the loop's side (any thread) ---------------------------------------------------
+
+    @classmethod
+    def join(cls, key: int) -> ReceiverHub:
+        """The hub of subscriber context `key`, started if it has no thread; `add` or
+        `leave` must follow."""
+        with cls._hubs_lock:
+            hub = cls._hubs.get(key)
+            if hub is None:
+                hub = cls._hubs[key] = ReceiverHub(key)
+            hub._users += 1
+            return hub
+
+    def leave(self) -> None:
+        """A receiver that joined gives up before handing sockets over."""
+        self._command("leave", None, ())
+
+    def add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
+        self._command("add", receiver, (sub, monitor))
+
+    def remove(self, receiver: LiveReceiver) -> None:
+        self._command("remove", receiver, ())
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
+            self._wake_out.send(b"\0")
+
+    def _command(self, kind: str, receiver: LiveReceiver | None, sockets: tuple) -> None:
+        with self._hubs_lock:
+            self._commands.append((kind, receiver, sockets))  # type: ignore[arg-type]
+        self.wake()
+
+    # -- the hub thread: it alone touches the sockets, the poller and these maps ---------
+
+    def _run(self) -> None:
+        self._members: dict[LiveReceiver, _Member] = {}
+        self._sockets: dict[zmq.Socket[bytes], tuple[_Member, bool]] = {}  # -> is monitor
+        self._parked: set[_Member] = set()  # SUB socket not polled: full, or resting
+        self._poller = zmq.Poller()
+        self._poller.register(self._wake_in, zmq.POLLIN)
+        try:
+            while self._apply_commands():
+                self._resume()
+                self._turn()
+        except Exception as exc:  # a bug in the hub itself: said, and every pod told
+            log.error("kv_events_receiver_failed", error=repr(exc)[:200])
+            for member in self._members.values():
+                member.receiver.put(Failed(f"receiver thread: {exc!r}"[:200]))
+        finally:
+            self._shut()
+
+    def _apply_commands(self) -> bool:
+        """Carry out adds and removes; False when the hub has no receiver left (and is
+        gone from `_hubs`: a later `join` makes a new one)."""
+        with self._hubs_lock:
+            commands = list(self._commands)
+            self._commands.clear()
+            self._users -= sum(1 for kind, _, _ in commands if kind != "add")
+            done = self._users == 0
+            if done:
+                del ReceiverHub._hubs[self._key]
+        for kind, receiver, sockets in commands:
+            if kind == "add":
+                self._add(receiver, *sockets)
+            elif kind == "remove" and receiver in self._members:
+                self._close(self._members.pop(receiver))
+        return not done
+
+    def _add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
+        member = self._members[receiver] = _Member(receiver, sub, monitor)
+        self._sockets[sub] = (member, False)
+        self._sockets[monitor] = (member, True)
+        self._poller.register(monitor, zmq.POLLIN)
+        self._poll_sub(member, True)
+
+    def _resume(self) -> None:
+        """Poll again the SUB sockets of pods that have room again and rested enough."""
+        now = time.monotonic()
+        for member in list(self._parked):
+            receiver = member.receiver
+            if now >= receiver.resting_until and receiver.has_room():
+                with receiver._lock:
+                    receiver.full = False
+                self._poll_sub(member, True)
+
+    def _turn(self) -> None:
+        for ready, _ in self._poller.poll(self._timeout_ms()):
+            found = self._sockets.get(ready)
+            if found is None:  # the wake-up socket (the poller gives its fd)
+                with contextlib.suppress(OSError):
+                    self._wake_in.recv(4096)
+                continue
+            member, is_monitor = found
+            try:
+                if is_monitor:
+                    member.receiver.monitor_events(member.monitor)
+                elif member.polled:
+                    member.receiver.messages(member.sub)
+                    if member.receiver.full:
+                        self._poll_sub(member, False)
+            except Exception as exc:  # this pod's alone: the others go on
+                self._rest(member, exc)
+
+    def _timeout_ms(self) -> int:
+        """Until the first resting pod may be polled again (POLL_MS at most): a pod
+        waiting for room is woken by the loop instead."""
+        resting = [m.receiver.resting_until for m in self._parked]
+        until = (min(resting) - time.monotonic()) if resting else POLL_MS / 1000
+        return max(1, min(POLL_MS, int(until * 1000) + 1))
+
+    def _rest(self, member: _Member, exc: Exception) -> None:
+        """A failure handling one pod's sockets: reported to it, its SUB socket rests."""
+        receiver = member.receiver
+        receiver.put(Failed(repr(exc)[:200]))
+        receiver.resting_until = time.monotonic() + receiver.settings.reconnect_ivl_s
+        self._poll_sub(member, False)
+
+    def _poll_sub(self, member: _Member, polled: bool) -> None:
+        if polled and not member.polled:
+            self._poller.register(member.sub, zmq.POLLIN)
+            self._parked.discard(member)
+        elif not polled and member.polled:
+            self._poller.unregister(member.sub)
+            self._parked.add(member)
+        member.polled = polled
+
+    def _close(self, member: _Member) -> None:
+        self._poll_sub(member, False)
+        self._parked.discard(member)
+        self._poller.unregister(member.monitor)
+        del self._sockets[member.sub], self._sockets[member.monitor]
+        with contextlib.suppress(zmq.ZMQError):
+            member.sub.disable_monitor()
+        member.sub.close(linger=0)
+        member.monitor.close(linger=0)
+        member.receiver.closed()
+
+    def _shut(self) -> None:
+        """The thread's end: every socket closed (and its waiter told), then the context."""
+        with self._hubs_lock:
+            if ReceiverHub._hubs.get(self._key) is self:
+                del ReceiverHub._hubs[self._key]  # ended by a failure: a new join starts over
+            pending = list(self._commands)
+            self._commands.clear()
+        for member in self._members.values():
+            member.sub.close(linger=0)
+            member.monitor.close(linger=0)
+            member.receiver.closed()
+        for _, receiver, sockets in pending:
+            for sock in sockets:
+                sock.close(linger=0)
+            if receiver is not None:
+                receiver.closed()
+        self._wake_in.close()
+        self._wake_out.close()
+        self.context.term()

@@ -46,8 +46,8 @@ class SubscriberSettings:
     # (pod and EPP clocks ~1 s apart, the start time ~1 s early, 1 s to spare: see the
     # package docstring).
     restart_margin_s: float = 3.0
-    # Read and decode the live socket in a thread of its own (receiver.py); False: on
-    # the loop (`epp bench loop` compares the two).
+    # Read and decode the live socket in the receiver thread shared by every followed
+    # pod (receiver.py); False: on the loop (`epp bench loop` compares the two).
     receive_in_thread: bool = True
     limits: DecodeLimits = field(default_factory=DecodeLimits)
 

@@ -1,12 +1,12 @@
 """`KvEventSubscriber`: one pod's live events, gaps filled from its replay socket, and the
 decision when its entries are dropped and rebuilt (the rules: the package docstring).
 
-One cycle of `_run_received`: what the receiver's thread took from the live socket since
+One cycle of `_run_received`: what the receiver thread took from the live socket since
 the last cycle, in order: monitor events (connect, disconnect), a due full resync, live
 messages already decoded (`_on_live`, applied in slices of `slice_ms`); then the timers
 (auto-mode fallback, idle probe). `_run` is the same cycle with the socket read and
-decoded on the loop (`SubscriberSettings.receive_in_thread` False). Any unexpected error in a cycle drops the pod's
-entries and schedules a resync; it never ends the loop.
+decoded on the loop (`SubscriberSettings.receive_in_thread` False). Any unexpected error
+in a cycle drops the pod's entries and schedules a resync; it never ends the loop.
 
 It stays one class (~500 lines): the sequence bookkeeping (`next_seq`, `_skip_through`,
 the recent batches) and the resync standing (`resynced_at`) are read and written by the
@@ -94,7 +94,8 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        # settings.receive_in_thread: the live socket is read and decoded in this thread.
+        # settings.receive_in_thread: the live socket is read and decoded by the receiver
+        # thread shared by every subscriber of this context (receiver.py).
         self._receiver: LiveReceiver | None = None
         self._resync_reason: str | None = None  # a full resync is due
         self._skip_through = -1  # live seqs up to this were applied by a replay
@@ -242,7 +243,7 @@ class KvEventSubscriber:
                 await asyncio.sleep(self.settings.reconnect_ivl_s)
 
     async def _run_received(self) -> None:
-        """`_run` with the live socket read and decoded by the receiver's thread: the same
+        """`_run` with the live socket read and decoded by the receiver thread: the same
         cycle, over the items it received in order (monitor events, then a due resync,
         then messages, as `_run` takes them from one poll)."""
         receiver = self._receiver
@@ -382,7 +383,7 @@ class KvEventSubscriber:
         await self._on_live(seq, frames[2])
 
     async def _on_live(self, seq: int, payload: bytes, decoded: Message | None = None) -> None:
-        """One live message (`decoded`: already decoded by the receiver's thread): a copy
+        """One live message (`decoded`: already decoded by the receiver thread): a copy
         is ignored, a sequence going back is a new publisher (full resync), a sequence
         jumping ahead is a gap (filled from the replay first)."""
         state = self.state
