@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-import epp.request as request_module
+import epp.request.heads as heads_module
 from epp.request import CHAT_PATH, MESSAGES_PATH, parse_request
 
 MIB = 1024 * 1024
@@ -54,7 +54,7 @@ def test_a_long_conversation_keeps_the_same_head_as_splitting_all_of_it(monkeypa
         {"model": "m", "max_tokens": 1, "messages": many_turns(12 * MIB, nested)}
     ).encode()
     windowed = parse_request(path, body, {}).prompt
-    monkeypatch.setattr(request_module, "_WINDOWED", 10**9)  # always split all of it
+    monkeypatch.setattr(heads_module, "_WINDOWED", 10**9)  # always split all of it
     whole = parse_request(path, body, {}).prompt
     assert windowed.messages == whole.messages
     assert len(whole.messages) > 1000
@@ -71,8 +71,8 @@ def test_a_long_conversation_is_not_split_past_its_head(monkeypatch):
             "messages": [{"role": "user", "content": f"hi {i % 97}"} for i in range(800_000)],
         }
     ).encode()
-    counting = CountingDecoder(request_module._MESSAGE_RAWS)
-    monkeypatch.setattr(request_module, "_MESSAGE_RAWS", counting)
+    counting = CountingDecoder(heads_module._MESSAGE_RAWS)
+    monkeypatch.setattr(heads_module, "_MESSAGE_RAWS", counting)
     prompt = parse_request(CHAT_PATH, body, {}).prompt
     assert 0 < len(prompt.messages) < counting.elements < 100_000
     assert prompt.omitted_tokens > 1_000_000

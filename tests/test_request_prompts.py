@@ -9,7 +9,7 @@ import json
 import pytest
 import xxhash
 
-import epp.request as request_module
+import epp.request.heads as heads_module
 from epp.conversation import media_stand_in
 from epp.request import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RequestRejected, parse_request
 
@@ -472,7 +472,7 @@ def test_a_conversation_cut_from_a_window_keeps_the_head_and_estimate_of_splitti
         turns = [turn(first), turn(last, "assistant")]
         assert len(compact(turns)) > 4 * 80  # a cap of 10 reads 80 bytes
         windowed = chat(turns, 10, path)
-        monkeypatch.setattr(request_module, "_WINDOWED", 10**9)  # split all of it
+        monkeypatch.setattr(heads_module, "_WINDOWED", 10**9)  # split all of it
         whole = chat(turns, 10, path)
         monkeypatch.undo()
         assert windowed.messages == whole.messages and len(whole.messages) == 1

@@ -29,7 +29,7 @@ AREAS = (
     ("scheduling", "src/epp/scheduling/"),
     ("KV-event decoding", "src/epp/prefix/kv_events/"),
     ("prefix", "src/epp/prefix/"),
-    ("request parsing", "src/epp/request.py"),
+    ("request parsing", "src/epp/request"),
     ("ext_proc machine", "src/epp/extproc/machine.py"),
     ("metrics parser", "src/epp/datalayer/metrics_parser.py"),
 )
