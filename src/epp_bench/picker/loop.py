@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zmq
+import zmq.asyncio
 from aiohttp import web
 
 from epp.app import EppService
@@ -69,6 +71,7 @@ class Settings:
     phase_s: float = 3.0
     repeats: int = 3
     kv_pods: int = 64
+    kv_publishers: int = 0  # 0: one per followed pod; else pods share them round-robin
     batches: float = 20.0  # per pod per second
     blocks: int = 32  # per batch
     relist_ms: float = 500.0
@@ -232,7 +235,7 @@ class Publisher:
         code = (
             "import sys; from epp_bench.picker.loop import publish_main; publish_main(sys.argv[1:])"
         )
-        argv = [sys.executable, "-c", code, "--pods", str(s.kv_pods)]
+        argv = [sys.executable, "-c", code, "--pods", str(s.kv_publishers or s.kv_pods)]
         argv += ["--batches", str(s.batches), "--blocks", str(s.blocks)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -257,7 +260,11 @@ async def kv_ingest(
     """The product's PreciseMode on the service's index, one subscriber per pod; the live
     socket read and decoded in a thread per pod (`in_thread`) or on the loop."""
     config = service.config.kv_events.model_copy(update={"mode": "precise"})
-    precise = PreciseMode(config, service.index, service.config.prefix.block_size)
+    # libzmq's default of 1,023 sockets a context would stop the on-loop arm (three
+    # sockets a pod) at ~340 pods.
+    context = zmq.asyncio.Context()
+    context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
+    precise = PreciseMode(config, service.index, service.config.prefix.block_size, context=context)
     precise.settings = dataclasses.replace(precise.settings, receive_in_thread=in_thread)
     for endpoint in service.store.all()[:kv_pods]:
         precise.on_change("added", endpoint)
@@ -270,7 +277,11 @@ async def kv_ingest(
             "gaps": sum(s.state.gaps for s in subs),
         }
 
-    return precise.close, counts
+    async def close() -> None:
+        await precise.close()
+        context.term()
+
+    return close, counts
 
 
 # --- (b) the relist ----------------------------------------------------------------------
@@ -388,20 +399,40 @@ async def relisting(
 # --- (c) debug pages and /metrics ----------------------------------------------------------
 
 
-def off_loop_pages(service: EppService) -> web.Application:
-    """/metrics and /debug/endpoints rendered in a worker thread."""
+def pages_app(service: EppService, off_loop: bool) -> web.Application:
+    """/metrics and /debug/endpoints, rendered on the loop or each in a worker thread."""
     app = web.Application()
 
+    async def rendered(render: Callable[[], bytes], kind: str) -> web.Response:
+        body = await asyncio.to_thread(render) if off_loop else render()
+        return web.Response(body=body, content_type=kind)
+
     async def metrics(_: web.Request) -> web.Response:
-        body = await asyncio.to_thread(service.metrics.exposition)
-        return web.Response(body=body, content_type="text/plain")
+        return await rendered(service.metrics.exposition, "text/plain")
 
     async def endpoints(_: web.Request) -> web.Response:
-        body = await asyncio.to_thread(lambda: json.dumps(service._endpoint_rows()).encode())
-        return web.Response(body=body, content_type="application/json")
+        return await rendered(lambda: json.dumps(service._endpoint_rows()).encode(), "application/json")  # fmt: skip
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/endpoints", endpoints)
+    return app
+
+
+def metrics_app(service: EppService, where: str) -> web.Application:
+    """/metrics alone: `on` the loop (collect and encode), `off` as the service serves it
+    (`EppMetrics.render`: collect on the loop, encode in a worker thread), `thread` the
+    whole exposition in a worker thread (collectors included: not safe while the loop
+    resizes what they iterate; measured for comparison only)."""
+    if where == "off":
+        return service._web_app()
+    app = web.Application()
+
+    async def metrics(_: web.Request) -> web.Response:
+        expose = service.metrics.exposition
+        body = await asyncio.to_thread(expose) if where == "thread" else expose()
+        return web.Response(body=body, content_type="text/plain")
+
+    app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -413,12 +444,18 @@ async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
     return runner, runner.addresses[0][1]
 
 
-def fetch_pages(port: int, every_s: float, stop: threading.Event, out: dict[str, float]) -> None:
-    """The client, in its own thread: both pages every `every_s`."""
+def fetch_pages(
+    port: int,
+    every_s: float,
+    stop: threading.Event,
+    out: dict[str, float],
+    paths: tuple[str, ...] = ("/metrics", "/debug/endpoints"),
+) -> None:
+    """The client, in its own thread: the pages every `every_s`."""
     fetched = 0
     size = 0
     while not stop.is_set():
-        for path in ("/metrics", "/debug/endpoints"):
+        for path in paths:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as resp:
                 size = max(size, len(resp.read()))
             fetched += 1
@@ -438,6 +475,7 @@ class GcPauses:
         self._started = 0.0
         self.longest_ms = 0.0
         self.total_ms = 0.0
+        self.full = 0  # generation-2 collections
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
@@ -447,12 +485,60 @@ class GcPauses:
             took = (time.perf_counter() - self._started) * 1000
             self.total_ms += took
             self.longest_ms = max(self.longest_ms, took)
+            self.full += info.get("generation") == 2
 
     def reset(self) -> None:
         self.longest_ms = self.total_ms = 0.0
+        self.full = 0
 
     def close(self) -> None:
         gc.callbacks.remove(self._callback)
+
+
+Latencies = list[float]
+
+
+async def _kv_phase(service: EppService, bodies: list[bytes], settings: Settings, where: str, ctx: dict[str, Any]) -> tuple[Latencies, dict[str, float]]:  # fmt: skip
+    close, counts = await kv_ingest(service, settings.kv_pods, in_thread=where != "on")
+    await asyncio.sleep(0.3)  # connected before the clock starts
+    before = counts()
+    threads = threading.active_count()  # the process's, the publisher excluded
+    latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
+    after = counts()
+    await close()
+    work = {k: after[k] - before.get(k, 0) for k in after}
+    work["batches_per_s"] = work.get("batches", 0) / settings.phase_s
+    work["blocks_per_s"] = work["batches_per_s"] * settings.blocks
+    work["threads"] = threads
+    return latencies, work
+
+
+async def _relist_phase(service: EppService, bodies: list[bytes], settings: Settings, where: str, ctx: dict[str, Any]) -> tuple[Latencies, dict[str, float]]:  # fmt: skip
+    stop = asyncio.Event()
+    every_s = settings.relist_ms / 1000
+    task = asyncio.create_task(relisting(service, ctx["lists"], every_s, where != "on", stop))
+    latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
+    stop.set()
+    return latencies, await task
+
+
+async def _pages_phase(service: EppService, bodies: list[bytes], settings: Settings, where: str, ctx: dict[str, Any]) -> tuple[Latencies, dict[str, float]]:  # fmt: skip
+    """A client thread fetches the pages (`pages`: both; `metrics`: /metrics alone)."""
+    port, paths = ctx["ports"][where]
+    work: dict[str, float] = {}
+    stop_client = threading.Event()
+    client = threading.Thread(
+        target=fetch_pages, args=(port, settings.pages_ms / 1000, stop_client, work, paths)
+    )
+    client.start()
+    latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
+    stop_client.set()
+    await asyncio.to_thread(client.join)
+    return latencies, work
+
+
+async def _idle_phase(service: EppService, bodies: list[bytes], settings: Settings, where: str, ctx: dict[str, Any]) -> tuple[Latencies, dict[str, float]]:  # fmt: skip
+    return await route_open_loop(service, bodies, settings.rate, settings.phase_s), {}
 
 
 async def _phase(
@@ -464,42 +550,27 @@ async def _phase(
     repeat: int,
     ctx: dict[str, Any],
 ) -> PhaseResult:
-    work: dict[str, float] = {}
-    cpu_started = time.thread_time()  # the loop thread's own CPU time
+    # Every phase starts from a collected heap; `frozen`: then frozen (gc.freeze), as
+    # the service does after start-up, and unfrozen after the phase.
+    gc.collect()
+    if where == "frozen":
+        gc.freeze()
     gc_pauses: GcPauses = ctx["gc"]
     gc_pauses.reset()
-    if load == "kv":
-        close, counts = await kv_ingest(service, settings.kv_pods, in_thread=where == "off")
-        await asyncio.sleep(0.3)  # connected before the clock starts
-        before = counts()
-        latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
-        after = counts()
-        await close()
-        work = {k: after[k] - before.get(k, 0) for k in after}
-        work["batches_per_s"] = work.get("batches", 0) / settings.phase_s
-        work["blocks_per_s"] = work["batches_per_s"] * settings.blocks
-    elif load == "relist":
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            relisting(service, ctx["lists"], settings.relist_ms / 1000, where == "off", stop)
-        )
-        latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
-        stop.set()
-        work = await task
-    elif load == "pages":
-        port = ctx["pages_on"] if where == "on" else ctx["pages_off"]
-        stop_client = threading.Event()
-        client = threading.Thread(
-            target=fetch_pages, args=(port, settings.pages_ms / 1000, stop_client, work)
-        )
-        client.start()
-        latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
-        stop_client.set()
-        await asyncio.to_thread(client.join)
-    else:
-        latencies = await route_open_loop(service, bodies, settings.rate, settings.phase_s)
+    cpu_started, process_started = time.thread_time(), time.process_time()
+    try:
+        run_load = {"kv": _kv_phase, "relist": _relist_phase, "pages": _pages_phase}
+        run_load["metrics"] = _pages_phase
+        ports = ctx["ports"]
+        ctx = {**ctx, "ports": ports.get(load, {})}
+        latencies, work = await run_load.get(load, _idle_phase)(service, bodies, settings, where, ctx)  # fmt: skip
+    finally:
+        gc.unfreeze()
     work["loop_cpu_share"] = (time.thread_time() - cpu_started) / settings.phase_s
+    work["process_cpu_share"] = (time.process_time() - process_started) / settings.phase_s
     work["gc_longest_ms"] = gc_pauses.longest_ms
+    work["gc_total_ms"] = gc_pauses.total_ms
+    work["gc_full"] = gc_pauses.full
     return PhaseResult(
         load,
         where,
@@ -545,41 +616,67 @@ def work_costs(service: EppService, lists: list[bytes], repeats: int = 5) -> dic
     return costs
 
 
-PHASES = [("idle", "-"), ("kv", "on"), ("kv", "off"), ("relist", "on"), ("relist", "off"), ("pages", "on"), ("pages", "off")]  # fmt: skip
+# (load, where): `on` the loop, `off` as the service does it now, `thread` (/metrics
+# entirely in a worker thread), `frozen` (`off` with the start-up heap frozen, gc.freeze).
+PHASES = [
+    ("idle", "-"), ("idle", "frozen"),
+    ("kv", "on"), ("kv", "off"), ("kv", "frozen"),
+    ("relist", "on"), ("relist", "off"), ("relist", "frozen"),
+    ("pages", "on"), ("pages", "off"),
+    ("metrics", "on"), ("metrics", "off"), ("metrics", "thread"),
+]  # fmt: skip
+LOADS = ("kv", "relist", "pages", "metrics")
+
+
+def phase_order(loads: list[str], repeat: int) -> list[tuple[str, str]]:
+    """The phases of one repeat, grouped by load; within a load the arms' order is
+    reversed every other repeat, so that no arm always runs first."""
+    order: list[tuple[str, str]] = []
+    for load in ["idle", *loads]:
+        arms = [p for p in PHASES if p[0] == load]
+        order += arms[::-1] if repeat % 2 else arms
+    return order
 
 
 async def run(settings: Settings, loads: list[str]) -> tuple[list[PhaseResult], dict[str, float]]:
     publisher = Publisher(settings)
-    kv_ports = publisher.start() if "kv" in loads else []
+    ports = publisher.start() if "kv" in loads else []
+    # Each followed pod's publisher port (several pods subscribe to one with kv_publishers).
+    kv_ports = [ports[i % len(ports)] for i in range(settings.kv_pods)] if ports else []
     try:
         config = fleet_config(settings, kv_ports)
         service = build_service(config)
         bodies = request_bodies(settings)
         ctx: dict[str, Any] = {"lists": pod_list_bodies(settings.fleet, kv_ports), "gc": GcPauses()}
-        runner_on, ctx["pages_on"] = await serve(service._web_app())
-        runner_off, ctx["pages_off"] = await serve(off_loop_pages(service))
+        ctx["ports"] = {"pages": {}, "metrics": {}}
+        runners = []
+        apps = {
+            ("pages", "on"): pages_app(service, off_loop=False),
+            ("pages", "off"): pages_app(service, off_loop=True),
+            **{("metrics", w): metrics_app(service, w) for w in ("on", "off", "thread")},
+        }
+        for (load, where), app in apps.items():
+            runner, port = await serve(app)
+            runners.append(runner)
+            paths = ("/metrics",) if load == "metrics" else ("/metrics", "/debug/endpoints")
+            ctx["ports"][load][where] = (port, paths)
         await route_open_loop(service, bodies, settings.rate, 0.5)  # warm up
         costs = work_costs(service, ctx["lists"])
         for name, ms in costs.items():
             print(f"  alone: {name}: {ms:.1f} ms", flush=True)
         results = []
         for repeat in range(settings.repeats):
-            order = [p for p in PHASES if p[0] in loads or p[0] == "idle"]
-            if repeat % 2:  # on/off order alternates between repeats
-                order = [order[0]] + [
-                    p for pair in zip(order[2::2], order[1::2], strict=False) for p in pair
-                ]
-            for load, where in order:
+            for load, where in phase_order(loads, repeat):
                 result = await _phase(service, bodies, settings, load, where, repeat, ctx)
                 results.append(result)
                 print(
-                    f"  {load:<6} {where:<3} #{repeat}: p50 {result.p50_us / 1000:7.2f} ms"
+                    f"  {load:<7} {where:<6} #{repeat}: p50 {result.p50_us / 1000:7.2f} ms"
                     f"  p99 {result.p99_us / 1000:7.2f} ms  max {result.max_us / 1000:7.2f} ms"
                     f"  {result.work}",
                     flush=True,
                 )
-        await runner_on.cleanup()
-        await runner_off.cleanup()
+        for runner in runners:
+            await runner.cleanup()
         return results, costs
     finally:
         sent = publisher.stop()
@@ -611,13 +708,22 @@ def summary(results: list[PhaseResult]) -> list[dict[str, Any]]:
     return rows
 
 
+WHERE = {
+    "-": "-",
+    "on": "on the loop",
+    "off": "off the loop",
+    "thread": "all in a thread",
+    "frozen": "off, heap frozen",
+}
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| load | work | runs | p50 (ms) | p99 (ms, median of runs) | p99 of each run (ms) | max (ms) |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: |",
     ]
     for row in rows:
-        where = {"-": "-", "on": "on the loop", "off": "off the loop"}[row["where"]]
+        where = WHERE[row["where"]]
         runs = ", ".join(f"{v:.2f}" for v in row["p99_runs_ms"])
         lines.append(
             f"| {row['load']} | {where} | {row['runs']} | {row['p50_ms']:.2f} | "
@@ -633,12 +739,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=defaults.rate, help="decisions per second")
     parser.add_argument("--phase-s", type=float, default=defaults.phase_s)
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
-    parser.add_argument("--kv-pods", type=int, default=defaults.kv_pods)
+    parser.add_argument("--kv-pods", type=int, default=defaults.kv_pods, help="pods followed")
+    parser.add_argument("--kv-publishers", type=int, default=defaults.kv_publishers, help="publisher sockets (0: one per followed pod)")  # fmt: skip
     parser.add_argument("--batches", type=float, default=defaults.batches, help="per pod per second")  # fmt: skip
     parser.add_argument("--blocks", type=int, default=defaults.blocks, help="per batch")
     parser.add_argument("--relist-ms", type=float, default=defaults.relist_ms)
     parser.add_argument("--pages-ms", type=float, default=defaults.pages_ms)
-    parser.add_argument("--loads", default="kv,relist,pages")
+    parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -647,15 +754,16 @@ def main(argv: list[str] | None = None) -> int:
         phase_s=args.phase_s,
         repeats=args.repeats,
         kv_pods=args.kv_pods,
+        kv_publishers=args.kv_publishers,
         batches=args.batches,
         blocks=args.blocks,
         relist_ms=args.relist_ms,
         pages_ms=args.pages_ms,
     )
     loads = [x for x in args.loads.split(",") if x]
-    unknown = set(loads) - {"kv", "relist", "pages"}
+    unknown = set(loads) - set(LOADS)
     if unknown:
-        parser.error(f"unknown loads {sorted(unknown)}: kv, relist, pages")
+        parser.error(f"unknown loads {sorted(unknown)}: {', '.join(LOADS)}")
     import logging
 
     import structlog
