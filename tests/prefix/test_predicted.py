@@ -162,7 +162,7 @@ def test_released_predictions_do_not_pile_up_while_others_stay_in_flight():
         index.match(A)
     assert index.predictions <= 102  # the slow one and the last second's
     # Bounded by what is live, not by the request rate x predicted_max_s.
-    assert len(index._in_flight) <= 4 * index.predictions + 1024
+    assert len(index._predictions.in_flight) <= 4 * index.predictions + 1024
     assert index.match(A) == {"a": 3}
 
 

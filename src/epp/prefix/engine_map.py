@@ -214,8 +214,17 @@ class EngineMap:
         cold ones go."""
         out: list[EngineKeys] = []
         chances = max(2 * n, 2048) if used is not None else 0
+        chances = self._pop_aside(out, n, used, chances)
+        self._pop_records(out, n, used, chances)
+        return out
+
+    def _pop_aside(
+        self, out: list[EngineKeys], n: int, used: Callable[[EngineKeys], bool] | None, chances: int
+    ) -> int:
+        """CLOCK over the blocks aside, each looked at once at most, until `out` holds `n`.
+        The second chances left."""
         other = self._other
-        visits = len(other)  # each block aside is looked at once at most
+        visits = len(other)
         while visits and len(out) < n:
             # The front in chunks: a dict walked from its start skips what was deleted.
             chunk = list(islice(other, min(visits, n - len(out))))
@@ -227,6 +236,13 @@ class EngineMap:
                     other[engine_hash] = keys  # to the back
                 else:
                     out.append(keys)
+        return chances
+
+    def _pop_records(
+        self, out: list[EngineKeys], n: int, used: Callable[[EngineKeys], bool] | None, chances: int
+    ) -> None:
+        """CLOCK over the buckets' records, one bucket's front in turn from the cursor,
+        until `out` holds `n`."""
         buckets = self._buckets
         cursor = self._cursor
         while len(out) < n and self._records:
@@ -248,7 +264,6 @@ class EngineMap:
                     buckets[slot] = None
                 self._records -= 1
         self._cursor = cursor
-        return out
 
     def nbytes(self) -> int:
         """Bytes the map allocates (its records, buckets and what is aside)."""

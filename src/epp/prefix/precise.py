@@ -199,11 +199,7 @@ class PreciseIndex:
 
     def _removed(self, pod: str, event: BlockRemoved) -> None:
         stats = self.stats
-        if event.medium not in (None, MEDIUM_GPU):
-            stats.add("ignored_medium", len(event.block_hashes))
-            return
-        if event.group_idx:
-            stats.add("ignored_group", len(event.block_hashes))
+        if self._ignored(event, len(event.block_hashes)):
             return
         found = self.index.remove_engine_blocks(pod, event.block_hashes)
         stats.add("blocks_removed", found)
@@ -211,60 +207,79 @@ class PreciseIndex:
             stats.add("unknown_removals", len(event.block_hashes) - found)
 
     def _stored(self, pod: str, event: BlockStored) -> None:
-        stats = self.stats
         hashes = event.block_hashes
-        n = len(hashes)
-        if event.medium not in (None, MEDIUM_GPU):
-            stats.add("ignored_medium", n)
+        if self._ignored(event, len(hashes)):
             return
-        if event.group_idx or event.kv_cache_spec_kind not in (None, SPEC_FULL_ATTENTION):
-            stats.add("ignored_group", n)
-            return
+        self.stats.add("blocks_stored", len(hashes))
         index = self.index
-        stats.add("blocks_stored", n)
-        ours = self.block_size
-        if event.block_size % ours:
-            stats.problem(
-                "unsupported_block_size",
-                n,
-                pod=pod,
-                engine_block_size=event.block_size,
-                block_size=ours,
-            )
+        keys = self._keys(pod, event)
+        if keys is None:  # counted: kept unmatchable
             index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
             return
-        per_block = event.block_size // ours
-        if event.parent_block_hash is None:
-            seed = self._root_seed(pod, event)
-            if seed is None:
-                stats.add("opaque_extra_keys", n)
-                index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
-                return
-        else:
-            parent = index.engine_block(pod, event.parent_block_hash)
-            if not parent:  # None: never seen; (): seen, but its keys are unknown
-                parent = self._relearn_parent(pod, event, ours)
-            if not parent:
-                stats.add("unknown_parent", n)
-                index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
-                return
-            seed = parent if isinstance(parent, int) else parent[-1]
-        try:
-            tokens = array("I", event.token_ids)
-        except (OverflowError, TypeError):
-            stats.problem("invalid_event", pod=pod, error="a token id outside 0..2**32-1")
-            index.store_engine_blocks(pod, hashes, _NO_KEYS, 1)
-            return
-        opaque = self._opaque(event)
-        if opaque is None:
-            keys = block_hashes(tokens, ours, seed)
-        else:
-            stats.add("opaque_extra_keys", sum(1 for item in opaque if item is not None))
-            keys = _keys_with_extras(tokens, event.block_size, ours, seed, opaque)
+        per_block = event.block_size // self.block_size
         index.store_engine_blocks(pod, hashes, keys, per_block)
         self._engine_block_size[pod] = event.block_size
         index.set_match_unit(pod, per_block)
         self.stale.stored(pod, keys)
+
+    def _ignored(self, event: BlockStored | BlockRemoved, n: int) -> bool:
+        """Blocks on another tier, or of a KV cache group other than full attention:
+        counted, not applied."""
+        if event.medium not in (None, MEDIUM_GPU):
+            self.stats.add("ignored_medium", n)
+            return True
+        other_spec = isinstance(event, BlockStored) and event.kv_cache_spec_kind not in (
+            None,
+            SPEC_FULL_ATTENTION,
+        )
+        if event.group_idx or other_spec:
+            self.stats.add("ignored_group", n)
+            return True
+        return False
+
+    def _keys(self, pod: str, event: BlockStored) -> list[BlockHash] | None:
+        """Our keys of the stored blocks (`per_block` a block, in order); None (counted)
+        when they cannot be known."""
+        ours = self.block_size
+        if event.block_size % ours:
+            self.stats.problem(
+                "unsupported_block_size",
+                len(event.block_hashes),
+                pod=pod,
+                engine_block_size=event.block_size,
+                block_size=ours,
+            )
+            return None
+        seed = self._seed(pod, event)
+        if seed is None:
+            return None
+        try:
+            tokens = array("I", event.token_ids)
+        except (OverflowError, TypeError):
+            self.stats.problem("invalid_event", pod=pod, error="a token id outside 0..2**32-1")
+            return None
+        opaque = self._opaque(event)
+        if opaque is None:
+            return block_hashes(tokens, ours, seed)
+        self.stats.add("opaque_extra_keys", sum(1 for item in opaque if item is not None))
+        return _keys_with_extras(tokens, event.block_size, ours, seed, opaque)
+
+    def _seed(self, pod: str, event: BlockStored) -> int | None:
+        """The chain seed of the stored blocks: the root seed at prompt start, else the
+        parent's last key (relearnt if the index lacks it). None (counted) if unknown."""
+        n = len(event.block_hashes)
+        if event.parent_block_hash is None:
+            seed = self._root_seed(pod, event)
+            if seed is None:
+                self.stats.add("opaque_extra_keys", n)
+            return seed
+        parent = self.index.engine_block(pod, event.parent_block_hash)
+        if not parent:  # None: never seen; (): seen, but its keys are unknown
+            parent = self._relearn_parent(pod, event, self.block_size)
+        if not parent:
+            self.stats.add("unknown_parent", n)
+            return None
+        return parent if isinstance(parent, int) else parent[-1]
 
     def _relearn_parent(self, pod: str, event: BlockStored, ours: int) -> BlockHash | None:
         """Our key for the unknown parent of a stored block, learnt from what was routed to
