@@ -6,12 +6,17 @@ counters and the warning an operator reads, and how `split_events` cuts large ev
 
 The real events are vLLM 0.32's (docs/benchmarks/sim-vs-vllm/vllm.json, captured by
 tools/vllm_check); a test that needs a value vLLM did not send there (a LoRA id, another
-medium or KV cache group) changes that one field of a real event."""
+medium or KV cache group) changes that one field of a real event. The field names come
+from vLLM 0.32's own source (tests/fixtures/upstream/vllm-0.32.0), read with `ast`: a
+field vLLM renames, adds or reorders fails here."""
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +42,64 @@ from vllm_sim import kv_events as sim_events
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_CAPTURE = ROOT / "docs" / "benchmarks" / "sim-vs-vllm" / "vllm.json"
-STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
+VLLM_KV_EVENTS = (
+    ROOT
+    / "tests"
+    / "fixtures"
+    / "upstream"
+    / "vllm-0.32.0"
+    / "vllm"
+    / "distributed"
+    / "kv_events.py"
 )
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+# What vLLM 0.32 sends that the router does not read: KV locality and offload tiers,
+# sessions, and sliding-window sizes (a sliding-window group is skipped by its kind).
+NOT_READ = {
+    "BlockStored": ("kv_cache_spec_sliding_window", "locality", "ownership", "session_id"),
+    "BlockRemoved": ("locality", "ownership"),
+    "AllBlocksCleared": (),
+}
+
+
+@functools.cache
+def vllm_structs() -> dict[str, ast.ClassDef]:
+    tree = ast.parse(VLLM_KV_EVENTS.read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def vllm_fields(name: str) -> dict[str, str]:
+    """The fields vLLM declares on struct `name` (its bases' first, as msgspec orders
+    them), in order, each with its annotation's source."""
+    structs = vllm_structs()
+    node = structs[name]
+    fields: dict[str, str] = {}
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in structs:
+            fields.update(vllm_fields(base.id))
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            fields[stmt.target.id] = ast.unparse(stmt.annotation)
+    return fields
+
+
+def read_fields(name: str) -> tuple[str, ...]:
+    """vLLM's fields of event `name` that the decoder reads, in vLLM's order."""
+    return tuple(field for field in vllm_fields(name) if field not in NOT_READ[name])
+
+
+STORED_FIELDS = read_fields("BlockStored")
+REMOVED_FIELDS = read_fields("BlockRemoved")
 
 enc = msgspec.msgpack.encode
 
 
+@functools.cache
+def capture() -> str:
+    return VLLM_CAPTURE.read_text()
+
+
 def messages() -> list[dict[str, Any]]:
-    return json.loads(VLLM_CAPTURE.read_text())["kv_events"]["messages"]
+    return json.loads(capture())["kv_events"]["messages"]
 
 
 def real_events() -> list[dict[str, Any]]:
@@ -70,6 +114,9 @@ def real_events() -> list[dict[str, Any]]:
                 event["parent_block_hash"] = int(event["parent_block_hash"], 16)
             out.append(event)
     return out
+
+
+REAL_EVENTS = tuple(real_events())
 
 
 def real_stored(**changes: Any) -> dict[str, Any]:
@@ -94,12 +141,22 @@ def as_bytes(value: int | bytes | None) -> bytes | None:
     return b"\x5a" * 24 + value.to_bytes(8, "big")
 
 
+def hash_fields(name: str) -> dict[str, bool]:
+    """The fields of event `name` that vLLM types as block hashes (int, or bytes with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0), each with whether it is a list of them."""
+    return {
+        field: annotation.startswith("list[")
+        for field, annotation in vllm_fields(name).items()
+        if "ExternalBlockHash" in annotation
+    }
+
+
 def with_bytes_hashes(event: dict[str, Any]) -> dict[str, Any]:
     event = dict(event)
-    if "block_hashes" in event:
-        event["block_hashes"] = [as_bytes(h) for h in event["block_hashes"]]
-    if "parent_block_hash" in event:
-        event["parent_block_hash"] = as_bytes(event["parent_block_hash"])
+    for field, is_list in hash_fields(event["type"]).items():
+        if field in event:
+            value = event[field]
+            event[field] = [as_bytes(h) for h in value] if is_list else as_bytes(value)
     return event
 
 
@@ -226,6 +283,105 @@ def test_a_batch_without_a_rank_has_none():
     assert got is not None and got.data_parallel_rank is None and got.ts == 5.0
     got = KvEventDecoder().decode(enc([5.0, [UNKNOWN, real_removed()]]))
     assert got is not None and got.data_parallel_rank is None and len(got.events) == 1
+
+
+# -- vLLM's own declarations ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("event", [BlockStored, BlockRemoved, AllBlocksCleared])
+def test_each_event_declares_vllms_fields_in_vllms_order(event):
+    """The map layout reads fields by name, the positional one by position: the decoder's
+    fields are vLLM's first ones, in vLLM's order; vLLM's others are not read."""
+    ours = [info.name for info in msgspec.structs.fields(event)]
+    theirs = list(vllm_fields(event.__name__))
+    assert ours == theirs[: len(ours)]
+    assert tuple(theirs[len(ours) :]) == NOT_READ[event.__name__]
+
+
+def test_a_batch_and_its_events_are_laid_out_as_vllm_declares_them():
+    """vLLM's EventBatch is an array `[ts, events, data_parallel_rank]`; its events are
+    tagged structs (msgspec's `tag=True`: the class name, under the key "type")."""
+    structs = vllm_structs()
+    options = {
+        name: {kw.arg: ast.literal_eval(kw.value) for kw in structs[name].keywords}
+        for name in ("EventBatch", "KVCacheEvent")
+    }
+    assert options["EventBatch"]["array_like"] is True
+    assert [info.name for info in msgspec.structs.fields(EventBatch)] == list(
+        vllm_fields("EventBatch")
+    )
+    assert options["KVCacheEvent"]["tag"] is True and "tag_field" not in options["KVCacheEvent"]
+    for event in (BlockStored, BlockRemoved, AllBlocksCleared):
+        assert structs[event.__name__].bases[0].id == "KVCacheEvent"  # type: ignore[attr-defined]
+        config = event.__struct_config__
+        assert (config.tag, config.tag_field) == (event.__name__, "type")
+
+
+# -- the typed decoders and the event-by-event reader agree -------------------------------------
+
+
+def random_event(rng: random.Random, signed: bool) -> dict[str, Any]:
+    """A real event with its fields drawn at random (every medium, group, LoRA and hash
+    range); about one in ten breaks a bound."""
+    event = dict(rng.choice(REAL_EVENTS))  # every field but the type is replaced
+    kind = event["type"]
+    if kind == "AllBlocksCleared":
+        return event
+    n = rng.randrange(1, 5)
+
+    def hash_() -> int:
+        value = rng.randrange(1 << 64)
+        return value - (1 << 64) if signed and value >> 63 and rng.random() < 0.5 else value
+
+    event.update(
+        block_hashes=[hash_() for _ in range(n)],
+        medium=rng.choice(["GPU", "CPU", None]),
+        group_idx=rng.choice([0, 1, 2, None]),
+    )
+    if kind == "BlockStored":
+        size = rng.choice([1, 2, 16])
+        lora = rng.choice([(None, None), (3, "sql-lora")])
+        event.update(
+            parent_block_hash=rng.choice([None, hash_()]),
+            block_size=size,
+            token_ids=[rng.randrange(200_000) for _ in range(n * size)],
+            lora_id=lora[0],
+            lora_name=lora[1],
+            extra_keys=rng.choice([None, [None] * n, [[lora[1]]] * n]),
+            kv_cache_spec_kind=rng.choice(["full_attention", "sliding_window", None]),
+        )
+        if rng.random() < 0.1:
+            event["token_ids"] = event["token_ids"][1:]
+    if rng.random() < 0.05:
+        event["block_hashes"] = []
+    return event
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_decodes_the_same_typed_and_event_by_event(layout):
+    """Random batches of real events in each layout decode to equal events, every field
+    compared, whether the layout's typed decoder reads the batch or one unknown event
+    makes the decoder read it event by event."""
+    rng = random.Random(f"kv-events {layout}")
+    encode = LAYOUTS[layout]
+    signed = layout != "map-bytes-hashes"
+    for _ in range(1500):
+        events = [encode(random_event(rng, signed)) for _ in range(rng.randrange(1, 8))]
+        if layout == "positional" and rng.random() < 0.5:
+            events = [[*e, None, "a later field"] for e in events]  # ignored
+        typed_decoder, typed = decode(*events)
+        by_hand_decoder, by_hand = decode(UNKNOWN, *events)
+        assert typed is not None and by_hand is not None
+        assert by_hand.events == typed.events
+        typed_counts = typed_decoder.stats.counts
+        by_hand_counts = by_hand_decoder.stats.counts
+        # Which path read the batch.
+        assert typed_counts["unknown_event_type"] == 0
+        assert by_hand_counts["unknown_event_type"] == 1
+        assert typed_counts["positional_layout"] == (layout == "positional")
+        assert by_hand_counts["positional_layout"] == 0
+        for reason in ("events", "invalid_event", "bytes_hashes"):
+            assert typed_counts[reason] == by_hand_counts[reason], reason
 
 
 # -- hashes -----------------------------------------------------------------------------------
