@@ -32,7 +32,7 @@ from epp.datalayer.kubernetes_resources import (
     LLMD_INFERENCE_MODEL_REWRITE,
     POD,
 )
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 from epp_harness.stack import envoy_binary, free_ports
 from vllm_sim.server import SimPodConfig, start_pod
 
@@ -108,7 +108,9 @@ def pods_routed_to(svc: EppService, n: int = 9) -> set[str]:
     chosen = set()
     for i in range(n):
         body = json.dumps({"model": MODEL, "prompt": f"request {i} " * 20}).encode()
-        routed = svc.router.route_now(path="/v1/completions", body=body, request_id=f"q{i}")
+        routed = svc.router.route_now(
+            IncomingRequest(path="/v1/completions", body=body, request_id=f"q{i}")
+        )
         chosen.add(routed.endpoint.name)
         svc.router.complete(routed.token, 200)
     return chosen
@@ -189,7 +191,9 @@ async def test_an_inference_models_target_is_what_the_pod_is_asked_for(
     await until(lambda: service.ready, "ready")
     await until(lambda: "chat" in service.router.preparation.models.models, "the model table")
     body = json.dumps({"model": "chat", "prompt": "hello"}).encode()
-    prepared = service.router.prepare(path="/v1/completions", body=body, request_id="m")
+    prepared = service.router.prepare(
+        IncomingRequest(path="/v1/completions", body=body, request_id="m")
+    )
     assert prepared.priority == -1
     assert prepared.body is not None and json.loads(prepared.body)["model"] == MODEL
 

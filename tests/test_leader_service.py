@@ -30,6 +30,7 @@ from epp.config import EppConfig, ServerConfig
 from epp.datalayer.kubernetes_resources import INFERENCE_POOL, LEASE, POD
 from epp.extproc.server import EXT_PROC_SERVICE
 from epp.leader import LeaseTimings, lease_name
+from epp.request import IncomingRequest
 from epp_harness.stack import free_ports
 from vllm_sim.server import SimPodConfig, start_pod
 
@@ -195,7 +196,9 @@ async def test_a_standby_still_routes_what_reaches_it(pair: tuple[EppService, Ep
 
     await until(known, "the standby's pod known and scraped")
     body = json.dumps({"model": MODEL, "prompt": "hello " * 20}).encode()
-    routed = standby.router.route_now(path="/v1/completions", body=body, request_id="r1")
+    routed = standby.router.route_now(
+        IncomingRequest(path="/v1/completions", body=body, request_id="r1")
+    )
     assert routed.endpoint.name == "sim-0"
     standby.router.complete(routed.token, 200)
 

@@ -23,6 +23,7 @@ import epp.app
 from epp.config import EndpointConfig, ServerConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.extproc.server import INTERNAL_ERROR_BODY, ExternalProcessor
+from epp.request import IncomingRequest
 
 ADDRESS = {f"p{i}": f"127.0.0.1:{8001 + i}" for i in range(4)}
 ONE_EACH = {"max_queue": 1, "running_slots": 1}  # 1 running + 1 queued: saturated
@@ -38,7 +39,7 @@ def body(i: int) -> bytes:
 
 
 def route(router, i: int):
-    return router.route(path="/v1/completions", body=body(i), request_id=f"r{i}")
+    return router.route(IncomingRequest(path="/v1/completions", body=body(i), request_id=f"r{i}"))
 
 
 async def settle(turns: int = 30) -> None:
@@ -171,7 +172,9 @@ async def test_a_scorer_raising_while_the_loop_dispatches_a_waiting_request(no_p
         assert reply.immediate_response.body == INTERNAL_ERROR_BODY
         assert router.waiting == 0 and p0.in_flight == 0
         # Still refreshing: a new reservation expires after its TTL ...
-        routed = router.route_now(path="/v1/completions", body=body(20), request_id="r20")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/completions", body=body(20), request_id="r20")
+        )
         assert p0.in_flight == 1
         clock[0] += TTL_S + 1
         await settle()
@@ -204,7 +207,7 @@ async def test_each_step_of_the_loop_survives_its_exceptions_counted_and_logged_
         real_refresh()
 
     store.refresh_health = refresh_with_a_bug
-    service.router.route_now(path="/v1/completions", body=body(1), request_id="r1")
+    service.router.route_now(IncomingRequest(path="/v1/completions", body=body(1), request_id="r1"))
     clock[0] += TTL_S + 1
     with structlog.testing.capture_logs() as logs:
         loop = asyncio.create_task(service._maintain())

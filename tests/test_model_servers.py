@@ -32,7 +32,7 @@ from epp.config import EppConfig
 from epp.datalayer.kubernetes_resources import INFERENCE_POOL, POD
 from epp.datalayer.metrics_parser import MetricsFormatError, PageReader, parse_vllm_metrics
 from epp.datalayer.scraper import page_reader
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 
 SGLANG_PAGE = UPSTREAM / "sglang-40ef116f" / "sglang-metrics.txt"
 TRITON_PAGE = UPSTREAM / "tensorrtllm_backend-v1.0.0" / "triton-metrics.txt"
@@ -202,7 +202,9 @@ async def routed_pool(
 
 def route(svc: EppService, model: str) -> str:
     body = json.dumps({"model": model, "prompt": "hello " * 20}).encode()
-    routed = svc.router.route_now(path="/v1/completions", body=body, request_id="r1")
+    routed = svc.router.route_now(
+        IncomingRequest(path="/v1/completions", body=body, request_id="r1")
+    )
     svc.router.complete(routed.token, 200)
     return routed.endpoint.name
 

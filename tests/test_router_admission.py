@@ -15,6 +15,7 @@ import json
 from helpers import router_with
 
 from epp.datalayer.metrics_parser import PodMetrics
+from epp.request import IncomingRequest
 
 ADDRESS = {f"p{i}": f"127.0.0.1:{8001 + i}" for i in range(8)}
 
@@ -29,7 +30,9 @@ def body(i: int) -> bytes:
 
 def route(router, i: int, subset: frozenset[str] | None = None, headers=None):
     return router.route(
-        path="/v1/completions", body=body(i), request_id=f"r{i}", subset=subset, headers=headers
+        IncomingRequest(
+            path="/v1/completions", body=body(i), request_id=f"r{i}", subset=subset, headers=headers
+        )
     )
 
 
@@ -141,9 +144,11 @@ async def test_room_on_another_models_pod_costs_the_waiting_requests_no_attempt(
     router, *_ = router_with(config, scheduling=ONE_EACH)
     on_m = [await route(router, i) for i in range(2)]
     on_n = await router.route(
-        path="/v1/completions",
-        body=json.dumps({"model": "n", "prompt": "x " * 90}).encode(),
-        request_id="n1",
+        IncomingRequest(
+            path="/v1/completions",
+            body=json.dumps({"model": "n", "prompt": "x " * 90}).encode(),
+            request_id="n1",
+        ),
     )
     waiter = asyncio.create_task(route(router, 10))
     await settle()

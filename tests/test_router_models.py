@@ -10,6 +10,7 @@ from helpers import router_with
 
 from epp.datalayer.discovery.models import OBJECTIVE_HEADER, build_model_table
 from epp.datalayer.metrics_parser import PodMetrics
+from epp.request import IncomingRequest
 
 POOL = "pool"
 PODS = [
@@ -51,7 +52,9 @@ def test_a_target_model_is_served_with_a_body_naming_it_and_other_fields_unchang
     router.set_model_table(
         build_model_table([model_object("chat", "chat", [("llama-v1", 1)])], [], POOL)
     )
-    routed = router.route_now(path="/v1/completions", body=body("chat"), request_id="r")
+    routed = router.route_now(
+        IncomingRequest(path="/v1/completions", body=body("chat"), request_id="r")
+    )
     assert routed.endpoint.name == "base"  # where llama-v1 is
     assert routed.body is not None
     sent = json.loads(routed.body)
@@ -69,7 +72,9 @@ def test_targets_are_chosen_by_weight():
     router.preparation.rng.seed(7)
     served = Counter()
     for i in range(400):
-        routed = router.route_now(path="/v1/completions", body=body("chat"), request_id=f"r{i}")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/completions", body=body("chat"), request_id=f"r{i}")
+        )
         served[json.loads(routed.body)["model"]] += 1
         router.complete(routed.token, 200)
     assert set(served) == {"llama-v1", "llama-v2"}
@@ -80,14 +85,16 @@ def test_a_model_not_in_the_table_is_forwarded_untouched():
     router, _store = routers_pods(router_with(PODS))
     router.set_model_table(build_model_table([model_object("llama", "llama")], [], POOL))
     for model in ("mistral", "llama"):  # unlisted; listed without targets
-        routed = router.route_now(path="/v1/completions", body=body(model), request_id=model)
+        routed = router.route_now(
+            IncomingRequest(path="/v1/completions", body=body(model), request_id=model)
+        )
         assert routed.body is None
 
 
 def _priority(router, model: str, objective: str | None = None) -> int:
     headers = {OBJECTIVE_HEADER: objective} if objective is not None else {}
     prepared = router.prepare(
-        path="/v1/completions", body=body(model), request_id="r", headers=headers
+        IncomingRequest(path="/v1/completions", body=body(model), request_id="r", headers=headers)
     )
     return prepared.priority
 

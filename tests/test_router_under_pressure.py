@@ -13,7 +13,7 @@ import pytest
 from helpers import router_with
 
 from epp.datalayer.metrics_parser import PodMetrics
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 
 
 def pods(n: int) -> list[dict]:
@@ -29,7 +29,9 @@ PREFIX = "You are a helpful assistant who answers questions about the sea. " * 4
 
 async def route(router, prompt: str = PREFIX, model: str = "m", headers=None, rid="r"):
     return await router.route(
-        path="/v1/completions", body=body(prompt, model), request_id=rid, headers=headers
+        IncomingRequest(
+            path="/v1/completions", body=body(prompt, model), request_id=rid, headers=headers
+        )
     )
 
 
@@ -183,10 +185,14 @@ async def test_stale_metrics_never_freeze_dispatch():
     for e in store.all():
         store.scraped(e, PodMetrics(model="m", running=8, waiting=40))
     with pytest.raises(RequestRejected):
-        router.route_now(path="/v1/completions", body=body("x" * 400), request_id="r")
+        router.route_now(
+            IncomingRequest(path="/v1/completions", body=body("x" * 400), request_id="r")
+        )
     clock[0] += 30.0  # no page for 30 s
     store.refresh_health()
-    routed = router.route_now(path="/v1/completions", body=body("x" * 400), request_id="r")
+    routed = router.route_now(
+        IncomingRequest(path="/v1/completions", body=body("x" * 400), request_id="r")
+    )
     assert routed.endpoint.name in {"p0", "p1"}
 
 
@@ -198,7 +204,9 @@ def test_reservation_is_released_even_if_observation_fails(monkeypatch):
         raise RuntimeError("observer bug")
 
     monkeypatch.setattr(metrics.latency_us, "observe", broken)
-    routed = router.route_now(path="/v1/completions", body=body("x" * 400), request_id="r")
+    routed = router.route_now(
+        IncomingRequest(path="/v1/completions", body=body("x" * 400), request_id="r")
+    )
     assert store.get("p0").in_flight == 1
     router.complete(routed.token, 200)
     router.complete(routed.token, 200)  # twice: no effect
@@ -213,13 +221,17 @@ def test_a_failing_index_record_does_not_leak_the_reservation(monkeypatch):
 
     monkeypatch.setattr(index, "record", broken)
     with pytest.raises(MemoryError):
-        router.route_now(path="/v1/completions", body=body("x" * 400), request_id="r")
+        router.route_now(
+            IncomingRequest(path="/v1/completions", body=body("x" * 400), request_id="r")
+        )
     assert store.get("p0").in_flight == 0
 
 
 def test_completion_from_a_fallback_counts_the_fallback_served_metric():
     router, store, _, metrics = router_with(pods(2))
-    routed = router.route_now(path="/v1/completions", body=body("x" * 400), request_id="r")
+    routed = router.route_now(
+        IncomingRequest(path="/v1/completions", body=body("x" * 400), request_id="r")
+    )
     other = next(e for e in store.all() if e is not routed.endpoint)
     router.complete(routed.token, 200, served_address=other.address)
     assert metrics.fallback_served._value.get() == 1
@@ -229,7 +241,9 @@ def test_completion_from_a_fallback_counts_the_fallback_served_metric():
 def test_unknown_model_is_404_like_vllm():
     router, *_ = router_with(pods(2))
     with pytest.raises(RequestRejected) as err:
-        router.route_now(path="/v1/completions", body=body("hi", "nope"), request_id="r")
+        router.route_now(
+            IncomingRequest(path="/v1/completions", body=body("hi", "nope"), request_id="r")
+        )
     assert (err.value.status, err.value.reason) == (404, "model-not-found")
 
 
@@ -240,7 +254,7 @@ def test_an_adapter_reported_by_the_pods_is_servable_without_configuration():
     p0, p1 = store.get("p0"), store.get("p1")
     store.scraped(p0, PodMetrics(model="m", running_adapters=frozenset({"sql-lora"})))
     routed = router.route_now(
-        path="/v1/completions", body=body("x" * 400, "sql-lora"), request_id="r"
+        IncomingRequest(path="/v1/completions", body=body("x" * 400, "sql-lora"), request_id="r")
     )
     assert routed.endpoint is p0
     assert routed.decision.factor("adapter") == 1.0

@@ -10,7 +10,7 @@ import json
 from helpers import router_with
 
 from epp.datalayer.discovery.models import build_model_table
-from epp.request import with_model
+from epp.request import IncomingRequest, with_model
 
 POOL = "pool"
 
@@ -35,10 +35,14 @@ async def test_a_waiting_rewritten_request_counts_both_bodies_it_holds():
     )
     router.set_model_table(build_model_table([model_object("chat", "chat", [("m", 1)])], [], POOL))
     for n in range(2):  # the pod's running slot and queue: saturated
-        await router.route(path="/v1/completions", body=body("m", n), request_id=f"r{n}")
+        await router.route(
+            IncomingRequest(path="/v1/completions", body=body("m", n), request_id=f"r{n}")
+        )
     plain, rewritten = body("m", 9), body("chat", 9)
     waiters = [
-        asyncio.create_task(router.route(path="/v1/completions", body=b, request_id=f"w{i}"))
+        asyncio.create_task(
+            router.route(IncomingRequest(path="/v1/completions", body=b, request_id=f"w{i}"))
+        )
         for i, b in enumerate((plain, rewritten))
     ]
     await asyncio.sleep(0.01)

@@ -12,6 +12,7 @@ from helpers import router_with
 
 from epp.config import DEFAULT_WEIGHTS, SPEC_WEIGHTS, EndpointConfig, PrefillEstimateConfig
 from epp.datalayer.metrics_parser import PodMetrics
+from epp.request import IncomingRequest
 from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer, PrefillState
 from epp.scheduling.types import PodStateScorer
 
@@ -38,7 +39,9 @@ class Clock:
 
 
 def route(router, request_id: str = "r", body: bytes = BODY):
-    return router.route_now(path="/v1/completions", body=body, request_id=request_id)
+    return router.route_now(
+        IncomingRequest(path="/v1/completions", body=body, request_id=request_id)
+    )
 
 
 def configs(pods: list[dict]) -> list[EndpointConfig]:
@@ -142,7 +145,7 @@ def test_a_fallback_the_store_does_not_know_still_releases_the_primary():
 
 # -- endpoint store events, as the app connects them ---------------------------------
 def hashes_of(router) -> list:
-    return router.prepare(path="/v1/completions", body=BODY, request_id="h").hashes
+    return router.prepare(IncomingRequest(path="/v1/completions", body=BODY, request_id="h")).hashes
 
 
 def test_a_removed_pod_leaves_the_index_its_open_requests_and_the_scorer_state():
@@ -200,9 +203,12 @@ def test_a_pods_index_capacity_is_the_smaller_of_its_reported_kv_and_the_configu
 async def test_a_pod_added_while_requests_wait_takes_them():
     router, store, *_ = router_with(PODS[:1], scheduling={"max_queue": 1, "running_slots": 1})
     held = [
-        await router.route(path="/v1/completions", body=BODY, request_id=f"h{i}") for i in (0, 1)
+        await router.route(IncomingRequest(path="/v1/completions", body=BODY, request_id=f"h{i}"))
+        for i in (0, 1)
     ]
-    waiter = asyncio.create_task(router.route(path="/v1/completions", body=BODY, request_id="w"))
+    waiter = asyncio.create_task(
+        router.route(IncomingRequest(path="/v1/completions", body=BODY, request_id="w"))
+    )
     while router.waiting == 0:
         await asyncio.sleep(0)
     store.sync(configs(PODS))  # "added": b has room

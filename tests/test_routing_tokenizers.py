@@ -13,7 +13,7 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import parse_request
+from epp.request import IncomingRequest, parse_request
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import TokenizerRegistry
@@ -48,14 +48,18 @@ def test_each_model_is_tokenized_with_its_own_tokenizer() -> None:
     ]
     for model, adapter in (("llama", None), ("sql-lora", "sql-lora")):
         body = json.dumps({"model": model, "messages": messages}).encode()
-        prepared = routing.prepare(path="/v1/chat/completions", body=body, request_id="r")
+        prepared = routing.prepare(
+            IncomingRequest(path="/v1/chat/completions", body=body, request_id="r")
+        )
         prompt = parse_request("/v1/chat/completions", body, {}).prompt
         assert prompt.messages is not None
         ids = registry.for_model("llama").encode_chat(prompt.messages, prompt.chat)
         assert prepared.prompt_tokens == len(ids)
         assert prepared.hashes == block_hashes(ids, 16, chain_seed(model, adapter, None))
     other = json.dumps({"model": "other", "messages": messages}).encode()
-    prepared = routing.prepare(path="/v1/chat/completions", body=other, request_id="r")
+    prepared = routing.prepare(
+        IncomingRequest(path="/v1/chat/completions", body=other, request_id="r")
+    )
     prompt = parse_request("/v1/chat/completions", other, {}).prompt
     assert prompt.messages is not None
     assert prepared.prompt_tokens == len(ByteEstimateTokenizer().encode_chat(prompt.messages))
@@ -67,13 +71,15 @@ def test_anthropic_bodies_route_on_the_same_chat_tokens() -> None:
         {"model": "llama", "max_tokens": 64, "system": "You route.",
          "messages": [{"role": "user", "content": [{"type": "text", "text": "hi " * 50}]}]}
     ).encode()  # fmt: skip
-    prepared = routing.prepare(path="/v1/messages", body=body, request_id="r")
+    prepared = routing.prepare(IncomingRequest(path="/v1/messages", body=body, request_id="r"))
     chat = json.dumps(
         {"model": "llama", "messages": [{"role": "system", "content": "You route."},
                                         {"role": "user", "content": "hi " * 50}]}
     ).encode()  # fmt: skip
     assert (
         prepared.hashes
-        == routing.prepare(path="/v1/chat/completions", body=chat, request_id="r").hashes
+        == routing.prepare(
+            IncomingRequest(path="/v1/chat/completions", body=chat, request_id="r")
+        ).hashes
     )
     assert prepared.hashes

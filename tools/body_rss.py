@@ -38,11 +38,11 @@ def status(key):
 class Router:
     def __init__(self, hold_s):
         self.hold_s = hold_s
-    async def route(self, *, path, body, request_id, subset, headers):
+    async def route(self, request):
         await asyncio.sleep(self.hold_s)
-        print(json.dumps({"waiting_rss": status("VmRSS"), "rss": 0, "body": len(body)}), flush=True)
+        print(json.dumps({"waiting_rss": status("VmRSS"), "rss": 0, "body": len(request.body)}), flush=True)
         endpoint = types.SimpleNamespace(address="10.0.0.1:8000")
-        return types.SimpleNamespace(token="t", request_id=request_id, body=None,
+        return types.SimpleNamespace(token="t", request_id=request.request_id, body=None,
                                      decision=types.SimpleNamespace(endpoints=[endpoint]))
     def complete(self, *args, **kwargs):
         pass

@@ -24,6 +24,7 @@ from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
+from epp.request import IncomingRequest
 from epp.wiring import index_listener
 from vllm_sim.kv_publisher import KvEventsConfig as SimKvEvents
 from vllm_sim.server import RunningPod, SimPodConfig, start_pod
@@ -379,14 +380,18 @@ async def test_the_service_checks_stale_routing_of_precise_pods_from_their_event
         await until(lambda: all(service.index.is_precise(f"pod-{i}") for i in range(2)))
         ids = ids_of(7)
         body = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 1}).encode()
-        routed = service.router.route_now(path="/v1/completions", body=body, request_id="r0")
+        routed = service.router.route_now(
+            IncomingRequest(path="/v1/completions", body=body, request_id="r0")
+        )
         name = routed.endpoint.name
         pod = pods[int(name[-1])]
         await serve(pod, ids)  # the request runs on the pod the EPP chose
         service.router.complete(routed, 200)
         await until(lambda: service.index.reported(name, ours(ids)[-1]))
         check = service.precise.precise.stale
-        again = service.router.route_now(path="/v1/completions", body=body, request_id="r1")
+        again = service.router.route_now(
+            IncomingRequest(path="/v1/completions", body=body, request_id="r1")
+        )
         assert again.endpoint.name == name  # the engine's own blocks drew it there
         assert check.open_claims == 1
         await serve(pod, ids)

@@ -24,6 +24,7 @@ from e2e.vllm_servers import MODEL, VllmServer, skip_reason
 from helpers import engine_router
 
 from epp.prefix.hashing import block_hashes, chain_seed
+from epp.request import IncomingRequest
 from epp_harness.stack import free_port
 
 START_TIMEOUT_S = 420.0
@@ -93,7 +94,9 @@ async def test_the_engines_tokenize_gives_the_ids_it_generates_from(engine: Vllm
     try:
         for i, (path, body, twin_path, twin) in enumerate(cases):
             expected = served_ids(engine, twin_path or path, twin or body)
-            routed = await router.route(path=path, body=json.dumps(body).encode(), request_id="r")
+            routed = await router.route(
+                IncomingRequest(path=path, body=json.dumps(body).encode(), request_id="r")
+            )
             assert routed.prompt_tokens == len(expected), path
             want = block_hashes(expected, 16, chain_seed(MODEL, None, None), 8192)
             assert want and index.match(want) == {"pod-0": len(want)}, path

@@ -16,7 +16,7 @@ from examples.scorer_example import ZoneScorer
 from epp.app import EppService
 from epp.config import load_config
 from epp.datalayer.metrics_parser import PodMetrics
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 from epp.routing import Router, Saturated
 from epp.scheduling.registry import ScorerRegistry
 
@@ -48,7 +48,9 @@ async def served_by(router: Router, n: int, *, complete: bool = True) -> Counter
     """Route n distinct requests one after another; the pods that got them."""
     pods: Counter[str] = Counter()
     for i in range(n):
-        routed = await router.route(path="/v1/completions", body=body(i), request_id=f"r{i}")
+        routed = await router.route(
+            IncomingRequest(path="/v1/completions", body=body(i), request_id=f"r{i}")
+        )
         pods[routed.endpoint.name] += 1
         if complete:
             router.complete(routed.token, 200)
@@ -113,11 +115,13 @@ def test_an_added_filter_runs_before_saturation():
     )
     for i in range(2):
         assert (
-            router.route_now(path="/v1/completions", body=body(i), request_id=f"r{i}").endpoint.name
+            router.route_now(
+                IncomingRequest(path="/v1/completions", body=body(i), request_id=f"r{i}")
+            ).endpoint.name
             == "b"
         )
     with pytest.raises(Saturated) as refused:
-        router.route_now(path="/v1/completions", body=body(2), request_id="r2")
+        router.route_now(IncomingRequest(path="/v1/completions", body=body(2), request_id="r2"))
     assert refused.value.status == 429
 
 

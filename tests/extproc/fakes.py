@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
@@ -13,7 +12,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.struct_pb2 import Struct
 
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 
 DUPLEX = ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
 BUFFERED = ProcessingMode.BodySendMode.BUFFERED
@@ -119,22 +118,14 @@ class FakeRouter:
     completed: list[tuple[str, int | None, str | None]] = field(default_factory=list)
     _ids: itertools.count = field(default_factory=itertools.count)
 
-    async def route(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None,
-        headers: Mapping[str, str],
-    ) -> FakeRouted:
+    async def route(self, request: IncomingRequest) -> FakeRouted:
         self.calls.append(
             {
-                "path": path,
-                "body": body,
-                "request_id": request_id,
-                "subset": subset,
-                "headers": headers,
+                "path": request.path,
+                "body": request.body,
+                "request_id": request.request_id,
+                "subset": request.subset,
+                "headers": request.headers,
             }
         )
         if self.gate is not None:
@@ -144,7 +135,9 @@ class FakeRouter:
         if self.error is not None:
             raise self.error
         token = f"token-{next(self._ids)}"
-        return FakeRouted(token, request_id, _Decision([_Endpoint(a) for a in self.addresses]))
+        return FakeRouted(
+            token, request.request_id, _Decision([_Endpoint(a) for a in self.addresses])
+        )
 
     def complete(
         self,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from epp.request import IncomingRequest
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "epp-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "epp-alerts.yaml"
@@ -140,7 +142,9 @@ def service_page() -> str:
         {"model": "sql-lora", "messages": [{"role": "user", "content": "hello there " * 80}]}
     ).encode()
     for i in range(4):
-        routed = router.route_now(path="/v1/chat/completions", body=body, request_id=f"r{i}")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/chat/completions", body=body, request_id=f"r{i}")
+        )
         router.complete(routed, 200)
     for endpoint in store.all():
         store.scraped(endpoint, PodMetrics(model="m", prefix_hits=10_000.0))
@@ -149,7 +153,9 @@ def service_page() -> str:
     store.scraped(store.all()[0], PodMetrics(model="m", prefix_hits=10_000.0))
     try:
         router.route_now(
-            path="/v1/chat/completions", body=body.replace(b"sql-lora", b"x"), request_id="r404"
+            IncomingRequest(
+                path="/v1/chat/completions", body=body.replace(b"sql-lora", b"x"), request_id="r404"
+            )
         )
     except RequestRejected as exc:
         metrics.answers.answered("r404", exc.status, exc.reason, exc.message)

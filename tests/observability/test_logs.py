@@ -13,6 +13,7 @@ from helpers import router_with
 
 from epp.observability import logs
 from epp.observability.logs import trace_enabled
+from epp.request import IncomingRequest
 from epp.routing.observation import selection_reason, top_with_chosen
 from epp.scheduling.types import Decision
 
@@ -30,7 +31,9 @@ def route_three(level: str, json_logs):
     lines = json_logs(level)
     router = router_with(PODS)[0]
     for i in range(3):
-        routed = router.route_now(path="/v1/chat/completions", body=body(), request_id=f"req-{i}")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/chat/completions", body=body(), request_id=f"req-{i}")
+        )
         router.complete(routed, 200)
     return lines(), lines.raw()  # type: ignore[attr-defined]
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from epp.datalayer.endpoint import Dispatch, Endpoint
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.observability.stale import StaleCacheTracker
+from epp.request import IncomingRequest
 
 PODS = [{"name": "a", "address": "10.0.0.1:8000", "model": "m"}]
 BODY = json.dumps({"model": "m", "prompt": "y" * 4000}).encode()  # 1,000 tokens, 62 blocks
@@ -55,7 +56,9 @@ class Pod:
         self.store.scraped(self.endpoint, metrics)
 
     def route(self, request_id: str = "r", body: bytes = BODY):
-        return self.router.route_now(path="/v1/completions", body=body, request_id=request_id)
+        return self.router.route_now(
+            IncomingRequest(path="/v1/completions", body=body, request_id=request_id)
+        )
 
 
 def test_hits_that_arrive_keep_decisions_fresh_missing_hits_make_them_stale():

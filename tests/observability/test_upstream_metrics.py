@@ -24,6 +24,7 @@ from epp.app import EppService
 from epp.config import EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.observability.upstream import UpstreamMetrics
+from epp.request import IncomingRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "tests" / "fixtures" / "upstream" / "llm-d-router-v0.10.0" / "pkg"
@@ -207,7 +208,9 @@ def ours(service: EppService) -> dict[str, tuple[str, list[str], list[float] | N
 def test_every_upstream_named_family_matches_the_reference_definition(reference):
     service = _service()
     router = service.router
-    router.route_now(path="/v1/chat/completions", body=_body("m"), request_id="open")
+    router.route_now(
+        IncomingRequest(path="/v1/chat/completions", body=_body("m"), request_id="open")
+    )
     names = ours(service)
     assert len(names) >= 50
     problems = []
@@ -282,15 +285,23 @@ def test_requests_waiting_in_admission_are_counted_in_and_out():
 
     async def scenario() -> tuple[str, str]:
         first = await router.route(
-            path="/v1/chat/completions", body=_body("m", "one " * 50), request_id="a"
+            IncomingRequest(
+                path="/v1/chat/completions", body=_body("m", "one " * 50), request_id="a"
+            )
         )
         second = await router.route(
-            path="/v1/chat/completions", body=_body("m", "two " * 50), request_id="b"
+            IncomingRequest(
+                path="/v1/chat/completions", body=_body("m", "two " * 50), request_id="b"
+            )
         )
         waiting = [
             asyncio.ensure_future(
                 router.route(
-                    path="/v1/chat/completions", body=_body("m", f"w{i} " * 50), request_id=f"w{i}"
+                    IncomingRequest(
+                        path="/v1/chat/completions",
+                        body=_body("m", f"w{i} " * 50),
+                        request_id=f"w{i}",
+                    )
                 )
             )
             for i in range(2)
@@ -346,7 +357,9 @@ def test_a_response_end_the_observer_saw_records_duration_ttft_size_and_pod_erro
     router, metrics = service.router, service.metrics
     ends = []
     for n, status in enumerate(("200", "500")):
-        routed = router.route_now(path="/v1/chat/completions", body=_body("m"), request_id=f"r{n}")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/chat/completions", body=_body("m"), request_id=f"r{n}")
+        )
         observer = ObserverStream()
         request = header_map([(ROUTE_TOKEN_HEADER, routed.token)])
         observer.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=request)))

@@ -14,6 +14,7 @@ from helpers import config, router_with
 from epp.config import DEFAULT_WEIGHTS
 from epp.replicas import ReplicaSync
 from epp.replicas.protocol import HEADER, Hello, encode
+from epp.request import IncomingRequest
 
 PODS = [
     {"name": "a", "address": "127.0.0.1:8001", "model": "m"},
@@ -58,11 +59,15 @@ class Replica:
         return self.sync.server.port
 
     def route(self, topic: str):
-        return self.router.route_now(path="/v1/completions", body=body(topic), request_id=topic)
+        return self.router.route_now(
+            IncomingRequest(path="/v1/completions", body=body(topic), request_id=topic)
+        )
 
     def hashes(self, topic: str) -> list[int]:
         return list(
-            self.router.prepare(path="/v1/completions", body=body(topic), request_id="x").hashes
+            self.router.prepare(
+                IncomingRequest(path="/v1/completions", body=body(topic), request_id="x")
+            ).hashes
         )
 
     def sample(self, name: str, labels: dict | None = None) -> float:

@@ -13,6 +13,7 @@ from epp.observability.replica_metrics import ReplicaMetrics
 from epp.replicas import ReplicaSync
 from epp.replicas.inbox import PeerInbox
 from epp.replicas.protocol import Completion, Decision, decode
+from epp.request import IncomingRequest
 from epp.scheduling.scorers.prefill import PrefillCost, PrefillScorer
 
 PODS = [
@@ -45,7 +46,9 @@ def setup(wall: float = 1000.0):
 
 
 def hashes_of(router, body: bytes = BODY) -> list[int]:
-    return list(router.prepare(path="/v1/completions", body=body, request_id="x").hashes)
+    return list(
+        router.prepare(IncomingRequest(path="/v1/completions", body=body, request_id="x")).hashes
+    )
 
 
 def decision(router, pod: str = "a", at: float = 1000.0, replica: str = "peer", **fields):
@@ -82,7 +85,7 @@ def test_a_fresh_peer_decision_feeds_the_index_the_load_and_the_prefill_lane():
     assert received(metrics, "applied") == 1
 
     # Routing here now sees it: the same prompt goes to the pod the peer chose.
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r"))
     assert routed.endpoint is a and routed.decision.factor("cache") == 1.0
 
 
@@ -126,7 +129,7 @@ def test_hashes_beyond_max_blocks_are_not_recorded():
 def test_a_forwarded_completion_releases_this_replicas_reservation():
     inbox, router, _store, *_ = setup()
     router.hooks.token_prefix = "me."
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r"))
     assert routed.token.startswith("me.")
     assert routed.endpoint.in_flight == 1
     inbox.completion(Completion("other.123", 200, None))  # not ours: ignored
@@ -144,7 +147,7 @@ def test_dispatch_listeners_hear_each_decision_and_their_failure_costs_nothing()
         raise RuntimeError("boom")
 
     router.hooks.shared += [broken, lambda event, uncached: heard.append((event, uncached))]
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r"))
     ((event, uncached),) = heard
     assert event.endpoint is routed.endpoint and uncached == 4096
     assert list(event.request.block_hashes) == hashes_of(router)
@@ -156,7 +159,7 @@ def test_a_completion_for_another_replicas_token_goes_to_foreign_completion_only
     forwarded = []
     router.hooks.token_prefix = "me."
     router.hooks.foreign_completion = lambda *args: forwarded.append(args)
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r"))
     router.complete("peer.abc", 200, "127.0.0.1:8001")
     router.complete("me.unknown", 200)  # ours, long gone: nothing to forward
     router.complete(routed.token, 200)
@@ -173,7 +176,7 @@ async def test_replica_sync_encodes_each_decision_for_its_peers_and_forwards_com
     )  # fmt: skip
     sent: list[bytes] = []
     sync.peers.broadcast = sent.append  # type: ignore[method-assign]
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r"))
     (frame,) = sent
     message = decode(frame[4:])
     assert message == Decision("me", routed.endpoint.name, hashes_of(router), 4096, 0, 4096, 1234.5)

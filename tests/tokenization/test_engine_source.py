@@ -25,7 +25,7 @@ from tokenizer_fixtures import tokenizer_dir
 from epp.app import EppService
 from epp.config import EppConfig
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.request import RequestRejected, parse_request
+from epp.request import IncomingRequest, RequestRejected, parse_request
 from epp.routing import Router
 from epp.tokenization import TokenizerRegistry, load_tokenizer_dir
 from epp.tokenization.engine import EngineTokenizer
@@ -105,7 +105,9 @@ async def test_routed_blocks_are_the_engines_ids(pod: RunningPod) -> None:
     body = chat_body()
     expected = await engine_ids(pod, body)
     assert list(expected) != list(local_ids("chatml", body))  # the fallback would differ
-    routed = await router.route(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = await router.route(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     assert routed.prompt_tokens == len(expected)
     want = hashes(expected)
     assert len(want) == len(expected) // 16 > 4
@@ -134,7 +136,7 @@ async def test_anthropic_messages_body_gets_the_engines_ids_of_its_chat(pod: Run
     }
     expected = await engine_ids(pod, chat)
     routed = await router.route(
-        path="/v1/messages", body=json.dumps(anthropic).encode(), request_id="r"
+        IncomingRequest(path="/v1/messages", body=json.dumps(anthropic).encode(), request_id="r")
     )
     assert routed.prompt_tokens == len(expected)
     want = hashes(expected)
@@ -151,7 +153,9 @@ async def test_a_failing_engine_falls_back_to_the_local_tokenizer(
     router, _, registry = build(pod, path=str(tokenizer_dir("chatml")), timeout_ms=100)
     await switch(pod, fault)
     body = chat_body()
-    routed = await router.route(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = await router.route(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     ours = local_ids("chatml", body)
     assert routed.prompt_tokens == len(ours)
     assert router._index.match(hashes(ours)) == {"pod-0": len(ours) // 16}
@@ -163,7 +167,9 @@ async def test_without_local_files_the_fallback_is_the_byte_estimate(pod: Runnin
     router, _, registry = build(pod, timeout_ms=100)
     await switch(pod, "error")
     body = chat_body()
-    routed = await router.route(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = await router.route(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     prompt = parse_request(CHAT, json.dumps(body).encode(), {}).prompt
     assert prompt.messages is not None
     assert routed.prompt_tokens == len(ByteEstimateTokenizer().encode_chat(prompt.messages))
@@ -174,7 +180,9 @@ async def test_an_answer_beyond_the_size_limit_is_a_bad_answer(pod: RunningPod) 
     # 0.0001 MB = 104 bytes: the answer for a ~250-token chat is far longer
     router, _, registry = build(pod, path=str(tokenizer_dir("chatml")), max_response_mb=0.0001)
     body = chat_body()
-    routed = await router.route(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = await router.route(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     assert routed.prompt_tokens == len(local_ids("chatml", body))
     assert counted(registry, "bad_answer") == 1
 
@@ -184,7 +192,9 @@ async def test_no_healthy_pod_of_the_model_falls_back(pod: RunningPod) -> None:
     for endpoint in router._store.all():
         endpoint.excluded = True  # the health model took it out
     with pytest.raises(RequestRejected):  # and nothing can serve it either
-        await router.route(path=CHAT, body=json.dumps(chat_body()).encode(), request_id="r")
+        await router.route(
+            IncomingRequest(path=CHAT, body=json.dumps(chat_body()).encode(), request_id="r")
+        )
     assert counted(registry, "no_pod") == 1
     assert counted(registry, "ok") == 0
 
@@ -192,13 +202,15 @@ async def test_no_healthy_pod_of_the_model_falls_back(pod: RunningPod) -> None:
 async def test_what_tokenize_cannot_express_takes_the_local_path(pod: RunningPod) -> None:
     router, _, registry = build(pod, path=str(tokenizer_dir("chatml")))
     body = chat_body(reasoning_effort="low")
-    routed = await router.route(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = await router.route(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     assert routed.prompt_tokens == len(local_ids("chatml", body))
     assert counted(registry, "skipped") == 1
     # token ids need no tokenizer: nothing asked, nothing counted
     ids = {"model": MODEL, "prompt": list(range(1, 40)), "max_tokens": 1}
     routed = await router.route(
-        path="/v1/completions", body=json.dumps(ids).encode(), request_id="r"
+        IncomingRequest(path="/v1/completions", body=json.dumps(ids).encode(), request_id="r")
     )
     assert routed.prompt_tokens == 39
     assert sum(counted(registry, r) for r in ("ok", "skipped", "error", "no_pod")) == 1
@@ -207,7 +219,9 @@ async def test_what_tokenize_cannot_express_takes_the_local_path(pod: RunningPod
 async def test_route_now_keeps_the_local_path(pod: RunningPod) -> None:
     router, _, registry = build(pod, path=str(tokenizer_dir("chatml")))
     body = chat_body()
-    routed = router.route_now(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    routed = router.route_now(
+        IncomingRequest(path=CHAT, body=json.dumps(body).encode(), request_id="r")
+    )
     assert routed.prompt_tokens == len(local_ids("chatml", body))
     assert counted(registry, "ok") == 0
 
@@ -242,7 +256,7 @@ async def test_a_long_answer_arriving_in_many_chunks_is_read_whole(pod: RunningP
     text = " ".join(WORDS[i % len(WORDS)] + str(i) for i in range(12_000))
     body = {"model": MODEL, "prompt": text, "max_tokens": 1}
     routed = await router.route(
-        path="/v1/completions", body=json.dumps(body).encode(), request_id="r"
+        IncomingRequest(path="/v1/completions", body=json.dumps(body).encode(), request_id="r")
     )
     # the pod's ids (its llama3 files, BOS first as for /v1/completions), ~200 KB of JSON
     expected = load_tokenizer_dir(tokenizer_dir("llama3")).encode(text)

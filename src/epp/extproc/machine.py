@@ -1,7 +1,7 @@
 """One routing ext_proc stream (one HTTP request) as a state machine with no I/O.
 
 `feed(ProcessingRequest) -> Step`. A step carries the replies to send, in order, and may
-ask for a routing decision (`step.route`): the server then awaits `router.route(...)` and
+ask for a routing decision (`step.route`): the server then awaits `router.route(step.route)` and
 hands the outcome back with `routed(...)` or `rejected(...)`, which return the next step.
 Routing may wait (admission queue), so it cannot happen inside the synchronous `feed`.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,7 +34,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc import messages
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 
 _DUPLEX = ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BodySendMode.BUFFERED
@@ -70,15 +70,7 @@ class Routed(Protocol):
 
 
 class RoutingService(Protocol):
-    async def route(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None,
-        headers: Mapping[str, str],
-    ) -> Routed: ...
+    async def route(self, request: IncomingRequest) -> Routed: ...
 
     def complete(
         self,
@@ -91,21 +83,10 @@ class RoutingService(Protocol):
         """Idempotent; unknown tokens are ignored; status None: ended without a response."""
 
 
-@dataclass(frozen=True, slots=True)
-class RouteCall:
-    """The arguments of the `router.route` call the server must make."""
-
-    path: str
-    body: bytes
-    request_id: str
-    subset: frozenset[str] | None
-    headers: Mapping[str, str]
-
-
 @dataclass(slots=True)
 class Step:
     replies: list[pb.ProcessingResponse] = field(default_factory=list)
-    route: RouteCall | None = None  # await router.route(...), then routed()/rejected()
+    route: IncomingRequest | None = None  # await router.route(it), then routed()/rejected()
     finish: bool = False  # after the replies, end the gRPC stream with OK
     problem: str | None = None  # a gateway misconfiguration the server logs at ERROR
     answer: RequestRejected | None = None  # the EPP answered itself: counted and logged
@@ -258,7 +239,7 @@ class ExtProcStream:
         self._route_on_body = on_body
         chunks, self._chunks = self._chunks, []
         self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        call = RouteCall(
+        call = IncomingRequest(
             path=self._path,
             body=self._body,  # the same object: held once while routing waits
             request_id=self.request_id,

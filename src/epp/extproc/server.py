@@ -201,15 +201,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             self._report_unsupported(step.problem)
         if step.route is None:
             return step
-        call = step.route
         try:
-            routed = await self._router.route(
-                path=call.path,
-                body=call.body,
-                request_id=call.request_id,
-                subset=call.subset,
-                headers=call.headers,
-            )
+            routed = await self._router.route(step.route)
         except RequestRejected as rejected:
             return stream.rejected(rejected)
         try:

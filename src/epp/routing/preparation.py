@@ -1,6 +1,6 @@
 """Request preparation: parse the body, resolve the model, tokenize, hash, prioritise.
 
-`prepare(path, body, request_id, ...) -> PreparedRequest`, or RequestRejected for bad
+`prepare(IncomingRequest) -> PreparedRequest`, or RequestRejected for bad
 input. Reads the endpoint store (which pods serve an adapter) and the model table; writes
 nothing but the request it returns. The work is bounded whatever the prompt's size: at
 most prefix.max_blocks_per_request blocks are tokenized and hashed (prefix/blocks.py).
@@ -24,7 +24,7 @@ from epp.observability.logs import effective_level
 from epp.observability.upstream import UpstreamMetrics
 from epp.prefix.blocks import PromptBlocks, prompt_blocks
 from epp.prefix.hashing import block_hashes, chain_seed
-from epp.request import InferenceRequest, parse_request, with_model
+from epp.request import IncomingRequest, InferenceRequest, parse_request, with_model
 from epp.routing.observation import short
 from epp.routing.types import PreparedRequest
 from epp.scheduling.admission import request_priority
@@ -78,66 +78,51 @@ class Preparation:
         self.models = table
         log.info("model_table", models=len(table.models), objectives=len(table.objectives))
 
-    def prepare(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> PreparedRequest:
+    def prepare(self, incoming: IncomingRequest) -> PreparedRequest:
         """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
         started = time.perf_counter()
-        parsed = self._parse(path, body, headers)
-        return self._prepared(parsed, body, request_id, subset, headers, started)
+        parsed = self._parse(incoming)
+        return self._prepared(parsed, incoming, started)
 
-    async def prepare_async(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> PreparedRequest:
+    async def prepare_async(self, incoming: IncomingRequest) -> PreparedRequest:
         """`prepare`, with the prompt's ids asked of a pod first when the model's
         tokenizer is the engine (`source: engine`); the local path if that fails."""
         engine = self.engine_tokenizer
         started = time.perf_counter()
-        parsed = self._parse(path, body, headers)
+        parsed = self._parse(incoming)
         model = parsed.base or parsed.served
         ids = None
         if engine is not None and model is not None and engine.wants(model):
             ids = await engine.tokenize(model, parsed.served or model, parsed.request.prompt)
-        return self._prepared(parsed, body, request_id, subset, headers, started, ids)
+        return self._prepared(parsed, incoming, started, ids)
 
-    def _parse(self, path: str, body: bytes, headers: Mapping[str, str] | None) -> _Parsed:
+    def _parse(self, incoming: IncomingRequest) -> _Parsed:
         max_tokens = self._max_blocks * self._block_size
-        request = parse_request(path, body, self._config.adapters, max_prompt_tokens=max_tokens)
+        body = incoming.body
+        request = parse_request(
+            incoming.path, body, self._config.adapters, max_prompt_tokens=max_tokens
+        )
         served, rewritten = request.model, None
         if request.model is not None:
             # InferenceModelRewrite / InferenceModel targets / the rewrite header
             # (ModelTable.target): the body's model is rewritten before Envoy forwards it.
-            served = self.models.target(request.model, self.rng.random(), headers)
+            served = self.models.target(request.model, self.rng.random(), incoming.headers)
             if served != request.model:
                 rewritten = with_model(body, served)
         base, adapter = resolve_model(served, self._config.adapters, self._store.all())
-        return _Parsed(path, request, served, rewritten, base, adapter)
+        return _Parsed(incoming.path, request, served, rewritten, base, adapter)
 
     def _prepared(
         self,
         parsed: _Parsed,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None,
-        headers: Mapping[str, str] | None,
+        incoming: IncomingRequest,
         started: float,
         engine_ids: array | None = None,
     ) -> PreparedRequest:
-        request, served = parsed.request, parsed.served
+        request, served, headers = parsed.request, parsed.served, incoming.headers or {}
+        request_id, size = incoming.request_id, len(incoming.body)
         blocks = self._blocks(parsed, engine_ids)
-        priority = self._priority(request, headers or {})
+        priority = self._priority(request, headers)
         level = self._log_level()
         if level <= logging.DEBUG:
             log.debug(
@@ -149,15 +134,15 @@ class Preparation:
                 input_tokens=blocks.prompt_tokens,
                 blocks=len(blocks.hashes),
                 priority=priority,
-                body_bytes=len(body),
+                body_bytes=size,
             )
         prepared = PreparedRequest(
             request_id, request, parsed.base, parsed.adapter, blocks.hashes,
-            blocks.prompt_tokens, subset, priority, len(body), started, served, parsed.body,
-            level,
+            blocks.prompt_tokens, incoming.subset, priority, size, started, served,
+            parsed.body, level,
         )  # fmt: skip
         prepared.upstream = self._upstream.request(
-            request.model, served, priority, headers or {}, request.stream, started
+            request.model, served, priority, headers, request.stream, started
         )
         return prepared
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from epp.config import EppConfig
@@ -37,7 +36,7 @@ from epp.observability.upstream import (
     REJECTED_OTHER,
 )
 from epp.prefix.index import PrefixIndex
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 from epp.routing.accounting import Accounting
 from epp.routing.dispatch import Dispatcher
 from epp.routing.flow_control import FlowControl, Shed, Ticket
@@ -157,57 +156,27 @@ class Router:
         loop.call_soon(self.flow_control.run_due)
 
     # -- the decision ------------------------------------------------------------------
-    def prepare(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> PreparedRequest:
+    def prepare(self, request: IncomingRequest) -> PreparedRequest:
         """Parse, tokenize and hash one request (raises RequestRejected for bad input)."""
-        return self.preparation.prepare(
-            path=path, body=body, request_id=request_id, subset=subset, headers=headers
-        )
+        return self.preparation.prepare(request)
 
     def dispatch(self, prepared: PreparedRequest) -> RoutedRequest:
         """Choose the pod now and reserve it. Raises Saturated when every candidate is
         saturated, RequestRejected for every other refusal."""
         return self.dispatcher.dispatch(prepared)
 
-    def route_now(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> RoutedRequest:
+    def route_now(self, request: IncomingRequest) -> RoutedRequest:
         """Route without waiting: a saturated pool is a 429 (benchmarks, tests)."""
-        prepared = self.prepare(
-            path=path, body=body, request_id=request_id, subset=subset, headers=headers
-        )
+        prepared = self.prepare(request)
         try:
             return self.dispatcher.dispatch(prepared)
         except RequestRejected as exc:
             self.observer.rejected(prepared, exc)
             raise
 
-    async def route(
-        self,
-        *,
-        path: str,
-        body: bytes,
-        request_id: str,
-        subset: frozenset[str] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> RoutedRequest:
+    async def route(self, request: IncomingRequest) -> RoutedRequest:
         """Route one request, waiting in flow control while the pool is saturated."""
-        prepared = await self.preparation.prepare_async(
-            path=path, body=body, request_id=request_id, subset=subset, headers=headers
-        )
+        prepared = await self.preparation.prepare_async(request)
         admitted = time.perf_counter()
         try:
             routed = self.flow_control.dispatch(prepared)

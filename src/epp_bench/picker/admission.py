@@ -32,7 +32,7 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization.estimate import ByteEstimateTokenizer
@@ -71,7 +71,9 @@ def body(i: int) -> bytes:
 
 
 def route(r: Router, i: int, subset: frozenset[str] | None = None):
-    return r.route(path="/v1/completions", body=body(i), request_id=f"r{i}", subset=subset)
+    return r.route(
+        IncomingRequest(path="/v1/completions", body=body(i), request_id=f"r{i}", subset=subset)
+    )
 
 
 async def turns(n: int = 20) -> None:

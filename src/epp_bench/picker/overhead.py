@@ -36,7 +36,7 @@ from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import parse_request
+from epp.request import IncomingRequest, parse_request
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import SchedulingRequest
@@ -134,7 +134,9 @@ def in_process(
     )
 
     def route() -> None:
-        routed = router.route_now(path="/v1/chat/completions", body=body, request_id="bench")
+        routed = router.route_now(
+            IncomingRequest(path="/v1/chat/completions", body=body, request_id="bench")
+        )
         router.complete(routed, 200)
 
     messages = request.prompt.messages

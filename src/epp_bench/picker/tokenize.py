@@ -60,7 +60,7 @@ from epp.observability.metrics import EppMetrics
 from epp.prefix.blocks import prompt_blocks
 from epp.prefix.hashing import chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request import parse_request
+from epp.request import IncomingRequest, parse_request
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization import HfTokenizer, TokenizerRegistry, load_tokenizer_dir
@@ -297,7 +297,9 @@ async def _engine_rows(directory: Path, iterations: int, prompt_tokens: int) -> 
             for i, body in enumerate(bodies):
                 _fresh_page(store)  # as the scraper keeps it: a stale page costs health
                 start = time.perf_counter_ns()
-                routed = await router.route(path=CHAT, body=body, request_id=f"r{i}")
+                routed = await router.route(
+                    IncomingRequest(path=CHAT, body=body, request_id=f"r{i}")
+                )
                 if i >= 20:  # the first ones warm the connection and the interpreter
                     samples.append((time.perf_counter_ns() - start) / 1000)
                 router.complete(routed.token, 200)

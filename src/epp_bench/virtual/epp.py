@@ -2,8 +2,8 @@
 
 An EndpointStore on a virtual clock, one Endpoint per simulated pod, a PrefixIndex, the
 Scheduler and the Router of `epp.routing`, wired as `epp.app.EppService` wires them
-(`epp.wiring.connect`). Each request is prepared with `Router.prepare(path=..., body=...,
-request_id=..., headers=...)` on the JSON body Envoy would forward, dispatched through the
+(`epp.wiring.connect`). Each request is prepared with `Router.prepare(IncomingRequest(...))`
+on the JSON body Envoy would forward, dispatched through the
 Router's flow control (`FlowControl.dispatch`, as `Router.route` does), and ended with
 `Router.complete(...)`.
 
@@ -35,7 +35,7 @@ from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
-from epp.request import RequestRejected
+from epp.request import IncomingRequest, RequestRejected
 from epp.routing import PreparedRequest as RoutingRequest
 from epp.routing import RoutedRequest, Router, Saturated
 from epp.routing.flow_control import Shed, Ticket
@@ -185,10 +185,12 @@ class EppVirtualRouter:
         self.decisions += 1
         try:
             prepared = self.router.prepare(
-                path=request.path,
-                body=request.body,
-                request_id=f"r{request.index}",
-                headers={PRIORITY_HEADER: str(request.priority)},
+                IncomingRequest(
+                    path=request.path,
+                    body=request.body,
+                    request_id=f"r{request.index}",
+                    headers={PRIORITY_HEADER: str(request.priority)},
+                ),
             )
             routed = self.flow.dispatch(prepared)  # waiting requests of its rank first
         except Saturated:
