@@ -14,6 +14,7 @@ from epp.prefix.hashing import BlockHash
 from epp.prefix.index import PrefixIndex
 from epp.prefix.kv_events import KvEventStats
 from epp.prefix.precise import PreciseIndex
+from epp.request import IncomingRequest
 from epp.routing import Router
 from epp.scheduling.scheduler import Scheduler
 from epp.tokenization.estimate import ByteEstimateTokenizer
@@ -200,7 +201,7 @@ BODY = b'{"model": "m", "prompt": "' + b"the same long prompt " * 40 + b'"}'
 def test_the_router_keeps_a_prediction_until_its_request_ends(status: int | None):
     clock = Clock()
     router, index = precise_router(clock)
-    routed = router.route_now(path="/v1/completions", body=BODY, request_id="r1")
+    routed = router.route_now(IncomingRequest(path="/v1/completions", body=BODY, request_id="r1"))
     blocks = index.blocks("a")
     assert blocks > 0
     clock.now = 30.0  # still in flight, long past the TTL
@@ -215,7 +216,9 @@ def test_the_router_keeps_a_prediction_until_its_request_ends(status: int | None
 
 
 def index_keys(router: Router, index: PrefixIndex) -> list[BlockHash]:
-    prepared = router.prepare(path="/v1/completions", body=BODY, request_id="probe")
+    prepared = router.prepare(
+        IncomingRequest(path="/v1/completions", body=BODY, request_id="probe")
+    )
     return prepared.hashes
 
 
