@@ -14,7 +14,6 @@ event. Typing leaves the bounds to check, the same on both paths (`_checked`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,27 +73,25 @@ class KvEventDecoder:
             self.stats.counts[layout.counter] += 1
         if not self._few_enough(len(raw.events), pod):
             return None
-        convert = layout.convert
-        if convert is None:
+        converters = layout.converters
+        if converters is None:
             batch: EventBatch = raw
             kept = [event for event in batch.events if self._checked(event, pod)]
             if len(kept) != len(batch.events):
                 batch.events = kept
             return batch
-        events = [self._converted(convert, layout, item, pod) for item in raw.events]
-        return EventBatch(raw.ts, [e for e in events if e is not None], raw.data_parallel_rank)
-
-    def _converted(
-        self, convert: Callable[[Any], KvEvent], layout: Layout, item: Any, pod: str | None
-    ) -> KvEvent | None:
-        try:
-            event = convert(item)
-        except Invalid as exc:
-            self.stats.problem("invalid_event", pod=pod, error=str(exc))
-            return None
-        if layout.bytes_hashes and sent_bytes(item):
-            self.stats.add("bytes_hashes")
-        return event if self._checked(event, pod) else None
+        events: list[KvEvent] = []
+        for item in raw.events:
+            try:
+                event = converters[type(item)](item)
+            except Invalid as exc:
+                self.stats.problem("invalid_event", pod=pod, error=str(exc))
+                continue
+            if layout.bytes_hashes and sent_bytes(item):
+                self.stats.add("bytes_hashes")
+            if self._checked(event, pod):
+                events.append(event)
+        return EventBatch(raw.ts, events, raw.data_parallel_rank)
 
     def _by_hand(self, payload: bytes, pod: str | None) -> EventBatch | None:
         try:

@@ -33,14 +33,14 @@ class UnknownType(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """One way a batch is sent. `decoder` decodes a whole batch; `convert` turns each of its
-    events into the event the router keeps (None: they are those events already, with
-    int hashes); `bytes_hashes`: its hashes may be bytes; `counter`: a reason counted once
-    per batch in this layout."""
+    """One way a batch is sent. `decoder` decodes a whole batch; `converters` turn each of
+    its events, by the struct it was decoded as, into the event the router keeps (None:
+    they are those events already, hashes as ints); `bytes_hashes`: its hashes may be
+    bytes; `counter`: a reason counted once per batch in this layout."""
 
     name: str
     decoder: msgspec.msgpack.Decoder[Any]
-    convert: Callable[[Any], KvEvent] | None
+    converters: dict[type, Callable[[Any], KvEvent]] | None
     bytes_hashes: bool
     counter: str | None
 
@@ -77,16 +77,22 @@ def _variant(cls: type[KvEvent], *, array_like: bool, bytes_hashes: bool) -> typ
 
 def _converter(cls: type[KvEvent], bytes_hashes: bool) -> Callable[[Any], KvEvent]:
     """What turns `cls`'s variant into `cls`: the values in order, hashes made ints."""
-    to_int = [kind.from_bytes if bytes_hashes else None for _, kind in declared(cls)]
     astuple = msgspec.structs.astuple
-    if not any(to_int):
+    to_int = [
+        (at, kind.from_bytes)
+        for at, (_, kind) in enumerate(declared(cls))
+        if bytes_hashes and kind.from_bytes is not None
+    ]
+    if not to_int:
         return lambda item: cls(*astuple(item))
-    return lambda item: cls(
-        *[
-            value if fn is None else fn(value)
-            for fn, value in zip(to_int, astuple(item), strict=False)
-        ]
-    )
+
+    def convert(item: Any) -> KvEvent:
+        values = list(astuple(item))
+        for at, from_bytes in to_int:
+            values[at] = from_bytes(values[at])
+        return cls(*values)
+
+    return convert
 
 
 def _layout(name: str, *, array_like: bool, bytes_hashes: bool, counter: str | None) -> Layout:
@@ -103,16 +109,16 @@ def _layout(name: str, *, array_like: bool, bytes_hashes: bool, counter: str | N
         gc=False,
     )
     converters = {
-        variant: (lambda item: item) if variant is cls else _converter(cls, bytes_hashes)
+        variant: _converter(cls, bytes_hashes)
         for cls, variant in variants.items()
+        if variant is not cls
     }
-    return Layout(
-        name,
-        msgspec.msgpack.Decoder(batch),
-        lambda item: converters[type(item)](item),
-        bytes_hashes,
-        counter,
-    )
+    converters.update({cls: _same for cls, variant in variants.items() if variant is cls})
+    return Layout(name, msgspec.msgpack.Decoder(batch), converters, bytes_hashes, counter)
+
+
+def _same(event: KvEvent) -> KvEvent:
+    return event
 
 
 # Tried in this order: the first that decodes the batch reads it.
