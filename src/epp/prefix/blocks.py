@@ -1,10 +1,10 @@
 """A prompt -> its token count and the hashes of its leading blocks, with bounded work.
 
-This is the one call the Router makes between parsing and the index lookup. It replaces
-"tokenize everything, then hash every block": only the first `max_blocks` blocks are
-tokenized and hashed (so lookup and record are bounded too), while `prompt_tokens` still
-counts the whole prompt, exactly for token-id prompts and for what was encoded, estimated
-for the rest, because the scheduler's load accounting needs the prompt's real length.
+This is the one call the Router makes between parsing and the index lookup. Only the first
+`max_blocks` blocks are tokenized and hashed (so lookup and record are bounded too), while
+`prompt_tokens` counts the whole prompt, exactly for token-id prompts and for what was
+encoded, estimated for the rest, because the scheduler's load accounting needs the
+prompt's real length.
 
 Rule: a prompt longer than `max_blocks` x `block_size` tokens is matched and recorded on
 its head only. Its cache ratio is computed over the hashed blocks, so a long prompt whose
@@ -83,7 +83,7 @@ def prompt_blocks(
 
 
 def _cut(ids: array, max_tokens: int | None) -> Encoded:
-    # A tokenizer without the prefix methods: correct, but its encode was unbounded.
+    # A tokenizer without the prefix methods encoded the whole prompt: keep its head.
     if max_tokens is None or len(ids) <= max_tokens:
         return Encoded(ids, len(ids))
     return Encoded(ids[:max_tokens], len(ids))

@@ -21,7 +21,7 @@ a block it reused is not. So:
    any store beyond makes the oldest open claimant of that block stale, unless the event
    goes on with a block that is not the claimant's next one: then another prompt sharing
    the block computed it again (it was evicted after the claimant's hit), not the
-   claimant (seen against real vLLM under eviction: tests/e2e/test_vllm_precise_e2e.py).
+   claimant (real vLLM does this under eviction: tests/e2e/test_vllm_precise_e2e.py).
 4. A claim is checked `grace_s` after its request completed (the engine publishes a
    step's events within milliseconds), or after `max_open_s` if no completion ever came
    (then it is dropped, not counted). Every checked claim counts in `checked`; stale ones
