@@ -158,9 +158,9 @@ class ModelIndex:
 
     def completed(self, token: str, now: float) -> None:
         prediction = self.by_token.pop(token, None)
-        if prediction is not None and not prediction.released:
-            if now + TTL < prediction.deadline:
-                self.expiring.append((now + TTL, prediction))
+        alive = prediction is not None and not prediction.released
+        if alive and now + TTL < prediction.deadline:  # type: ignore[union-attr]
+            self.expiring.append((now + TTL, prediction))  # type: ignore[arg-type]
 
     def expire(self, now: float) -> int:
         dropped = 0
@@ -168,10 +168,10 @@ class ModelIndex:
             dropped += self.release(self.expiring.popleft()[1])
         while self.in_flight and self.in_flight[0].deadline <= now:
             prediction = self.in_flight.popleft()
-            if not prediction.released and prediction.token is not None:
-                if self.by_token.get(prediction.token) is prediction:
-                    del self.by_token[prediction.token]
-                    self.capped += 1
+            token = prediction.token
+            if not prediction.released and token and self.by_token.get(token) is prediction:
+                del self.by_token[token]
+                self.capped += 1
             dropped += self.release(prediction)
         return dropped
 
