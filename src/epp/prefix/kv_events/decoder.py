@@ -9,7 +9,9 @@ counted in `KvEventStats` and logged at most a few lines a second per reason.
 
 The layouts' typed decoders are tried first (layouts.py; the map layout with int hashes,
 vLLM's default, is the first and the fastest); a batch none of them reads is read event by
-event. Typing leaves the bounds to check, the same on both paths (`_checked`).
+event. Typing leaves the bounds to check, the same on both paths (`_checked`). An event
+whose block hashes came as bytes is counted (`bytes_hashes`) once its fields are read,
+before its bounds are checked, on either path.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ every field its layout carries, with the same values.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +25,7 @@ import msgspec
 from epp.prefix.kv_events.events import EVENT_TYPES, EventBatch, KvEvent
 from epp.prefix.kv_events.fields import Invalid, Kind
 
-# The last field each event carries in the positional layout.
+# The last field each event carries in the positional layout: kv_cache_spec_kind is newer.
 _POSITIONAL_THROUGH = "group_idx"
 
 
@@ -101,7 +103,7 @@ def _layout(name: str, *, array_like: bool, bytes_hashes: bool, counter: str | N
     }
     if all(variant is cls for cls, variant in variants.items()):
         return Layout(name, msgspec.msgpack.Decoder(EventBatch), None, bytes_hashes, counter)
-    union = variants[EVENT_TYPES[0]] | variants[EVENT_TYPES[1]] | variants[EVENT_TYPES[2]]
+    union = functools.reduce(operator.or_, variants.values())
     batch = msgspec.defstruct(
         "EventBatch",
         [("ts", float), ("events", list[union]), ("data_parallel_rank", int | None, None)],  # type: ignore[valid-type]
@@ -137,17 +139,16 @@ def read_by_hand(item: object) -> tuple[KvEvent, bool]:
     whether its block hashes came as bytes. Raises Invalid for a broken rule, UnknownType
     for a type not declared in events.py."""
     if isinstance(item, dict):
-        name, fields = item.get("type"), item
+        name = item.get("type")
     elif isinstance(item, list) and item:
         name = item[0]
-        entry = _BY_NAME.get(name) if isinstance(name, str) else None
-        fields = dict(zip(entry[2] if entry else (), item[1:], strict=False))
     else:
         raise Invalid("an event is neither a map nor a non-empty array")
     entry = _BY_NAME.get(name) if isinstance(name, str) else None
     if entry is None:
         raise UnknownType(name)
-    cls, kinds, _ = entry
+    cls, kinds, positional = entry
+    fields = item if isinstance(item, dict) else dict(zip(positional, item[1:], strict=False))
     event = cls(*[kind.read(field, fields.get(field)) for field, kind in kinds])
     hashes = fields.get("block_hashes")
     return event, isinstance(hashes, list) and any(type(h) is bytes for h in hashes)
