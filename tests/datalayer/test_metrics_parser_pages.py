@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -363,3 +364,57 @@ def test_a_spec_left_out_is_not_read():
     metrics = reader.parse(page)
     assert (metrics.waiting, metrics.running, metrics.kv_usage) == (0.0, 0.0, 0.5)
     assert (metrics.running_adapters, metrics.block_size) == (frozenset(), None)
+
+
+# -- bytes as fetched ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        FIXTURES / "vllm-0.33-metrics.txt",
+        FIXTURES / "vllm-0.33-metrics-lora.txt",
+        UPSTREAM / "sglang-40ef116f" / "sglang-metrics.txt",
+    ],
+    ids=lambda p: p.name,
+)
+def test_a_page_read_as_fetched_bytes_reads_as_its_text(path):
+    """The scraper hands the page over undecoded: the same fields as the decoded text."""
+    raw = path.read_bytes()
+    reader = vllm_reader()
+    try:
+        expected = reader.parse(raw.decode())
+    except MetricsFormatError as exc:
+        with pytest.raises(MetricsFormatError, match=re.escape(str(exc))):
+            reader.parse(raw)
+        return
+    assert reader.parse(raw) == expected
+
+
+def test_invalid_utf8_in_a_read_line_is_replaced_as_a_decode_would():
+    """A model name with an invalid byte, a value after one: the bytes read as their
+    `decode("utf-8", "replace")` reads (U+FFFD in the label, the value garbage)."""
+    raw = (
+        b'vllm:num_requests_running{model_name="m\xff\xe2\x82"} 2\n'
+        b"vllm:num_requests_waiting \xed\xa0\x80 5\n"
+        b"vllm:num_requests_waiting 1\n\xf0\x9f\x98"
+    )
+    metrics = vllm_reader().parse(raw)
+    assert metrics == vllm_reader().parse(raw.decode("utf-8", "replace"))
+    assert (metrics.model, metrics.running, metrics.waiting) == ("m\ufffd\ufffd", 2.0, 1.0)
+
+
+def test_garbage_bytes_are_a_clear_format_error():
+    with pytest.raises(MetricsFormatError, match=r"^no model server metrics on the page"):
+        vllm_reader().parse(bytes(range(256)) * 40 + b"\x00\n<html>oops</html>")
+
+
+def test_the_reader_names_every_series_it_reads_once():
+    """What a scrape may ask a server for (`name[]=`): the specs' names, vLLM's counters,
+    its old names and the start time."""
+    names = vllm_reader().names
+    assert len(names) == len(set(names))
+    assert {WAITING, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"} <= set(names)
+    assert {"vllm:request_prompt_tokens_sum", "process_start_time_seconds"} <= set(names)
+    custom = PageReader(MetricSpec("q"), MetricSpec("q", (("a", "1"),)), None, None, None)
+    assert custom.names[0] == "q" and "vllm:gpu_cache_usage_perc" not in custom.names

@@ -192,19 +192,27 @@ def _names(value: str) -> frozenset[str]:
     return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
-def _series(page: str, wanted: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
-    """(name, label text, value text) of every series line of the wanted metrics."""
-    for name in wanted:
-        needle = "\n" + name
-        pos = page.find(needle) if not page.startswith(name) else -1
+def _series(
+    page: bytes, wanted: tuple[tuple[str, bytes], ...], errors: str
+) -> Iterator[tuple[str, str, str]]:
+    """(name, label text, value text) of every series line of the wanted metrics.
+
+    The page stays bytes: a search per wanted name (bytes.find is about 15x faster than
+    str.find for a name that is not on the page), and only the lines found are decoded, with
+    `errors`. Names are ASCII and lines end at b"\n", so a line decoded alone is the same
+    text as that line of the whole page decoded."""
+    size = len(page)
+    for name, raw in wanted:
+        needle = b"\n" + raw
+        pos = page.find(needle) if not page.startswith(raw) else -1
         while True:
             start = pos + 1  # pos is the newline before the line (or -1: the page start)
-            after = start + len(name)
-            end = page.find("\n", after)
+            after = start + len(raw)
+            end = page.find(b"\n", after)
             if end < 0:
-                end = len(page)
-            if after < len(page) and page[start:after] == name and page[after] in "{ \t":
-                line = page[after:end]
+                end = size
+            if after < size and page[start:after] == raw and page[after] in b"{ \t":
+                line = page[after:end].decode("utf-8", errors)
                 labels = ""
                 if line.startswith("{"):
                     close = line.rfind("}")
@@ -255,7 +263,7 @@ class PageReader:
         want(cache_info, "cache", _CACHE)
         want(MetricSpec(START_TIME), "start_time", _START)
         self._table = {name: tuple(wants) for name, wants in table.items()}
-        self._wanted = tuple(self._table)
+        self._wanted = tuple((name, name.encode("ascii")) for name in self._table)
         specs = (waiting, running, kv_usage, lora_info, cache_info)
         self._looked_for = ", ".join(str(s) for s in specs if s is not None)
 
@@ -268,16 +276,26 @@ class PageReader:
             *(parse_metric_spec(t) for t in (waiting, running, kv_usage, lora_info, cache_info))
         )
 
-    def parse(self, page: str) -> PodMetrics:
-        """The page's routing signals; MetricsFormatError if it has none of them."""
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metric names read from a page, each once (a scrape can ask for only these)."""
+        return tuple(self._table)
+
+    def parse(self, page: bytes | str) -> PodMetrics:
+        """The page's routing signals; MetricsFormatError if it has none of them. Bytes as
+        fetched (invalid UTF-8 in a line read becomes U+FFFD), or text."""
+        if isinstance(page, str):
+            data, errors = page.encode("utf-8", "surrogatepass"), "surrogatepass"
+        else:
+            data, errors = page, "replace"
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         result = PodMetrics()
         lora_stamp = -math.inf
         table = self._table
-        # A C-speed substring search per wanted name: the ~90% of lines that are histogram
-        # buckets are never split into Python strings.
-        for name, label_text, value_text in _series(page, self._wanted):
+        # A C-speed bytes search per wanted name: the ~90% of lines that are histogram
+        # buckets, and the HELP and TYPE comments, are never decoded nor split.
+        for name, label_text, value_text in _series(data, self._wanted, errors):
             value = _value(value_text)
             if value is None:
                 continue
@@ -340,7 +358,7 @@ def _cache_info(result: PodMetrics, labels: dict[str, str]) -> None:
 VLLM_READER = PageReader()
 
 
-def parse_vllm_metrics(page: str) -> PodMetrics:
+def parse_vllm_metrics(page: bytes | str) -> PodMetrics:
     """Read the routing signals from one vLLM /metrics page (raises MetricsFormatError if
     none)."""
     return VLLM_READER.parse(page)
