@@ -38,6 +38,7 @@ from epp.prefix.kv_events import (
     event_blocks,
     split_events,
 )
+from epp.prefix.kv_events.layouts import build_layouts
 from vllm_sim import kv_events as sim_events
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,6 +316,40 @@ def test_a_batch_and_its_events_are_laid_out_as_vllm_declares_them():
         assert structs[event.__name__].bases[0].id == "KVCacheEvent"  # type: ignore[attr-defined]
         config = event.__struct_config__
         assert (config.tag, config.tag_field) == (event.__name__, "type")
+
+
+def test_each_layout_built_from_the_declarations_reads_a_real_batch_sent_in_it():
+    """The layouts are built from events.py's declarations when the module loads; built
+    again here, each reads a real batch sent in its layout into the events the decoder
+    keeps, every field as sent, and the layouts tried before it refuse that batch."""
+    layouts = build_layouts()
+    assert [(layout.name, layout.bytes_hashes, layout.counter) for layout in layouts] == [
+        ("map", False, None),
+        ("map, bytes hashes", True, None),
+        ("positional", False, "positional_layout"),
+    ]
+    events = [
+        *real_events(),
+        real_stored(**LORA_ON_CPU_GROUP_1, extra_keys=[["sql-lora"]]),
+        real_removed(medium="CPU", group_idx=1),
+    ]
+    classes = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+    for at, (layout, name) in enumerate(zip(layouts, LAYOUTS, strict=True)):
+        sent = [LAYOUTS[name](event) for event in events]
+        if name == "positional":
+            sent = [[*event, None, "a later field"] for event in sent]
+        payload = enc([12.5, sent, 7])
+        for earlier in layouts[:at]:
+            with pytest.raises(msgspec.ValidationError):
+                earlier.decoder.decode(payload)
+        raw = layout.decoder.decode(payload)
+        assert (raw.ts, raw.data_parallel_rank) == (12.5, 7)
+        converters = layout.converters
+        got = raw.events if converters is None else [converters[type(e)](e) for e in raw.events]
+        assert [type(event) for event in got] == [classes[event["type"]] for event in events]
+        for event, want in zip(got, events, strict=True):
+            if not isinstance(event, AllBlocksCleared):
+                assert fields_of(event) == expected(want, name)
 
 
 # -- the typed decoders and the event-by-event reader agree -------------------------------------

@@ -1,9 +1,9 @@
 """The layouts of a batch a vLLM publisher sends, each built from the one declaration of
 the events' fields (events.py):
 
-- `MAP` (vLLM >= 0.26, the default): each event a map whose `"type"` key names it.
-- `MAP_BYTES`: the same with hashes as bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
-- `POSITIONAL` (vLLM <= 0.25): each event an array, its type name first, then its fields in
+- map (vLLM >= 0.26, the default): each event a map whose `"type"` key names it;
+- map with bytes hashes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`);
+- positional (vLLM <= 0.25): each event an array, its type name first, then its fields in
   declaration order through `group_idx` (later fields are ignored).
 
 Each layout has a typed decoder of a whole batch. A batch that none of them decodes (an
@@ -123,11 +123,18 @@ def _same(event: KvEvent) -> KvEvent:
     return event
 
 
-# Tried in this order: the first that decodes the batch reads it.
-MAP = _layout("map", array_like=False, bytes_hashes=False, counter=None)
-MAP_BYTES = _layout("map, bytes hashes", array_like=False, bytes_hashes=True, counter=None)
-POSITIONAL = _layout("positional", array_like=True, bytes_hashes=False, counter="positional_layout")
-LAYOUTS = (MAP, MAP_BYTES, POSITIONAL)
+def build_layouts() -> tuple[Layout, ...]:
+    """The layouts, in the order a decoder tries them: the first that decodes a batch
+    reads it. A map batch with int hashes fits the bytes layout too; the int one comes
+    first because its events need no conversion."""
+    return (
+        _layout("map", array_like=False, bytes_hashes=False, counter=None),
+        _layout("map, bytes hashes", array_like=False, bytes_hashes=True, counter=None),
+        _layout("positional", array_like=True, bytes_hashes=False, counter="positional_layout"),
+    )
+
+
+LAYOUTS = build_layouts()
 
 _BY_NAME: dict[str, tuple[type[KvEvent], tuple[tuple[str, Kind], ...], tuple[str, ...]]] = {
     cls.__name__: (cls, declared(cls), positional_fields(cls)) for cls in EVENT_TYPES
