@@ -220,7 +220,7 @@ BODIES = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(request=BODIES, seed=st.integers(0, 2**32), cap=st.sampled_from([1, 7, 50, 131072]))
 def test_parse_results_match_a_json_loads_reference(request, seed, cap):
     path, body = request
