@@ -48,12 +48,12 @@ def chat_prompt(raw: msgspec.Raw, max_tokens: int, options: ChatOptions) -> Prom
 
 
 def _turn(m: _Message, index: int) -> ChatMessage:
-    if _is_plain(m):
-        return ChatMessage(m.role, m.content)
-    content = m.content if type(m.content) is not list else content_parts(m.content)
+    content = m.content
+    if type(content) is str and _is_plain(m, content):
+        return ChatMessage(m.role, content)
     return openai_turn(
         m.role,
-        content,
+        content_parts(content) if type(content) is list else content,
         index,
         tool_calls=m.tool_calls,
         tool_call_id=m.tool_call_id,
@@ -64,15 +64,14 @@ def _turn(m: _Message, index: int) -> ChatMessage:
     )
 
 
-def _is_plain(m: _Message) -> bool:
+def _is_plain(m: _Message, text: str) -> bool:
     """The common case, kept as it is: a string turn with nothing else for the template.
     A system turn opening with Anthropic's billing header is not: openai_turn drops it."""
     return (
-        type(m.content) is str
-        and m.role in _PLAIN
+        m.role in _PLAIN
         and m.tool_calls is None
         and m.name is None
         and m.reasoning is None
         and m.task is None
-        and not (m.role == "system" and m.content.startswith(BILLING_HEADER))
+        and not (m.role == "system" and text.startswith(BILLING_HEADER))
     )
