@@ -119,9 +119,17 @@ class FakeTime:
         await asyncio.sleep(0)
 
 
-def scripted(scraper: MetricsScraper, store: EndpointStore, time: FakeTime, fetch_s: list):
+def scripted(
+    scraper: MetricsScraper,
+    store: EndpointStore,
+    time: FakeTime,
+    fetch_s: list,
+    pages: list[PodMetrics] | None = None,
+):
     """Replaces the HTTP fetch: each scrape takes `fetch_s[i]` on the fake clock (or
-    raises it, if it is an exception); after the last one the loop waits for ever."""
+    raises it, if it is an exception) and stores `pages[i]` (default: a page with one
+    request running: a busy pod, scraped at the fast interval); after the last one the
+    loop waits for ever."""
     started: list[float] = []
     finished = asyncio.Event()
 
@@ -134,7 +142,8 @@ def scripted(scraper: MetricsScraper, store: EndpointStore, time: FakeTime, fetc
         if isinstance(took, Exception):
             raise took
         time.now += took
-        store.scraped(endpoint, PodMetrics(model="m"))
+        page = pages[len(started) - 1] if pages else PodMetrics(running=1.0, model="m")
+        store.scraped(endpoint, page)
 
     scraper.scrape_once = scrape_once
     return started, finished

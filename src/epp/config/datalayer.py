@@ -13,6 +13,18 @@ from epp.config.base import Strict
 class DataLayerConfig(Strict):
     scrape_interval_s: float = Field(0.05, gt=0.0, le=60.0)
     scrape_timeout_s: float = Field(1.0, gt=0.0, le=60.0)
+    # Slower scrapes where a fresh page does not pay (datalayer/scraper.py): an idle pod
+    # (its page shows nothing running or waiting, and nothing is in flight from the EPP or
+    # its peers) every `scrape_idle_interval_s`, a pod whose KV state comes as KV events
+    # every `scrape_kv_events_interval_s`. A request dispatched to an idle pod brings it
+    # back to `scrape_interval_s` at the next tick of that interval; a failed scrape too.
+    # Each is at most stale_after_s / 2 (a slower pod would go stale between scrapes).
+    scrape_idle_interval_s: float = Field(0.5, gt=0.0, le=60.0)
+    scrape_kv_events_interval_s: float = Field(0.2, gt=0.0, le=60.0)
+    # Ask each page for the series read only (`?name[]=...`, prometheus_client's filter,
+    # which vLLM's and SGLang's /metrics honour: a ~3 KB page instead of ~50 KB, rendered
+    # from a few collectors). Servers that ignore the query answer the whole page.
+    scrape_name_filter: bool = True
     # Metrics older than this make a pod unhealthy: a frozen pod must not look idle.
     stale_after_s: float = Field(1.0, gt=0.0)
     # Each consecutive failed scrape costs this much health (3 failures: below 0.3).

@@ -1,13 +1,18 @@
 """Keeps every endpoint's metrics fresh: one keep-alive HTTP scrape loop per pod.
 
-Fetching (aiohttp), parsing (metrics_parser, pure) and storing (EndpointStore) are
-separate: the scraper writes no Endpoint field itself, it hands each page or failure to
-the store; a failure of any kind in one pod's loop is recorded against that pod and never
-leaves the loop, so one bad pod never affects another.
+Fetching (page_client, one kept-alive connection per pod), parsing (metrics_parser, pure,
+straight from the fetched bytes) and storing (EndpointStore) are separate: the scraper
+writes no Endpoint field itself, it hands each page or failure to the store; a failure of
+any kind in one pod's loop is recorded against that pod and never leaves the loop, so one
+bad pod never affects another.
 
 Each loop starts a scrape every `scrape_interval_s` on its `clock`, waiting with `sleep`
-(both injected: tests drive the loops on a fake clock). The app connects the store's
-`added`/`removed` events to `on_endpoint_change`, which starts and stops loops.
+(both injected: tests drive the loops on a fake clock). Where a fresh page does not pay it
+waits longer (`_interval`): `scrape_idle_interval_s` for an idle pod,
+`scrape_kv_events_interval_s` for a pod whose KV state comes as KV events. It still wakes
+every `scrape_interval_s` to look at the pod, so a request dispatched to an idle pod (or a
+scrape failure, or the events stopping) is scraped at the next tick. The app connects the
+store's `added`/`removed` events to `on_endpoint_change`, which starts and stops loops.
 """
 
 from __future__ import annotations
@@ -16,25 +21,36 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
-import aiohttp
 import structlog
 
 from epp.config import METRIC_SPEC_KEYS, DataLayerConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import MetricsFormatError, PageReader
+from epp.datalayer.page_client import MAX_PAGE_BYTES, PageClient
 from epp.datalayer.store import EndpointStore
 from epp.tls import ScrapeTls
 
 log = structlog.get_logger("epp.scraper")
 
-# A vLLM page is 50-70 KB; anything far larger is not a metrics page.
-MAX_PAGE_BYTES = 8 * 1024 * 1024
+__all__ = ["MAX_PAGE_BYTES", "MetricsScraper", "page_reader", "scrape_url"]
 
 
 def page_reader(config: DataLayerConfig) -> PageReader:
     """The reader of the series `config` names (validated at config load)."""
     return PageReader.from_texts(*(getattr(config, key) for key in METRIC_SPEC_KEYS))
+
+
+def scrape_url(metrics_url: str, names: tuple[str, ...]) -> str:
+    """`metrics_url` asking for the series `names` only: prometheus_client's `name[]`
+    query parameters (its exposition serves only those samples; others ignore them)."""
+    if not names:
+        return metrics_url
+    query = "&".join(f"name%5B%5D={quote(name, safe=':')}" for name in names)
+    base, hash_, fragment = metrics_url.partition("#")
+    joined = f"{base}{'&' if '?' in base else '?'}{query}"
+    return f"{joined}{hash_}{fragment}" if hash_ else joined
 
 
 class MetricsScraper:
@@ -45,29 +61,40 @@ class MetricsScraper:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        kv_events_followed: Callable[[str], bool] | None = None,
     ) -> None:
         self._store = store
         self._config = config
         self._clock = clock
         self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._clients: dict[str, PageClient] = {}
+        self._running = False
         # The series read from each page: built once, not per scrape.
         self.reader = page_reader(config)
+        self._filter = self.reader.names if config.scrape_name_filter else ()
+        # Whether a pod's KV state comes as KV events (precise mode follows it): its page
+        # may be read at `scrape_kv_events_interval_s`. None: no pod's does.
+        self.kv_events_followed = kv_events_followed
         self.first_round = asyncio.Event()
         # https metrics URLs: CA / client certificate files, re-read when they change.
         self.tls = ScrapeTls(config, clock=clock)
+        # A slower interval never lets a page go stale (datalayer/health.py).
+        limit = config.stale_after_s / 2
+        self._idle_s = max(config.scrape_interval_s, min(config.scrape_idle_interval_s, limit))
+        self._events_s = max(
+            config.scrape_interval_s, min(config.scrape_kv_events_interval_s, limit)
+        )
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._config.scrape_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        self._running = True
         for endpoint in self._store.all():
             self._start_loop(endpoint)
         if not self._tasks:
             self.first_round.set()
 
     async def stop(self) -> None:
+        self._running = False
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -75,18 +102,22 @@ class MetricsScraper:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._session is not None:
-            await self._session.close()
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
 
     def on_endpoint_change(self, event: str, endpoint: Endpoint) -> None:
         """An endpoint store event: a pod added gets a loop (once started), a pod removed
-        loses its loop."""
-        if event == "added" and self._session is not None:
+        loses its loop and its connection."""
+        if event == "added" and self._running:
             self._start_loop(endpoint)
         elif event == "removed":
             task = self._tasks.pop(endpoint.name, None)
             if task is not None:
                 task.cancel()
+            client = self._clients.pop(endpoint.name, None)
+            if client is not None:
+                client.close()
 
     def _start_loop(self, endpoint: Endpoint) -> None:
         if endpoint.name not in self._tasks:
@@ -94,20 +125,26 @@ class MetricsScraper:
                 self._loop(endpoint), name=f"scrape:{endpoint.name}"
             )
 
+    def _client(self, endpoint: Endpoint) -> PageClient:
+        """The pod's client; a new one (and connection) when its metrics URL changed."""
+        url = scrape_url(endpoint.metrics_url, self._filter)
+        client = self._clients.get(endpoint.name)
+        if client is None or client.url != url:
+            if client is not None:
+                client.close()
+            client = self._clients[endpoint.name] = PageClient(url)
+        return client
+
     async def scrape_once(self, endpoint: Endpoint) -> None:
-        assert self._session is not None
         dispatched_at_start = endpoint.dispatched_total
-        url = endpoint.metrics_url
-        tls = self.tls.context() if url[:6].lower() == "https:" else True
         try:
-            async with self._session.get(url, ssl=tls) as response:
-                if response.status != 200:
-                    raise MetricsFormatError(f"HTTP {response.status}")
-                raw = await response.content.read(MAX_PAGE_BYTES + 1)
-                if len(raw) > MAX_PAGE_BYTES:
-                    raise MetricsFormatError("metrics page larger than 8 MiB")
-            metrics = self.reader.parse(raw.decode("utf-8", "replace"))
-        except (aiohttp.ClientError, TimeoutError, MetricsFormatError, OSError) as exc:
+            client = self._client(endpoint)
+            tls = self.tls.context() if client.where.https else None
+            response = await client.get(self._config.scrape_timeout_s, tls)
+            if response.status != 200:
+                raise MetricsFormatError(f"HTTP {response.status}")
+            metrics = self.reader.parse(response.body)
+        except (TimeoutError, MetricsFormatError, OSError) as exc:
             self._store.scrape_failed(endpoint, f"{type(exc).__name__}: {exc}")
             if endpoint.consecutive_failures in (1, 10) or endpoint.consecutive_failures % 200 == 0:
                 log.warning(
@@ -122,11 +159,33 @@ class MetricsScraper:
                 log.info("pod_scraped", pod=endpoint.name, model=metrics.model)
             self._store.scraped(endpoint, metrics, dispatched_at_start)
 
+    def _interval(self, endpoint: Endpoint, dispatched_mark: int) -> float:
+        """How long after its last scrape the pod's next one is due. `dispatched_mark`: the
+        pod's dispatch count when that scrape began (a dispatch since: not idle)."""
+        fast = self._config.scrape_interval_s
+        if endpoint.metrics is None or endpoint.consecutive_failures:
+            return fast
+        interval = fast
+        followed = self.kv_events_followed
+        if followed is not None and followed(endpoint.name):
+            interval = self._events_s
+        page = endpoint.metrics
+        if (
+            page.running == 0
+            and page.waiting == 0
+            and endpoint.in_flight == 0
+            and not endpoint.peer
+            and endpoint.dispatched_total == dispatched_mark
+        ):
+            interval = max(interval, self._idle_s)
+        return interval
+
     async def _loop(self, endpoint: Endpoint) -> None:
-        interval = self._config.scrape_interval_s
+        fast = self._config.scrape_interval_s
         clock = self._clock
         next_at = clock()
         while True:
+            began_at, mark = next_at, endpoint.dispatched_total
             try:
                 await self.scrape_once(endpoint)
             except asyncio.CancelledError:
@@ -138,9 +197,16 @@ class MetricsScraper:
                 e.metrics_at is not None or e.consecutive_failures for e in self._store.all()
             ):
                 self.first_round.set()
-            next_at += interval
-            delay = next_at - clock()
-            if delay < 0:  # fell behind (slow pod): do not burst to catch up
-                next_at = clock()
-                delay = 0.0
-            await self._sleep(delay)
+            # Ticks of the fast interval until the pod's interval has passed since
+            # this scrape's slot; the interval is asked again at each tick, so a pod
+            # that turns busy is scraped at the next one.
+            while True:
+                next_at += fast
+                delay = next_at - clock()
+                if delay < 0:  # fell behind (slow pod): do not burst to catch up
+                    next_at = clock()
+                    delay = 0.0
+                await self._sleep(delay)
+                # 1e-9: the ticks' float sum may fall a hair short of the interval.
+                if next_at - began_at >= self._interval(endpoint, mark) - 1e-9:
+                    break
