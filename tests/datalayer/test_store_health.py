@@ -185,11 +185,12 @@ def test_slots_are_learned_from_the_running_count_while_requests_wait():
 
 
 def test_requests_sent_during_a_scrape_stay_counted():
-    store, _, _ = make_store()
+    store, clock, _ = make_store()
     a = store.get("a")
     store.dispatched(a)
     mark = a.dispatched_total  # the scrape starts here
     store.dispatched(a)  # sent while the page was in flight: not on it yet
+    clock.now += 1.0  # long enough for the first to reach the pod (ledger.DISPATCH_TRANSIT_S)
     store.scraped(a, PodMetrics(running=1), dispatched_at_start=mark)
     assert a.concurrency == 2 and a.in_flight == 2
 
@@ -275,12 +276,13 @@ def test_completions_never_heard_of_do_not_keep_a_pod_busy_while_its_page_is_fre
     """Behind a gateway without the observer filter, or beside other EPP replicas, the
     pod's counts (which include other routers' traffic) cannot settle the EPP's books;
     the fresh page, not the EPP's stale in-flight count, says how busy the pod is."""
-    store, _, _ = make_store()
+    store, clock, _ = make_store()
     a = store.get("a")
     a.configured_slots = 2
     for _ in range(6):
         store.dispatched(a)
     assert a.queue_depth == 4 and a.in_flight == 6
+    clock.now += 1.0  # the requests reached the pod (ledger.DISPATCH_TRANSIT_S)
     store.scraped(a, PodMetrics(running=1))  # the page shows one request on the pod
     assert a.in_flight == 6  # too recent to reconcile
     assert a.concurrency == 1 and a.queue_depth == 0

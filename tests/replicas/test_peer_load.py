@@ -1,5 +1,6 @@
 """A peer replica's dispatches in a pod's load (EndpointStore.peer_dispatched): counted at
-once, until a page whose fetch began after their arrival shows them, or for at most the
+once, until a page whose fetch began after their arrival (and at least the transit grace,
+ledger.DISPATCH_TRANSIT_S, after it) shows them, or for at most the
 store's `peer_ttl_s` while no page comes; never mixed up with this EPP's own requests."""
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def test_a_peer_dispatch_counts_in_the_pods_load_at_once():
 
 
 def test_a_page_fetched_after_the_arrival_shows_it_and_one_fetched_before_does_not():
-    store, _, a, _ = make_store()
+    store, clock, a, _ = make_store()
     store.peer_dispatched(a)
+    clock.now += 1.0  # it reached the pod (ledger.DISPATCH_TRANSIT_S)
     fetch_began = a.dispatched_total  # the scraper notes this when its fetch starts
     store.peer_dispatched(a)  # arrives while the page is on its way
     store.scraped(a, PodMetrics(running=2), dispatched_at_start=fetch_began)
@@ -50,6 +52,7 @@ def test_a_page_fetched_after_the_arrival_shows_it_and_one_fetched_before_does_n
     # still on top of it.
     assert len(a.peer) == 1
     assert a.concurrency == 3.0
+    clock.now += 1.0
     store.scraped(a, PodMetrics(running=3))
     assert not a.peer and a.concurrency == 3.0
 
@@ -113,5 +116,6 @@ def test_gauges_are_not_called_frozen_while_peer_dispatches_are_pending():
     store.peer_dispatched(a)
     store.scraped(a, busy, dispatched_at_start=a.dispatched_total - 1)
     assert a.peer and not a.gauges_frozen
+    clock.now += 1.0  # it reached the pod (ledger.DISPATCH_TRANSIT_S)
     store.scraped(a, busy)  # the page shows it: nothing of ours or the peers' pending
     assert a.gauges_frozen

@@ -25,7 +25,8 @@ are taken from another pod of the same model that learned them.
 
 Peer replicas (epp/replicas) tell this one of their dispatches. Each is numbered in the
 same sequence as this EPP's own (`dispatched_total`, in order of arrival here), so "sent
-since that page" covers both: a page whose fetch began after a peer's dispatch arrived
+since that page" covers both: a page whose fetch began after a peer's dispatch arrived,
+and at least the transit grace after it (datalayer/ledger.py, `DISPATCH_TRANSIT_S`),
 includes it and drops it from `peer`. The EPP never hears of its completion, so it
 counts only until then (or `peer_ttl_s` of the store while no page comes).
 """
@@ -123,7 +124,7 @@ class Endpoint:
     # Counted by the EPP itself.
     open: dict[int, Dispatch] = field(default_factory=dict)  # seq -> dispatch, oldest first
     dispatched_total: int = 0  # sequence number of the last dispatch
-    seen_through: int = 0  # dispatches up to this seq were sent before the last page's fetch
+    seen_through: int = 0  # dispatches up to this seq may be on the last page (ledger.py)
     in_flight: int = 0
     in_flight_tokens: int = 0
     # Every uncached prompt token ever sent here: the long-run share of work, which places

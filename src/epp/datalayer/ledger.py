@@ -13,8 +13,11 @@ functions; `Endpoint.refresh()` turns the ledger into load figures. Invariants:
 - `peer` holds peers' dispatches that no page has shown yet, oldest first: a page
   fetched after one arrived includes it, and after `peer_ttl` it is no longer counted
   (the EPP never hears of a peer's completion).
-- `seen_through`: dispatches up to this number were sent before the last page's fetch
-  began, so that page may include them.
+- `seen_through`: the dispatches up to this number may be on the last page: they were
+  sent before its fetch began and at least `DISPATCH_TRANSIT_S` before it was fetched.
+  Every later one is counted on top of the page.
+- `at` grows with `seq` (both taken from the store's one clock, in order), so the
+  dispatches too young for a page are a suffix of `open` and of `peer`.
 - `dispatched_tokens` only grows: every uncached prompt token ever sent to the pod.
 """
 
@@ -26,6 +29,14 @@ from epp.datalayer.endpoint import Dispatch, Endpoint
 # connects and forwards the body, vLLM renders and tokenizes it): only dispatches older
 # than this are compared with the pod's counts.
 RECONCILE_GRACE_S = 2.0
+
+# The same transit, estimated for deciding what a page shows: a request is in vLLM's
+# running/waiting gauges only after Envoy forwarded it, the API server rendered and
+# tokenized it and an engine step scheduled it (a few ms idle; a decode step or two,
+# tens of ms, under load). A page fetched sooner after the dispatch does not show it, and
+# taking it as shown would drop the pod's load below what it carries: the EPP would then
+# send it more than it can run. Erring long only counts a request twice for that long.
+DISPATCH_TRANSIT_S = 0.2
 
 
 def reserve(endpoint: Endpoint, tokens: int, now: float) -> int:
@@ -56,12 +67,27 @@ def release(endpoint: Endpoint, seq: int) -> Dispatch | None:
     return dispatch
 
 
-def page_seen(endpoint: Endpoint, through: int) -> None:
-    """A page whose fetch began when `dispatched_total` was `through`: the dispatches up
-    to it may be on the page, and peers' ones are (they are counted no longer)."""
-    endpoint.seen_through = through
+def page_seen(
+    endpoint: Endpoint, through: int, fetched_at: float, grace: float = DISPATCH_TRANSIT_S
+) -> None:
+    """A page fetched at `fetched_at` whose fetch began when `dispatched_total` was
+    `through`: the dispatches up to it that are older than `grace` may be on the page
+    (peers' ones are, and are counted no longer); younger ones may not have reached the
+    pod yet and stay counted on top of it."""
+    cutoff = fetched_at - grace
+    first_unseen = through + 1
+    for dispatch in reversed(endpoint.open.values()):
+        if dispatch.at <= cutoff:
+            break
+        first_unseen = min(first_unseen, dispatch.seq)
+    for dispatch in reversed(endpoint.peer):
+        if dispatch.at <= cutoff:
+            break
+        first_unseen = min(first_unseen, dispatch.seq)
+    seen = first_unseen - 1
+    endpoint.seen_through = seen
     peer = endpoint.peer
-    while peer and peer[0].seq <= through:
+    while peer and peer[0].seq <= seen:
         peer.popleft()
 
 

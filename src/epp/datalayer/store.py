@@ -58,6 +58,7 @@ class EndpointStore:
         health_threshold: float = 0.3,
         running_slots: int | None = None,
         peer_ttl_s: float = 5.0,
+        dispatch_transit_s: float = ledger.DISPATCH_TRANSIT_S,
         max_error_exclusion_share: float = 0.5,
         healthy_panic_share: float = 0.0,
         health_panic: bool = True,
@@ -79,6 +80,7 @@ class EndpointStore:
         self.floor_stats = FloorStats()
         self._slots = running_slots
         self._peer_ttl = peer_ttl_s
+        self._transit = dispatch_transit_s
         self._by_name: dict[str, Endpoint] = {}
         self._by_address: dict[str, Endpoint] = {}
         self._listeners: list[EndpointListener] = []
@@ -214,8 +216,9 @@ class EndpointStore:
     def scraped(
         self, endpoint: Endpoint, metrics: PodMetrics, dispatched_at_start: int | None = None
     ) -> None:
-        """A page fetched; `dispatched_at_start` is `dispatched_total` when the fetch began:
-        requests sent during the fetch may not be on the page yet, so they stay counted."""
+        """A page fetched; `dispatched_at_start` is `dispatched_total` when the fetch began.
+        Requests sent during the fetch, or less than `dispatch_transit_s` before the page
+        arrived, may not be on it yet, so they stay counted (ledger.page_seen)."""
         previous = endpoint.metrics
         now = self._clock()
         endpoint.metrics = metrics
@@ -226,7 +229,7 @@ class EndpointStore:
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
-        ledger.page_seen(endpoint, dispatched_at_start)
+        ledger.page_seen(endpoint, dispatched_at_start, now, self._transit)
         self._learn(endpoint, previous, metrics, now)
         released = ledger.reconcile(endpoint, int(metrics.running + metrics.waiting), now)
         endpoint.refresh()
