@@ -34,12 +34,12 @@ _MIN_WINDOW = 64
 def completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     if is_null(raw):
         raise bad("a completion request needs 'prompt'", "prompt")
-    opening, at = _next_byte(raw)
+    opening = bytes(memoryview(raw)[:1])  # a Raw spans its value exactly: no whitespace
     if opening == b'"':
         return Prompt(text=_PROMPT_TEXT.decode(raw))
     if opening == b"[":
         # The first element says which form the list is: strings, ids, or lists of ids.
-        first, _ = _next_byte(raw, at + 1)
+        first = _first_element_byte(raw)
         try:
             if first == b'"':
                 return Prompt(text=_PROMPT_TEXTS.decode(raw)[0])
@@ -53,11 +53,11 @@ def completion_prompt(raw: msgspec.Raw, max_tokens: int) -> Prompt:
     raise bad("'prompt' must be a string, a list of strings, or token ids", "prompt")
 
 
-def _next_byte(raw: msgspec.Raw, at: int = 0) -> tuple[bytes, int]:
-    """The first byte at or after `at` that is not JSON whitespace, and its offset (b""
-    past the end). JSON allows any amount of whitespace there: no fixed window."""
-    found = _NOT_JSON_SPACE.search(raw, at)
-    return (b"", len(raw)) if found is None else (found.group(), found.start())
+def _first_element_byte(raw: msgspec.Raw) -> bytes:
+    """The first byte after the list's `[` that is not JSON whitespace (`]` for an empty
+    list). JSON allows any amount of whitespace there: no fixed window."""
+    found = _NOT_JSON_SPACE.search(raw, 1)
+    return b"" if found is None else found.group()
 
 
 def _capped_ids(ids: list[int], max_ids: int) -> Prompt:

@@ -16,24 +16,16 @@ from epp.conversation import (
     openai_tools,
 )
 from epp.request.body import ANY, Body, is_null
-from epp.request.types import RequestKind, bad
+from epp.request.types import bad
 from epp.tokenization.protocol import ChatOptions
 
 _KWARGS = msgspec.json.Decoder(dict[str, Any])
 Tools = tuple[Mapping[str, Any], ...] | None
 
 
-def chat_options(data: Body, kind: RequestKind) -> ChatOptions:
+def openai_options(data: Body) -> ChatOptions:
+    """An OpenAI chat body's settings, checked in the order vLLM reads them."""
     kwargs = _template_kwargs(data.chat_template_kwargs)
-    if kind == "messages":
-        return ChatOptions(
-            tools=_tools(data.tools, anthropic_tools),
-            reasoning_effort=anthropic_reasoning_effort(
-                _optional(data.thinking), _optional(data.output_config)
-            ),
-            chat_template_kwargs=kwargs,
-            source="anthropic",
-        )
     tools = _tools(data.tools, openai_tools)
     documents = _documents(data.documents)
     effort = data.reasoning_effort
@@ -47,6 +39,20 @@ def chat_options(data: Body, kind: RequestKind) -> ChatOptions:
         documents=documents,
         reasoning_effort=effort,
         chat_template_kwargs=kwargs,
+    )
+
+
+def anthropic_options(data: Body) -> ChatOptions:
+    """An Anthropic body's settings: tools, and the reasoning effort its `thinking` and
+    `output_config` name; the template's defaults otherwise."""
+    kwargs = _template_kwargs(data.chat_template_kwargs)
+    return ChatOptions(
+        tools=_tools(data.tools, anthropic_tools),
+        reasoning_effort=anthropic_reasoning_effort(
+            _optional(data.thinking), _optional(data.output_config)
+        ),
+        chat_template_kwargs=kwargs,
+        source="anthropic",
     )
 
 

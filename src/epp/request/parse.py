@@ -10,7 +10,7 @@ from epp.request.anthropic import messages_prompt
 from epp.request.body import NESTED_TOO_DEEPLY, Body, decode_body, invalid_json
 from epp.request.chat import chat_prompt
 from epp.request.completions import completion_prompt
-from epp.request.options import chat_options
+from epp.request.options import anthropic_options, openai_options
 from epp.request.types import (
     DEFAULT_MAX_PROMPT_TOKENS,
     InferenceRequest,
@@ -72,9 +72,9 @@ def _prompt(
         if kind == "completion":
             return completion_prompt(data.prompt, max_tokens)
         if kind == "chat":
-            return chat_prompt(data.messages, max_tokens, chat_options(data, kind))
+            return chat_prompt(data.messages, max_tokens, openai_options(data))
         if kind == "messages":
-            return messages_prompt(data, max_tokens, chat_options(data, kind))
+            return messages_prompt(data, max_tokens, anthropic_options(data))
         return Prompt()
     except msgspec.DecodeError as exc:  # the raw value was validated already: defensive
         raise invalid_json(body, exc) from None
