@@ -9,10 +9,11 @@ one writing module, named in `FIELD_OWNERS` below (the table and the reasons are
 scheduling reads through `EndpointView`.
 
 Load between scrapes. Metrics lag by up to a scrape interval, and every request of a burst
-would see the same snapshot (the field's herding bug). So each dispatch is reserved at
-pick time and `refresh()` re-derives the load figures at once:
+would see the same snapshot and herd onto the pod it shows least loaded. So each dispatch
+is reserved at pick time and `refresh()` re-derives the load figures at once:
 
-    concurrency = scraped running + waiting + dispatched since that page
+    concurrency = scraped running + waiting + dispatched since that page (or too shortly
+                  before it to be on it: datalayer/ledger.py, DISPATCH_TRANSIT_S)
                   (the EPP's own in-flight count while the gauges are stale or frozen)
                   + what peer replicas dispatched since that page (epp/replicas)
     queue_depth = scraped waiting + dispatched beyond the pod's free running slots
@@ -150,7 +151,7 @@ class Endpoint:
 
     # Derived from the fields above by `refresh()` whenever one of them changes. Plain
     # attributes rather than properties: the scheduler reads each of them once per pod per
-    # decision, and with 64+ pods property calls were a third of the scheduling time.
+    # decision, and at 64+ pods property calls would be a third of the scheduling time.
     model: str | None = None
     concurrency: float = 0.0
     queue_depth: float = 0.0

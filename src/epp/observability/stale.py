@@ -24,11 +24,12 @@ So the check runs per pod, per scrape page, on aggregates:
    fetch is in that page's count whatever the order, so it is counted then if the
    order skipped it (a request the engine never counted, e.g. one without a prompt,
    shifts the order by one). Requests of other clients only raise the pod's side: the
-   EPP's hits are then its share of the pod's. Unconverted, a decision that hit left a
-   surplus (its hits beyond its prediction) that step 3 handed to later decisions: a few
-   of those covered a decision the pod could not serve at all (tests/observability/
-   test_stale.py, tests/e2e/test_prometheus_e2e.py). A page without the histogram (an
-   old vLLM) leaves the ratio at 1.
+   EPP's hits are then its share of the pod's. The conversion is what keeps a hit from
+   covering a miss: in the pod's (more numerous) tokens, a decision that hit would leave
+   a surplus beyond its prediction, and step 3 would hand it to a later decision the pod
+   could not serve at all (tests/observability/test_stale.py,
+   tests/e2e/test_prometheus_e2e.py). A page without the histogram (a vLLM that does not
+   export it) leaves the ratio at 1.
 3. On every good page, the increase of the pod's hit counter since the previous page,
    so converted, is handed out to the queued decisions oldest first, each taking at most
    what it still lacks of its prediction. Hits nobody predicted (other routers, an index

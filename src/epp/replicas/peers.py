@@ -208,7 +208,7 @@ class PeerLink:
         owner = self._owner
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
         # that arrives as the awaited step completes, and a link stopped at that instant
-        # went on dialling while stop() waited for it forever.
+        # would go on dialling while stop() waits for it forever.
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             reader, writer = await asyncio.open_connection(*self.address)
         loop = asyncio.get_running_loop()

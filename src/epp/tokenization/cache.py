@@ -28,7 +28,9 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-ENTRY_OVERHEAD_BYTES = 160  # dict slot, key int, tuple, array header (measured ~150)
+# Per entry beyond its ids: the dict slot, the key int, the tuple and the array header
+# (about 150 bytes in CPython), rounded up so the bound errs on the safe side.
+ENTRY_OVERHEAD_BYTES = 160
 
 
 @dataclass(frozen=True, slots=True)

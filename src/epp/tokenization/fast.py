@@ -1,7 +1,7 @@
 """A faster exact encoder for byte-level BPE tokenizers (Llama 3, Qwen 2, GPT-2 style).
 
 HF `tokenizers` spends most of an encode in its pre-tokenizer (a regex split with offset
-bookkeeping): about 1-2 us per token here, so a cold 4,096-token prompt costs several
+bookkeeping): about 1-2 us per token, so a cold 4,096-token prompt costs several
 milliseconds. For the common shape of tokenizer this module produces the same ids with
 less work, in three steps that are each exact:
 
