@@ -99,13 +99,13 @@ def slot_wait(
 
     The mean request time is the pod's own (`service_s`), else its pool's (the other
     candidates'), else the age of its oldest request in flight: a pod none of whose
-    requests has finished yet is not free, it is slow (seen on real vLLM: a slow engine
-    drew cached conversations away from a fast one for a second).
+    requests has finished yet is not free, it is slow (taken for free, a slow engine
+    would draw cached conversations away from a fast one).
 
     Only with configured slots (`scheduling.running_slots`): slots learned from a page
     (the running count while requests wait) cannot tell a full pod from one whose step
-    budget is taken by long prefills, which the lanes already price; measured in the
-    virtual benchmark, using learned slots here doubled TTFT p90 on no-reuse prompts."""
+    budget is taken by long prefills, which the lanes already price (in the virtual
+    benchmark, learned slots here double TTFT p90 on prompts with nothing to reuse)."""
     slots = endpoint.configured_slots
     if not slots:
         return 0.0
