@@ -25,7 +25,8 @@ FAST_ENGINE = {
 
 @pytest.fixture
 async def start() -> AsyncIterator[StartPod]:
-    """`await start(model=..., lora_adapters=..., kv_events=..., **engine_overrides)` -> a pod."""
+    """`await start(model=..., lora_adapters=..., kv_events=..., **engine_overrides)` -> a pod.
+    `shutdown_timeout` is aiohttp's wait for handlers on close (start_pod's default)."""
     pods: list[RunningPod] = []
 
     async def _start(
@@ -39,6 +40,7 @@ async def start() -> AsyncIterator[StartPod]:
         enable_lora: bool = False,
         kv_events: KvEventsConfig | None = None,
         failures: FailureConfig | None = None,
+        shutdown_timeout: float = 1.0,
         **engine: float,
     ) -> RunningPod:
         config = SimPodConfig(
@@ -53,7 +55,7 @@ async def start() -> AsyncIterator[StartPod]:
             kv_events=kv_events,
             failures=failures or FailureConfig(),
         )
-        pod = await start_pod(config, "127.0.0.1", 0)
+        pod = await start_pod(config, "127.0.0.1", 0, shutdown_timeout=shutdown_timeout)
         pods.append(pod)
         return pod
 
