@@ -107,6 +107,21 @@ def test_store_a_peer_dispatch_stays_counted_until_a_page_after_the_grace():
     assert not a.peer and a.concurrency == 1
 
 
+def test_store_the_grace_counts_from_when_the_fetch_began():
+    """The pod may render the page as soon as the fetch begins: a slow fetch that arrives
+    after the grace does not show a request sent just before it began."""
+    store, clock, a = make_store()
+    clock.now += 1.0
+    store.dispatched(a)
+    began = clock.now + 0.001
+    clock.now += GRACE + 0.5  # the answer comes late
+    store.scraped(a, PodMetrics(running=0, waiting=0), fetch_began_at=began)
+    assert a.concurrency == 1
+    clock.now += GRACE
+    store.scraped(a, PodMetrics(running=1, waiting=0), fetch_began_at=clock.now - 0.01)
+    assert a.concurrency == 1 and a.in_flight == 1
+
+
 def test_store_the_grace_is_a_setting_of_the_store():
     store, clock, a = make_store(dispatch_transit_s=0.0)
     clock.now += 1.0

@@ -214,11 +214,17 @@ class EndpointStore:
 
     # -- data-layer updates --------------------------------------------------------
     def scraped(
-        self, endpoint: Endpoint, metrics: PodMetrics, dispatched_at_start: int | None = None
+        self,
+        endpoint: Endpoint,
+        metrics: PodMetrics,
+        dispatched_at_start: int | None = None,
+        fetch_began_at: float | None = None,
     ) -> None:
-        """A page fetched; `dispatched_at_start` is `dispatched_total` when the fetch began.
-        Requests sent during the fetch, or less than `dispatch_transit_s` before the page
-        arrived, may not be on it yet, so they stay counted (ledger.page_seen)."""
+        """A page fetched; `dispatched_at_start` is `dispatched_total` and `fetch_began_at`
+        the store's clock when the fetch began (default: now). The pod may have rendered
+        the page as soon as the fetch began, so requests sent during the fetch, or less
+        than `dispatch_transit_s` before it began, may not be on it yet: they stay
+        counted (ledger.page_seen)."""
         previous = endpoint.metrics
         now = self._clock()
         endpoint.metrics = metrics
@@ -229,7 +235,8 @@ class EndpointStore:
         endpoint.last_error = None
         if dispatched_at_start is None:
             dispatched_at_start = endpoint.dispatched_total
-        ledger.page_seen(endpoint, dispatched_at_start, now, self._transit)
+        fetched_at = now if fetch_began_at is None else min(fetch_began_at, now)
+        ledger.page_seen(endpoint, dispatched_at_start, fetched_at, self._transit)
         self._learn(endpoint, previous, metrics, now)
         released = ledger.reconcile(endpoint, int(metrics.running + metrics.waiting), now)
         endpoint.refresh()
