@@ -186,3 +186,133 @@ async def test_a_bug_while_scraping_is_a_failed_scrape_and_the_loop_goes_on():
         assert pod.consecutive_failures == 0 and pod.metrics_at == pytest.approx(0.06)
     finally:
         await scraper.stop()
+
+
+IDLE = PodMetrics(model="m")  # nothing running, nothing waiting
+BUSY = PodMetrics(running=1.0, model="m")
+
+
+class Timeline(FakeTime):
+    """FakeTime that runs `at[t]()` when the clock first reaches t (a dispatch, say)."""
+
+    def __init__(self, at: dict[float, object]) -> None:
+        super().__init__()
+        self.at = dict(at)
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for when in sorted(self.at):
+            if self.now >= when - 1e-9:
+                self.at.pop(when)()
+        await asyncio.sleep(0)
+
+
+async def run_scripted(config, time, fetch_s, pages, **scraper_args):
+    store = EndpointStore(config, time)
+    store.sync([EndpointConfig(name="p", address="127.0.0.1:9")])
+    scraper = MetricsScraper(store, config, clock=time, sleep=time.sleep, **scraper_args)
+    started, finished = scripted(scraper, store, time, fetch_s, pages)
+    return store, scraper, started, finished
+
+
+async def test_an_idle_pod_is_scraped_slowly_until_a_request_is_dispatched_to_it():
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(
+        config, time, [0.0] * 5, [IDLE, IDLE, BUSY, BUSY, IDLE]
+    )
+    # A dispatch at 0.72 (between two ticks): the pod is scraped at the next tick, 0.75.
+    pod = store.get("p")
+    seq: list[int] = []
+    time.at[0.72] = lambda: seq.append(store.dispatched(pod))
+    time.at[0.82] = lambda: store.completed(pod, 200, seq[0])
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        # Busy pages: the fast interval; an idle one once the request completed: slow.
+        assert started == pytest.approx([0.0, 0.5, 0.75, 0.8, 0.85, 1.35])
+    finally:
+        await scraper.stop()
+
+
+async def test_in_flight_or_peer_work_keeps_an_idle_page_at_the_fast_interval():
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(config, time, [0.0] * 3, [IDLE] * 3)
+    pod = store.get("p")
+    store.dispatched(pod)  # in flight before the first page, still open after it
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
+    finally:
+        await scraper.stop()
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(config, time, [0.0] * 2, [IDLE] * 2)
+    store.peer_dispatched(store.get("p"))
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started[:2] == pytest.approx([0.0, 0.05])
+    finally:
+        await scraper.stop()
+
+
+async def test_a_pod_followed_by_kv_events_is_scraped_at_its_interval_until_it_is_not():
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_kv_events_interval_s=0.2)
+    followed = {"p": True}
+    time = Timeline({0.45: lambda: followed.update(p=False)})
+    _, scraper, started, finished = await run_scripted(
+        config, time, [0.0] * 4, [BUSY] * 4, kv_events_followed=followed.__getitem__
+    )
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        # Busy (one running) yet slow: the KV state comes as events. No longer followed
+        # at 0.45: the tick at 0.45 scrapes it, then the fast interval.
+        assert started == pytest.approx([0.0, 0.2, 0.4, 0.45, 0.5])
+    finally:
+        await scraper.stop()
+
+
+async def test_a_failed_scrape_of_an_idle_pod_is_retried_at_the_fast_interval():
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    failed = OSError("refused")
+    store, scraper, started, finished = await run_scripted(
+        config, time, [0.0, failed, 0.0], [IDLE, IDLE, IDLE]
+    )
+
+    async def failing_then_scripted(endpoint, scripted_once=scraper.scrape_once):
+        try:
+            await scripted_once(endpoint)
+        except OSError as exc:
+            store.scrape_failed(endpoint, f"OSError: {exc}")
+
+    scraper.scrape_once = failing_then_scripted
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.5, 0.55, 1.05])
+    finally:
+        await scraper.stop()
+
+
+async def test_a_slow_interval_never_lets_a_page_go_stale():
+    """At most stale_after_s / 2: an idle pod's page is never older than stale_after_s."""
+    config = DataLayerConfig(
+        scrape_interval_s=0.05,
+        scrape_idle_interval_s=5.0,
+        scrape_kv_events_interval_s=5.0,
+        stale_after_s=0.4,
+    )
+    time = Timeline({})
+    _, scraper, started, finished = await run_scripted(
+        config, time, [0.0] * 2, [IDLE, BUSY], kv_events_followed=lambda _: True
+    )
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.2, 0.4])
+    finally:
+        await scraper.stop()
