@@ -316,3 +316,21 @@ async def test_a_slow_interval_never_lets_a_page_go_stale():
         assert started == pytest.approx([0.0, 0.2, 0.4])
     finally:
         await scraper.stop()
+
+
+async def test_a_request_that_came_and_went_between_two_ticks_ends_the_slow_interval():
+    """Dispatched at 0.21 and completed at 0.22: nothing in flight at the 0.25 tick, yet the
+    pod took a request since its page: scraped then."""
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(config, time, [0.0] * 2, [IDLE] * 2)
+    pod = store.get("p")
+    seq: list[int] = []
+    time.at[0.21] = lambda: seq.append(store.dispatched(pod))
+    time.at[0.22] = lambda: store.completed(pod, 200, seq[0])
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.25, 0.75])
+    finally:
+        await scraper.stop()
