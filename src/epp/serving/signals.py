@@ -1,9 +1,11 @@
 """Serving until the process is told to stop: the first SIGTERM/SIGINT drains (readiness
-off, routing on until quiet or the drain timeout), a second one stops at once."""
+off, routing on until quiet or the drain timeout), a second one stops at once. Once
+started, the process's heap is frozen (`freeze_start_up_heap`)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,7 @@ async def serve_until_signalled(service: EppService) -> None:
         loop.add_signal_handler(sig, on_signal)
     warn_fallbacks(service.config.scheduling.fallbacks)
     await service.start()
+    freeze_start_up_heap()
     try:
         await stop.wait()
         drain = asyncio.ensure_future(service.drain())
@@ -50,3 +53,16 @@ def warn_fallbacks(fallbacks: int) -> None:
             detail="the destination is a comma list; only a gateway that walks it "
             "(Envoy override_host) serves it, an ORIGINAL_DST cluster answers 503",
         )
+
+
+def freeze_start_up_heap() -> None:
+    """Move what start-up built (modules, config, the first discovery's endpoints,
+    tokenizers) out of the collector's generations (gc.freeze): it lives as long as the
+    process, and a full collection, which holds the GIL and so the routing loop, then
+    scans only what came later. Measured under a 1,000-pod relist: the longest pause
+    ~220 -> ~40 ms, routing p99 ~240 -> ~75 ms (docs/benchmarks/loop.md). A frozen
+    object that later ends in a reference cycle is never freed: bounded by what
+    start-up built. Only the serving process does this (`epp serve`), not `start()`,
+    which tests call many times in one process."""
+    gc.collect()
+    gc.freeze()
