@@ -11,8 +11,8 @@ functions; `Endpoint.refresh()` turns the ledger into load figures. Invariants:
   length and `in_flight_tokens` the sum of their tokens. Each is released exactly once:
   by its completion, by a page that shows it over (`reconcile`), or by its TTL.
 - `peer` holds peers' dispatches that no page has shown yet, oldest first: a page
-  fetched after one arrived includes it, and after `peer_ttl` it is no longer counted
-  (the EPP never hears of a peer's completion).
+  fetched at least `DISPATCH_TRANSIT_S` after one arrived includes it, and after
+  `peer_ttl` it is no longer counted (the EPP never hears of a peer's completion).
 - `seen_through`: the dispatches up to this number may be on the last page: they were
   sent before its fetch began and at least `DISPATCH_TRANSIT_S` before it was fetched.
   Every later one is counted on top of the page.
@@ -30,12 +30,14 @@ from epp.datalayer.endpoint import Dispatch, Endpoint
 # than this are compared with the pod's counts.
 RECONCILE_GRACE_S = 2.0
 
-# The same transit, estimated for deciding what a page shows: a request is in vLLM's
-# running/waiting gauges only after Envoy forwarded it, the API server rendered and
-# tokenized it and an engine step scheduled it (a few ms idle; a decode step or two,
-# tens of ms, under load). A page fetched sooner after the dispatch does not show it, and
+# The same transit, estimated tightly, for deciding what a page shows: a request is in
+# vLLM's running/waiting gauges only after Envoy forwarded it, the API server rendered and
+# tokenized it and an engine step scheduled it (a few ms idle; a decode step or two, tens
+# of ms, under load). A page fetched sooner after the dispatch does not show it, and
 # taking it as shown would drop the pod's load below what it carries: the EPP would then
-# send it more than it can run. Erring long only counts a request twice for that long.
+# send it more than it can run. Erring long counts a request twice for that long (the
+# pod looks busier, briefly), so this stays well under RECONCILE_GRACE_S, which errs long
+# because releasing a live request is the costlier mistake there.
 DISPATCH_TRANSIT_S = 0.2
 
 
