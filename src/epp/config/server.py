@@ -95,8 +95,9 @@ class ReplicasConfig(Strict):
     # A peer's decision older than this on arrival (a backlog after a reconnect) only
     # feeds the prefix index: the pod's page already shows its load.
     max_age_s: float = Field(1.0, gt=0.0)
-    # A peer's dispatch counts in a pod's load until a page fetched after it shows it, or
-    # for at most this long while no page comes.
+    # A peer's dispatch counts in a pod's load until a page fetched after it shows it
+    # (datalayer/ledger.py: at least DISPATCH_TRANSIT_S after it), or for at most this
+    # long while no page comes.
     load_ttl_s: float = Field(5.0, gt=0.0)
     # Reconnect delay after a failure doubles from 0.05 s up to this.
     backoff_max_s: float = Field(2.0, gt=0.0)

@@ -139,8 +139,9 @@ def _replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
         "base_ejection_time": "2s",
         "max_ejection_percent": 50,  # of two replicas, one stays whatever happens
     }
-    # The streams a dead replica refused are retried on another: with Envoy's default of 3
-    # retries in flight per cluster, 6 and 8 requests per SIGKILL at 8 clients failed;
-    # none with this and the ejection above. The circuit breakers (pod_clusters) lift
-    # max_retries with the rest.
+    # The streams a dead replica refused are retried on another. Every client's stream
+    # retries at once when a replica dies, so Envoy's default of 3 retries in flight per
+    # cluster fails the rest (several requests per SIGKILL at 8 clients); with the
+    # ejection above and the circuit breakers (pod_clusters) lifting max_retries with the
+    # rest, none fail.
     return cluster
