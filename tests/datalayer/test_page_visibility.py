@@ -11,7 +11,7 @@ EPP sends it more than it can run. Pure ledger and store, on a fake clock.
 
 from __future__ import annotations
 
-from epp.config import DataLayerConfig, EndpointConfig
+from epp.config import DataLayerConfig, EndpointConfig, EppConfig
 from epp.datalayer import ledger
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import PodMetrics
@@ -120,6 +120,20 @@ def test_store_the_grace_counts_from_when_the_fetch_began():
     clock.now += GRACE
     store.scraped(a, PodMetrics(running=1, waiting=0), fetch_began_at=clock.now - 0.01)
     assert a.concurrency == 1 and a.in_flight == 1
+
+
+def test_the_store_for_a_config_takes_the_default_grace_or_the_one_given():
+    for transit, counted in ((None, 1), (0.0, 0)):
+        clock = Clock()
+        options = {} if transit is None else {"dispatch_transit_s": transit}
+        store = EndpointStore.for_config(EppConfig(), clock, **options)
+        store.sync([EndpointConfig(name="a", address="127.0.0.1:1")])
+        a = store.get("a")
+        assert a is not None
+        store.dispatched(a)
+        clock.now += 0.001
+        store.scraped(a, PodMetrics(running=0, waiting=0))
+        assert a.concurrency == counted, transit
 
 
 def test_store_the_grace_is_a_setting_of_the_store():

@@ -88,15 +88,23 @@ class EndpointStore:
 
     @classmethod
     def for_config(
-        cls, config: EppConfig, clock: Callable[[], float] = time.monotonic
+        cls,
+        config: EppConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        dispatch_transit_s: float = ledger.DISPATCH_TRANSIT_S,
     ) -> EndpointStore:
-        """The store as the EPP's configuration asks: health hysteresis and pod slots."""
+        """The store as the EPP's configuration asks: health hysteresis and pod slots.
+        `dispatch_transit_s`: how long a dispatch takes to show on the pod's page
+        (ledger.DISPATCH_TRANSIT_S; 0 where requests reach the pod at once, as in the
+        virtual-time benchmark)."""
         return cls(
             config.datalayer,
             clock,
             health_threshold=config.scheduling.health_threshold,
             running_slots=config.scheduling.running_slots,
             peer_ttl_s=config.replicas.load_ttl_s,
+            dispatch_transit_s=dispatch_transit_s,
             max_error_exclusion_share=config.scheduling.max_error_exclusion_share,
             healthy_panic_share=config.scheduling.healthy_panic_share,
             health_panic=config.scheduling.health_panic,
