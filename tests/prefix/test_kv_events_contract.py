@@ -321,23 +321,31 @@ def test_a_batch_and_its_events_are_laid_out_as_vllm_declares_them():
 def test_each_layout_built_from_the_declarations_reads_a_real_batch_sent_in_it():
     """The layouts are built from events.py's declarations when the module loads; built
     again here, each reads a real batch sent in its layout into the events the decoder
-    keeps, every field as sent, and the layouts tried before it refuse that batch."""
+    keeps, every field as sent, and the layouts tried before it refuse that batch. What a
+    publisher leaves out (msgspec's omit_defaults; an older vLLM's shorter arrays) is None;
+    what a newer one adds at the end of an array is ignored."""
     layouts = build_layouts()
     assert [(layout.name, layout.bytes_hashes, layout.counter) for layout in layouts] == [
         ("map", False, None),
         ("map, bytes hashes", True, None),
         ("positional", False, "positional_layout"),
     ]
+    stored = real_stored(**LORA_ON_CPU_GROUP_1, extra_keys=[["sql-lora"]])
     events = [
         *real_events(),
-        real_stored(**LORA_ON_CPU_GROUP_1, extra_keys=[["sql-lora"]]),
+        stored,
         real_removed(medium="CPU", group_idx=1),
+        {"type": "BlockStored", **{field: stored[field] for field in STORED_FIELDS[:4]}},
+        {"type": "BlockRemoved", "block_hashes": stored["block_hashes"]},
     ]
     classes = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
     for at, (layout, name) in enumerate(zip(layouts, LAYOUTS, strict=True)):
+        # The map layout's decoder yields the events the router keeps: nothing to convert.
+        assert (layout.converters is None) == (name == "map")
         sent = [LAYOUTS[name](event) for event in events]
         if name == "positional":
-            sent = [[*event, None, "a later field"] for event in sent]
+            sent = [[*event, "a later field", None] for event in sent[:-2]]
+            sent += [positional(events[-2])[:5], positional(events[-1])[:2]]
         payload = enc([12.5, sent, 7])
         for earlier in layouts[:at]:
             with pytest.raises(msgspec.ValidationError):
@@ -350,6 +358,12 @@ def test_each_layout_built_from_the_declarations_reads_a_real_batch_sent_in_it()
         for event, want in zip(got, events, strict=True):
             if not isinstance(event, AllBlocksCleared):
                 assert fields_of(event) == expected(want, name)
+        # A required field left out: the typed decoder refuses the batch.
+        partial = LAYOUTS[name]({k: v for k, v in stored.items() if k != "block_size"})
+        if name == "positional":
+            partial = partial[:4]
+        with pytest.raises(msgspec.ValidationError, match="block_size|at least length 5"):
+            layout.decoder.decode(enc([12.5, [partial], 7]))
 
 
 # -- the typed decoders and the event-by-event reader agree -------------------------------------
@@ -403,7 +417,7 @@ def test_every_layout_decodes_the_same_typed_and_event_by_event(layout):
     for _ in range(1500):
         events = [encode(random_event(rng, signed)) for _ in range(rng.randrange(1, 8))]
         if layout == "positional" and rng.random() < 0.5:
-            events = [[*e, None, "a later field"] for e in events]  # ignored
+            events = [[*e, "a later field", None] for e in events]  # ignored
         typed_decoder, typed = decode(*events)
         by_hand_decoder, by_hand = decode(UNKNOWN, *events)
         assert typed is not None and by_hand is not None
@@ -487,6 +501,9 @@ INVALID_BY_HAND = [
     (real_stored(block_size=True), "block_size must be an int"),
     (real_stored(extra_keys="salt"), "extra_keys must be a list or null"),
     (real_stored(lora_name=7), "lora_name must be a string or null"),
+    (real_stored(lora_id="3"), "lora_id must be an int or null"),
+    (real_stored(group_idx=True), "group_idx must be an int or null"),
+    (real_removed(group_idx=1.5), "group_idx must be an int or null"),
     (real_stored(medium=7), "expected a string, got int"),
     (real_stored(kv_cache_spec_kind=["x"]), "expected a string, got list"),
     (real_removed(medium=b"GPU"), "expected a string, got bytes"),
@@ -847,10 +864,21 @@ def test_the_smallest_block_size_is_one_token():
 
 def test_an_event_whose_type_is_no_string_is_an_unknown_type():
     with structlog.testing.capture_logs() as logs:
-        dec, got = decode([17, [1], None], {"type": 5}, real_removed())
+        dec, got = decode(
+            [17, [1], None],
+            {"type": 5},
+            {"type": ["BlockStored"]},  # unhashable: no lookup may raise
+            [{"type": "BlockRemoved"}, [1]],
+            real_removed(),
+        )
     assert got is not None and len(got.events) == 1
-    assert dec.stats.counts["unknown_event_type"] == 2
-    assert [log["type"] for log in logs] == ["17", "5"]
+    assert dec.stats.counts["unknown_event_type"] == 4
+    assert [log["type"] for log in logs] == [
+        "17",
+        "5",
+        "['BlockStored']",
+        "{'type': 'BlockRemoved'}",
+    ]
 
 
 def test_a_type_name_is_cut_only_past_80_characters():

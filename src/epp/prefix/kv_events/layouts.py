@@ -67,14 +67,13 @@ def _variant(cls: type[KvEvent], *, array_like: bool, bytes_hashes: bool) -> typ
     widen = bytes_hashes and any(info.type.__metadata__[0].with_bytes for info in infos)
     if not array_like and not widen:
         return cls
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    fields = []
     for info in infos:
         kind: Kind = info.type.__metadata__[0]
         typ = kind.with_bytes if bytes_hashes and kind.with_bytes is not None else info.type
-        fields.append((info.name, typ) if info.required else (info.name, typ, info.default))
-    return msgspec.defstruct(
-        cls.__name__, fields, tag=cls.__name__, tag_field="type", array_like=array_like, gc=False
-    )
+        fields.append((info.name, typ, info.default))  # NODEFAULT: required
+    # tag=True, as vLLM declares it: the class name, under "type" in a map, first in an array.
+    return msgspec.defstruct(cls.__name__, fields, tag=True, array_like=array_like, gc=False)
 
 
 def _converter(cls: type[KvEvent], bytes_hashes: bool) -> Callable[[Any], KvEvent]:
