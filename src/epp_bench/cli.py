@@ -45,6 +45,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.loop",
         "routing latency with KV events, relists, pages on the loop or off it",
     ),
+    "scrape": (
+        "epp_bench.picker.scrape",
+        "pods' /metrics scrape: EPP CPU per page and cores, the engine's cost, before/after",
+    ),
     "precise-report": (
         "epp_bench.virtual.precise_report",
         "precise vs approximate mode tables (docs/benchmarks/precise.md) from virtual runs",

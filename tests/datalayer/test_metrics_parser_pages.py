@@ -418,3 +418,18 @@ def test_the_reader_names_every_series_it_reads_once():
     assert {"vllm:request_prompt_tokens_sum", "process_start_time_seconds"} <= set(names)
     custom = PageReader(MetricSpec("q"), MetricSpec("q", (("a", "1"),)), None, None, None)
     assert custom.names[0] == "q" and "vllm:gpu_cache_usage_perc" not in custom.names
+
+
+def test_a_reader_reading_page_after_page_reads_each_as_a_new_reader_would():
+    """Label texts are kept between pages: a changed label set is read anew, escapes too."""
+    pages = [
+        (FIXTURES / "vllm-0.33-metrics.txt").read_text(),
+        (FIXTURES / "vllm-0.33-metrics-lora.txt").read_text(),
+        'vllm:num_requests_waiting{model_name="a\\"b"} 1\n',
+        'vllm:num_requests_waiting{model_name="c"} 1\n'
+        'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1\n',
+        (FIXTURES / "vllm-0.33-metrics.txt").read_text(),
+    ]
+    reader = vllm_reader()
+    for page in pages * 2:
+        assert reader.parse(page) == vllm_reader().parse(page)

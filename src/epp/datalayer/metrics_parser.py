@@ -167,6 +167,11 @@ def _split_labels(text: str) -> dict[str, str]:
     return labels
 
 
+# Label texts parsed are kept per reader (a page repeats them every scrape: vLLM's cache
+# info alone is ~40 labels); bounded in number and in the length of a text kept.
+_LABEL_CACHE_SIZE = 512
+_LABEL_CACHE_TEXT = 4096
+
 # Every series read is a count, a ratio, a time or an info gauge's 1: none is negative.
 # A sum of engines' values stops at the largest float instead of becoming infinite.
 _MAX_VALUE = sys.float_info.max
@@ -236,7 +241,7 @@ class PageReader:
     """Reads the routing signals from one page. Built once per configuration: the table of
     wanted names (one C-speed substring search each per page) is fixed here."""
 
-    __slots__ = ("_looked_for", "_table", "_wanted")
+    __slots__ = ("_label_cache", "_looked_for", "_table", "_wanted")
 
     def __init__(
         self,
@@ -266,6 +271,7 @@ class PageReader:
         self._wanted = tuple((name, name.encode("ascii")) for name in self._table)
         specs = (waiting, running, kv_usage, lora_info, cache_info)
         self._looked_for = ", ".join(str(s) for s in specs if s is not None)
+        self._label_cache: dict[str, dict[str, str]] = {}
 
     @classmethod
     def from_texts(
@@ -299,7 +305,7 @@ class PageReader:
             value = _value(value_text)
             if value is None:
                 continue
-            labels = _split_labels(label_text) if label_text else {}
+            labels = self._labels(label_text) if label_text else {}
             for field, kind, required in table[name]:
                 if required and any(labels.get(k) != v for k, v in required):
                     continue
@@ -341,6 +347,18 @@ class PageReader:
         result.finished_requests = sums.get("finished_requests")
         result.finished_prompt_tokens = sums.get("finished_prompt_tokens")
         return result
+
+    def _labels(self, text: str) -> dict[str, str]:
+        """`_split_labels(text)`, kept for the next pages (the dict is only read)."""
+        cache = self._label_cache
+        labels = cache.get(text)
+        if labels is None:
+            labels = _split_labels(text)
+            if len(text) <= _LABEL_CACHE_TEXT:
+                if len(cache) >= _LABEL_CACHE_SIZE:
+                    cache.clear()
+                cache[text] = labels
+        return labels
 
 
 def _cache_info(result: PodMetrics, labels: dict[str, str]) -> None:
