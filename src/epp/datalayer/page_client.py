@@ -307,10 +307,12 @@ def _decoded(body: bytes, encoding: str, max_bytes: int) -> bytes:
 class PageClient:
     """GETs one URL over one kept-alive connection (module docstring)."""
 
-    __slots__ = ("_conn", "_context", "_request", "max_bytes", "url", "where")
+    __slots__ = ("_conn", "_context", "_request", "max_bytes", "origin", "url", "where")
 
-    def __init__(self, url: str, *, max_bytes: int = MAX_PAGE_BYTES) -> None:
+    def __init__(self, url: str, *, max_bytes: int = MAX_PAGE_BYTES, origin: str = "") -> None:
         self.url = url
+        # What the owner built `url` from (the scraper: the pod's metrics URL).
+        self.origin = origin or url
         self.where = PageUrl.parse(url)
         self._request = self.where.request()
         self.max_bytes = max_bytes

@@ -127,12 +127,12 @@ class MetricsScraper:
 
     def _client(self, endpoint: Endpoint) -> PageClient:
         """The pod's client; a new one (and connection) when its metrics URL changed."""
-        url = scrape_url(endpoint.metrics_url, self._filter)
         client = self._clients.get(endpoint.name)
-        if client is None or client.url != url:
+        if client is None or client.origin != endpoint.metrics_url:
             if client is not None:
                 client.close()
-            client = self._clients[endpoint.name] = PageClient(url)
+            url = scrape_url(endpoint.metrics_url, self._filter)
+            client = self._clients[endpoint.name] = PageClient(url, origin=endpoint.metrics_url)
         return client
 
     async def scrape_once(self, endpoint: Endpoint) -> None:
