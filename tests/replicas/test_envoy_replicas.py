@@ -159,9 +159,11 @@ def test_several_replicas_are_health_checked_ejected_at_once_and_retried_elsewhe
         # second request after the kill got 500 (fail-closed) before Envoy saw the dead
         # connection. At most one such request is the measured bound, not the goal.
         assert at_kill.count(200) >= 9 and set(at_kill) <= {200, 500}, at_kill
+        # The health check's flag, not only the outlier ejection's: the ejection lapses
+        # after base_ejection_time, the failed check keeps the dead replica out.
         wait_for(
-            lambda: "failed" in epp_host_flags(admin_url).get(replicas[1], ""),
-            what="the killed replica marked unhealthy",
+            lambda: "/failed_active_hc" in epp_host_flags(admin_url).get(replicas[1], ""),
+            what="the killed replica marked unhealthy by its health check",
         )
         assert epp_host_flags(admin_url)[replicas[0]] == "healthy"
         assert send(30, "after") == [200] * 30
