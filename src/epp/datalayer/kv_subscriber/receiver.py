@@ -42,6 +42,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 import zmq
@@ -125,7 +126,9 @@ class LiveReceiver:
         loop = self._loop = asyncio.get_running_loop()
         hub = ReceiverHub.join(self._hub_key)
         try:
-            sub, monitor = open_sub_socket(hub.context, self._endpoint, self._topic, self.settings)  # type: ignore[arg-type]  # fmt: skip
+            # The hub's context is a sync one: so are the sockets it makes.
+            sockets = open_sub_socket(hub.context, self._endpoint, self._topic, self.settings)  # type: ignore[arg-type]  # fmt: skip
+            sub, monitor = cast(tuple[zmq.Socket[bytes], zmq.Socket[bytes]], sockets)
         except BaseException:
             hub.leave()
             raise
@@ -235,7 +238,10 @@ class _Member:
 class ReceiverHub:
     """The thread that reads every live socket of one subscriber context's pods."""
 
-    _hubs: dict[int, ReceiverHub] = {}  # subscriber context -> its hub, while it has pods
+    # Subscriber context -> its hub, while it has pods. Process-wide on purpose: a
+    # subscriber is given only a context (PreciseMode shares one among its pods), so
+    # the context is what says which pods share a thread; an entry goes with its last pod.
+    _hubs: dict[int, ReceiverHub] = {}
     _hubs_lock = threading.Lock()  # guards _hubs and every hub's commands and users
 
     def __init__(self, key: int) -> None:
