@@ -100,21 +100,24 @@ def _layout(name: str, *, array_like: bool, bytes_hashes: bool, counter: str | N
     variants = {
         cls: _variant(cls, array_like=array_like, bytes_hashes=bytes_hashes) for cls in EVENT_TYPES
     }
-    if all(variant is cls for cls, variant in variants.items()):
-        return Layout(name, msgspec.msgpack.Decoder(EventBatch), None, bytes_hashes, counter)
-    union = functools.reduce(operator.or_, variants.values())
-    batch = msgspec.defstruct(
-        "EventBatch",
-        [("ts", float), ("events", list[union]), ("data_parallel_rank", int | None, None)],  # type: ignore[valid-type]
-        array_like=True,
-        gc=False,
-    )
-    converters = {
-        variant: _converter(cls, bytes_hashes)
+    converters: dict[type, Callable[[Any], KvEvent]] | None = {
+        variant: _same if variant is cls else _converter(cls, bytes_hashes)
         for cls, variant in variants.items()
-        if variant is not cls
     }
-    converters.update({cls: _same for cls, variant in variants.items() if variant is cls})
+    batch: type[Any] = EventBatch
+    if all(variant is cls for cls, variant in variants.items()):
+        converters = None  # the decoder yields the router's own events
+    else:
+        batch = msgspec.defstruct(
+            "EventBatch",
+            [
+                ("ts", float),
+                ("events", list[functools.reduce(operator.or_, variants.values())]),  # type: ignore[misc]
+                ("data_parallel_rank", int | None, None),
+            ],
+            array_like=True,
+            gc=False,
+        )
     return Layout(name, msgspec.msgpack.Decoder(batch), converters, bytes_hashes, counter)
 
 
