@@ -118,8 +118,10 @@ async def test_one_forged_frame_no_longer_keeps_a_pod_from_traffic():
 
 async def test_a_flood_of_valid_maximal_frames_fades_within_load_ttl():
     """Frames within the bounds (the longest prompt allowed) still cannot push the lane
-    beyond their arrival + load_ttl_s: once they stop, the pod is back within that."""
-    a = Replica("ra", [], Names(), load_ttl_s=0.5)
+    beyond their arrival + load_ttl_s: once they stop, the pod is back within that. A
+    load_ttl_s of 2 s: the flood's share is still in the lane when it is read, even on a
+    loaded machine stalled for a while after the last frame."""
+    a = Replica("ra", [], Names(), load_ttl_s=2.0)
     biggest = a.sync.inbox._max_prompt_tokens
     assert biggest == 1_048_576  # replicas.max_prompt_tokens' default
     async with running(a):
@@ -128,8 +130,8 @@ async def test_a_flood_of_valid_maximal_frames_fades_within_load_ttl():
             writer.write(encode(Decision("mallory", "a", [], biggest, 0, biggest, time.time())))
         await writer.drain()
         await until(lambda: a.received("applied") == 100, what="the flood")
-        assert 0.0 < lane_ahead(a, "a") <= 0.5  # not 100 x 227 s
-        await asyncio.sleep(0.6)
+        assert 0.0 < lane_ahead(a, "a") <= 2.0  # not 100 x 227 s
+        await asyncio.sleep(2.1)
         a.store.refresh_health()  # the maintenance pass: peer dispatches past load_ttl_s go
         assert lane_ahead(a, "a") <= 0.0 and not a.store.get("a").peer
         assert share_of(a, "a", [f"t{i}" for i in range(40)]) >= 10
