@@ -209,7 +209,12 @@ def _series(
     size = len(page)
     for name, raw in wanted:
         needle = b"\n" + raw
-        pos = page.find(needle) if not page.startswith(raw) else -1
+        if page.startswith(raw):
+            pos = -1
+        else:
+            pos = page.find(needle)
+            if pos < 0:
+                continue  # not on the page: one search, not a second from the first line
         while True:
             start = pos + 1  # pos is the newline before the line (or -1: the page start)
             after = start + len(raw)

@@ -251,6 +251,51 @@ async def simulator_costs(scrapes: int) -> dict[str, float]:
         sim.wait(10)
 
 
+async def client_costs(url: str, fetches: int) -> dict[str, float]:
+    """Process CPU per GET of one page (us, median of 3): aiohttp as the scraper used it
+    (asking for gzip, which the page server gives, as prometheus_client does), aiohttp
+    asking for identity, and the scraper's client."""
+    import aiohttp
+
+    from epp.datalayer.page_client import PageClient
+
+    async def cpu(fetch: Any) -> float:
+        for _ in range(50):
+            await fetch()
+        samples = []
+        for _ in range(3):
+            start = time.process_time()
+            for _ in range(fetches):
+                await fetch()
+            samples.append((time.process_time() - start) / fetches * 1e6)
+        return statistics.median(samples)
+
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def gzip_asked() -> bytes:
+            async with session.get(url, ssl=True) as response:
+                return await response.content.read(8 * 1024 * 1024 + 1)
+
+        async def identity() -> bytes:
+            headers = {"Accept-Encoding": "identity"}
+            async with session.get(url, ssl=True, headers=headers) as response:
+                return await response.content.read(8 * 1024 * 1024 + 1)
+
+        client = PageClient(url)
+
+        async def page_client() -> bytes:
+            return (await client.get(5.0)).body
+
+        out = {
+            "aiohttp, gzip asked (before)": await cpu(gzip_asked),
+            "aiohttp, identity": await cpu(identity),
+            "the scraper's client, identity": await cpu(page_client),
+        }
+        client.close()
+        return out
+
+
 def live_arm(
     urls: list[str], interval_s: float, seconds: float, config: dict[str, Any], src: Path | None
 ) -> dict[str, Any]:
@@ -347,6 +392,8 @@ def _live(args: argparse.Namespace, before_src: Path) -> dict[str, Any]:
             time.sleep(0.05)
         port = int(port_file.read_text())
         busy = [f"http://127.0.0.1:{port}/busy/{i}/metrics" for i in range(args.pods)]
+        clients = asyncio.run(client_costs(busy[0], args.calls * 5))
+        _table("EPP CPU per GET of the whole page, in process (us)", clients)
         idle = [f"http://127.0.0.1:{port}/idle/{i}/metrics" for i in range(args.pods)]
         arms = {
             "before (aiohttp, gzip, text parse)": (busy, {}, before_src),
@@ -354,7 +401,10 @@ def _live(args: argparse.Namespace, before_src: Path) -> dict[str, Any]:
             "after (default: name[] filter)": (busy, {}, None),
             "after, idle pods (default)": (idle, {}, None),
         }
-        out = {}
+        out: dict[str, Any] = {"client_us": clients}
+        print(
+            f"\nlive: {args.pods} pods every {args.interval * 1000:.0f} ms, {args.seconds} s each"
+        )
         for name, (urls, config, src) in arms.items():
             out[name] = live_arm(urls, args.interval, args.seconds, config, src)
             row = out[name]
