@@ -157,6 +157,17 @@ def test_a_token_id_tail_holding_a_list_string_or_object_anywhere_is_refused(lat
         assert rejected.message.startswith(IDS_MESSAGE) and rejected.param == "prompt"
 
 
+@pytest.mark.parametrize("indent", [None, 12])
+@pytest.mark.parametrize("late", [b"-1", b"4294967296", b"1.5"])
+def test_a_number_past_the_head_is_counted_not_range_checked(indent, late):
+    """Only the head's ids are decoded and range-checked; a number further on is counted
+    (the engine validates it): a prompt of one head and a long tail is routed by its head,
+    pretty-printed or not, whatever its last number."""
+    ids = json.dumps([7] * 2000, indent=indent).encode()
+    prompt = completion(ids[:-1].rstrip() + b", " + late + b"]", max_prompt_tokens=5)
+    assert list(prompt.token_ids) == [7] * 5 and prompt.omitted_tokens == 1996
+
+
 # -- the head of a conversation -----------------------------------------------------------
 
 
