@@ -83,11 +83,14 @@ def test_standard_and_quick_shapes() -> None:
 
 
 def test_generating_the_standard_shape_is_fast() -> None:
-    started = time.perf_counter()
+    # CPU time of this process (about 0.13 s): the other processes of a loaded machine do not
+    # count, as they do in wall time (0.5 to 1.4 s measured for the same work). The bound is
+    # a guard against a several-fold slower generator, not a benchmark.
+    started = time.process_time()
     workload = workloads.shared_prefix(workloads.STANDARD)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert len(workload.requests) == 750
-    assert elapsed < 2.0
+    assert elapsed < 0.6
 
 
 def test_poisson_rate_is_roughly_the_asked_rate() -> None:
