@@ -695,10 +695,12 @@ async def test_concurrent_prefills_share_the_pods_compute(
     assert 0.2 <= shorter < 0.35
     assert 0.4 <= longer < 0.55  # the second prefill waited for the first
     assert seen
-    # The wait counts as queue time, the request's own prefill as prefill time.
+    # The wait counts as queue time, the request's own prefill as prefill time. Engine
+    # seconds: a stall of the machine adds a fifth of its length; the 0.2 s wait counted on
+    # the wrong side (prefill 0.6 and queue 0, or queue 0.4) is still far outside.
     latency = pod.pod.latency
-    assert latency.prefill.total == pytest.approx(0.4, abs=0.05)
-    assert latency.queue.total == pytest.approx(0.2, abs=0.05)
+    assert 0.4 <= latency.prefill.total < 0.55
+    assert 0.15 <= latency.queue.total < 0.35
 
 
 async def test_decode_paces_tokens_at_the_inter_token_latency(
