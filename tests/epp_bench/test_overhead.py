@@ -2,7 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from epp_bench.picker.overhead import _markdown, in_process, scraping
+from epp_bench.picker.overhead import (
+    WORK_TREE_SRC,
+    ExtProcCost,
+    StepTiming,
+    _markdown,
+    ext_proc_cost,
+    in_process,
+    probe_steps,
+    scraping,
+    split_rows,
+)
 
 
 def test_in_process_times_every_step_of_a_decision():
@@ -22,3 +32,60 @@ def test_scraping_cost_is_measured_on_a_real_epp_process():
     assert cost.scrapes > 10  # ~40/s expected
     assert 0 < cost.epp_cpu_cores < 2
     assert "cores for 100 pods" in _markdown([], [], "x", cost)
+
+
+def test_the_probe_times_the_edge_and_every_step_of_the_code_it_is_pointed_at():
+    """overhead_probe.py runs in a child that imports `epp` from the code it is given (the
+    before column uses a frozen commit the same way)."""
+    steps = probe_steps(WORK_TREE_SRC, "steps", pods=4, prompt_tokens=512, iterations=30)
+    names = [s.step for s in steps]
+    for part in ("protobuf: parse", "protobuf: serialize", "ext_proc machine", "observer stream",
+                 "parse JSON body", "tokenize", "hash blocks", "prefix index lookup",
+                 "filter + score + pick", "record blocks", "whole decision",
+                 "decision's metrics", "completion"):  # fmt: skip
+        assert any(name.startswith(part) for name in names), part
+    assert all(s.mean_us > 0 for s in steps)
+    info = probe_steps(WORK_TREE_SRC, "parts", pods=4, prompt_tokens=512, iterations=30,
+                       log_level="info")  # fmt: skip
+    assert [s.step for s in info] == [
+        n for n in names if n.startswith(("decision's", "completion"))
+    ]
+
+
+@pytest.mark.e2e
+def test_the_real_ext_proc_server_routes_every_request_the_driver_sends():
+    """The gRPC rows: the bare floor and the EPP each answer the routing stream with the
+    destination for every request (ext_proc_cost raises otherwise) and report CPU."""
+    costs = ext_proc_cost(
+        {"floor": None, "after": WORK_TREE_SRC}, requests=20, rounds=1, pods=4, prompt_tokens=512
+    )
+    assert [c.server for c in costs] == ["floor", "after"]
+    assert all(c.cpu_us_per_request >= 0 and len(c.rounds_us) == 1 for c in costs)
+
+
+def test_the_report_has_before_and_after_columns_and_splits_the_cpu_per_request():
+    def steps(scale: float) -> list[StepTiming]:
+        names = ["protobuf: parse 2 + 2 messages", "ext_proc machine (2 messages, replies)",
+                 "parse JSON body", "filter + score + pick", "whole decision (Router.route)",
+                 "decision's metrics and log lines (inside it)", "completion (Router.complete)"]  # fmt: skip
+        values = [3.0, 20.0, 20.0, 80.0, 300.0, 40.0, 20.0]
+        return [
+            StepTiming(n, v * scale, v * scale, v * scale)
+            for n, v in zip(names, values, strict=True)
+        ]
+
+    compared = {"before": steps(2.0), "after": steps(1.0)}
+    edge = [
+        ExtProcCost("gRPC floor (bare servicer)", 100, 1000.0, [1000.0]),
+        ExtProcCost("EPP before", 100, 2000.0, [2000.0]),
+        ExtProcCost("EPP after", 100, 1500.0, [1500.0]),
+    ]
+    report = _markdown(compared["after"], [], "epp bench overhead", None, compared, edge, "HEAD")
+    assert "| whole decision (Router.route) | 600.0 | 300.0 | 600.0 | 300.0 | 0.50 |" in report
+    assert "| EPP after | 100 | 1500 | 1500 |" in report
+    rows = dict(split_rows(compared["after"], 1500.0, 1000.0))
+    assert (
+        rows["rest of the decision (preparation, dispatch, accounting)"] == 300 - 80 - 20 - 40 - 20
+    )
+    # every part of the total is accounted for exactly once
+    assert sum(rows.values()) == pytest.approx(1500.0)

@@ -288,3 +288,40 @@ def test_the_scorer_prices_a_full_pod_without_request_times_by_its_oldest_reques
         pytest.approx(OWN_COLD / (wait + OWN_COLD)),
         1.0,
     ]
+
+
+def test_the_one_pass_score_is_exactly_the_documented_formula():
+    """The scoring loop inlines PrefillCost.seconds and slot_wait's max for speed: over
+    random pods (lanes drained or not, slots configured or not, full or not, request times
+    known or not, matches past the prompt) every score equals, to the last bit, the module
+    formula computed from those two documented functions."""
+    from epp.scheduling.scorers.prefill import slot_wait
+
+    rng = random.Random(7)
+    for _ in range(200):
+        pods = [pod(f"p{i}") for i in range(rng.randrange(1, 12))]
+        scorer = PrefillScorer(COST)
+        match: dict[str, int] = {}
+        for e in pods:
+            if rng.random() < 0.6:
+                scorer.state(e).lane_end = NOW + rng.uniform(-2.0, 2.0)
+            if rng.random() < 0.5:
+                scorer.state(e).service_s = rng.uniform(0.1, 5.0)
+            if rng.random() < 0.5:
+                e.configured_slots = rng.randrange(1, 6)
+                e.metrics.running, e.metrics.waiting = rng.randrange(0, 8), rng.randrange(0, 4)
+                e.refresh()
+            if rng.random() < 0.7:
+                match[e.name] = rng.randrange(0, 300)
+        prompt = rng.choice([1, 2, 17, 900, PROMPT])
+        scores = scorer.score(request(match, prompt), pods)
+        states = [scorer._pods.get(e, PrefillState()) for e in pods]
+        known = [s.service_s for s in states if s.service_s is not None]
+        pool = sum(known) / len(known) if known else None
+        ttft = [
+            max(max(0.0, s.lane_end - NOW), slot_wait(e, NOW, s.service_s, pool))
+            + COST.seconds(prompt, match.get(e.name, 0), 16)
+            for e, s in zip(pods, states, strict=True)
+        ]
+        best = min(ttft)
+        assert scores == [best / t if t > 0.0 else 1.0 for t in ttft]

@@ -67,23 +67,37 @@ def served_endpoint(request: pb.ProcessingRequest) -> str | None:
 
 def destination_metadata(destination: str) -> Struct:
     metadata = Struct()
-    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}})
+    _fill_destination(metadata, destination)
     return metadata
 
 
-def _routing_common(
-    destination: str, token: str | None, body_length: int | None = None
-) -> pb.CommonResponse:
+# The routing replies are built by filling the message in place (field paths and
+# `add()`), never from nested constructors: a constructor copies each nested message
+# into its parent (a body chunk once per level), about 3x the CPU for the same bytes.
+def _fill_destination(metadata: Struct, destination: str) -> None:
+    lb = metadata.fields[DESTINATION_NAMESPACE].struct_value
+    lb.fields[DESTINATION_HEADER].string_value = destination
+
+
+def _add_set(mutation: pb.HeaderMutation, name: str, value: str) -> None:
+    option = mutation.set_headers.add()
+    option.header.key = name
+    option.header.raw_value = value.encode()
+    option.append_action = _OVERWRITE
+
+
+def _fill_routing(
+    common: pb.CommonResponse, destination: str, token: str | None, body_length: int | None
+) -> None:
     """The destination header (and token); `body_length` when the EPP replaces the body,
     so that content-length matches what the pod receives."""
-    headers = [_set(DESTINATION_HEADER, destination)]
+    mutation = common.header_mutation
+    _add_set(mutation, DESTINATION_HEADER, destination)
     if token:
-        headers.append(_set(ROUTE_TOKEN_HEADER, token))
+        _add_set(mutation, ROUTE_TOKEN_HEADER, token)
     if body_length is not None:
-        headers.append(_set("content-length", str(body_length)))
-    return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=headers), clear_route_cache=True
-    )
+        _add_set(mutation, "content-length", str(body_length))
+    common.clear_route_cache = True
 
 
 def route_on_headers(
@@ -91,39 +105,39 @@ def route_on_headers(
 ) -> pb.ProcessingResponse:
     """Full-duplex mode: the held headers go on with the destination; the body follows
     as streamed chunks (the client's, or a replacement of `body_length` bytes)."""
-    common = _routing_common(destination, token, body_length)
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=common),
-        dynamic_metadata=destination_metadata(destination),
-    )
+    reply = pb.ProcessingResponse()
+    _fill_routing(reply.request_headers.response, destination, token, body_length)
+    _fill_destination(reply.dynamic_metadata, destination)
+    return reply
 
 
 def route_on_body(
     destination: str, token: str | None = None, body: bytes | None = None
 ) -> pb.ProcessingResponse:
     """Buffered mode: the destination, and the body replaced when `body` is given."""
-    common = _routing_common(destination, token, None if body is None else len(body))
+    reply = pb.ProcessingResponse()
+    common = reply.request_body.response
+    _fill_routing(common, destination, token, None if body is None else len(body))
     if body is not None:
         common.body_mutation.body = body
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=common),
-        dynamic_metadata=destination_metadata(destination),
-    )
+    _fill_destination(reply.dynamic_metadata, destination)
+    return reply
 
 
 def continue_request_headers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
 
-def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
-    mutation = pb.BodyMutation(
-        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
-    )
-    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+def _fill_streamed(body: pb.BodyResponse, chunk: bytes, end_of_stream: bool) -> None:
+    streamed = body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
 
 
 def streamed_request_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_body=_streamed(chunk, end_of_stream))
+    reply = pb.ProcessingResponse()
+    _fill_streamed(reply.request_body, chunk, end_of_stream)
+    return reply
 
 
 def request_trailers() -> pb.ProcessingResponse:
@@ -140,7 +154,9 @@ def response_headers(request_id: str | None) -> pb.ProcessingResponse:
 
 
 def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
+    reply = pb.ProcessingResponse()
+    _fill_streamed(reply.response_body, chunk, end_of_stream)
+    return reply
 
 
 def continue_response_body() -> pb.ProcessingResponse:

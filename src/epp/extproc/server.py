@@ -142,23 +142,29 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             message: pb.ProcessingRequest | None = first
             while message is not None:
                 try:
-                    advancing = asyncio.ensure_future(self._advance(stream, message))
+                    # The machine is synchronous: only a routing decision (which may wait in
+                    # admission) runs as a task.
+                    step = stream.feed(message)
                     message = None  # its body copy is in the machine: not held twice
-                    try:
-                        # A request waiting in admission must not hit Envoy's message timer
-                        # (message_timeout, BUFFERED mode: 5 s) when the pool answers within
-                        # flow_control.ttl_s. Envoy honours one override per message, so
-                        # one is sent, long enough for the whole wait.
-                        await asyncio.wait({advancing}, timeout=self._config.keepalive_s)
-                        if not advancing.done():
-                            yield messages.extend_message_timeout(self._extension_s)
-                            await advancing
-                    finally:
-                        if not advancing.done():
-                            advancing.cancel()
-                            with contextlib.suppress(BaseException):
+                    if step.problem is not None:
+                        self._report_unsupported(step.problem)
+                    if step.route is not None:
+                        advancing = asyncio.ensure_future(self._decide(stream, step))
+                        try:
+                            # A request waiting in admission must not hit Envoy's message
+                            # timer (message_timeout, BUFFERED mode: 5 s) when the pool
+                            # answers within flow_control.ttl_s. Envoy honours one override
+                            # per message, so one is sent, long enough for the whole wait.
+                            await asyncio.wait({advancing}, timeout=self._config.keepalive_s)
+                            if not advancing.done():
+                                yield messages.extend_message_timeout(self._extension_s)
                                 await advancing
-                    step = advancing.result()
+                        finally:
+                            if not advancing.done():
+                                advancing.cancel()
+                                with contextlib.suppress(BaseException):
+                                    await advancing
+                        step = advancing.result()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -194,15 +200,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 # Routed, but the destination never fully reached Envoy (stream reset).
                 self._complete(Completion(stream.token, None, None))
 
-    async def _advance(self, stream: ExtProcStream, message: pb.ProcessingRequest) -> Step:
-        step = stream.feed(message)
-        del message  # a BUFFERED body's message must not outlive the copy routing reads
-        if step.problem is not None:
-            self._report_unsupported(step.problem)
-        if step.route is None:
-            return step
+    async def _decide(self, stream: ExtProcStream, asked: Step) -> Step:
+        """The router's answer to the machine's request for a decision: the next step."""
+        assert asked.route is not None
         try:
-            routed = await self._router.route(step.route)
+            routed = await self._router.route(asked.route)
         except RequestRejected as rejected:
             return stream.rejected(rejected)
         try:

@@ -9,6 +9,15 @@
    EPP core. The pods answer at once (no simulated GPU time), so the stack, not the pods,
    is what is measured.
 
+3. Before and after: steps 1 and the ext_proc server's CPU per request run in child
+   processes against two codes, a frozen commit (`--before`, extracted as
+   tools/bench/freeze_code.py does) and the work tree, alternately in one run
+   (overhead_probe.py is the child). The ext_proc rows drive the real grpc.aio server with
+   the messages Envoy sends for one routed request (routing stream: request headers and
+   body; observer stream: request headers, response headers, end) and read the server's
+   CPU from /proc; a bare servicer answering the same messages with no work is the gRPC
+   floor.
+
 The machine is shared and noisy: compare the two stacks measured side by side in one run.
 """
 
@@ -16,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import random
 import shlex
+import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +54,10 @@ from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import SchedulingRequest
 from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp_harness.stats import percentile
+
+PROBE = Path(__file__).with_name("overhead_probe.py")
+WORK_TREE_SRC = Path(__file__).resolve().parents[2]
+REPO = WORK_TREE_SRC.parent
 
 ZERO_TIME_PODS = (
     "--prefill-overhead-ms 0 --prefill-per-token-ms 0 --decode-per-token-ms 0 --max-num-seqs 256"
@@ -207,19 +223,48 @@ async def _drive(
         return latencies, failed, time.perf_counter() - started
 
 
-def through_envoy(pods: int, requests: int, saturation_concurrency: int) -> list[StackLoad]:
+@contextlib.contextmanager
+def _children_import(code: Path | None) -> Iterator[None]:
+    """Within the block, child processes (LocalStack copies os.environ) import `epp` from
+    `code` first; None: as they would anyway."""
+    if code is None:
+        yield
+        return
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(code)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+def through_envoy(
+    pods: int, requests: int, saturation_concurrency: int, before: Path | None = None
+) -> list[StackLoad]:
     from epp_harness.stack import LocalStack
 
     body = json.dumps(
         {"model": "sim-llama-8b", "prompt": _words(random.Random(1), 512), "max_tokens": 1}
     ).encode()
     results: list[StackLoad] = []
-    for mode, label in (("round_robin", "Envoy round robin"), ("epp", "Envoy + EPP")):
+    stacks: list[tuple[str, str, Path | None]] = [
+        ("round_robin", "Envoy round robin", None),
+        ("epp", "Envoy + EPP", None),
+    ]
+    if before is not None:
+        stacks.append(("epp", "Envoy + EPP (before)", before))
+    for mode, label, code in stacks:
         # The EPP logs at warning here: the INFO decision line costs CPU, and this measures
         # the picker; the INFO cost is in the in-process table's "whole decision" row.
-        with LocalStack(
-            pods=pods, mode=mode, sim_args=shlex.split(ZERO_TIME_PODS), log_level="warning"
-        ) as stack:
+        with (
+            _children_import(code),
+            LocalStack(
+                pods=pods, mode=mode, sim_args=shlex.split(ZERO_TIME_PODS), log_level="warning"
+            ) as stack,
+        ):
             url = f"{stack.envoy_url}/v1/completions"
             for concurrency, count in ((1, requests), (saturation_concurrency, requests * 4)):
                 epp_pid = stack.pids.get("epp")
@@ -331,8 +376,326 @@ def scraping(pods: int, seconds: float, interval_ms: float = 50.0) -> ScrapeCost
     return ScrapeCost(pods, interval_ms, len(page), elapsed, scrapes, cpu / elapsed)
 
 
+def frozen_src(revision: str) -> Path:
+    """A commit's `src/`, extracted once under the bench directory (freeze_code.py)."""
+    from epp_bench.live.bench_dir import BenchDir, default_bench_dir
+    from epp_bench.live.frozen_code import freeze
+
+    _, path = freeze(REPO, BenchDir(default_bench_dir()).code_root, revision)
+    return path
+
+
+def _probe_env(code: Path) -> dict[str, str]:
+    # The child imports `epp` from `code` first (before the editable install).
+    return {**os.environ, "PYTHONPATH": str(code)}
+
+
+def probe_steps(
+    code: Path,
+    mode: str = "steps",
+    pods: int = 64,
+    prompt_tokens: int = 4096,
+    iterations: int = 2000,
+    log_level: str = "warning",
+) -> list[StepTiming]:
+    """overhead_probe.py's step timings (thread CPU) for the code under `code`."""
+    done = subprocess.run(
+        [sys.executable, "-P", str(PROBE), mode, "--pods", str(pods), "--prompt-tokens",
+         str(prompt_tokens), "--iterations", str(iterations), "--log-level", log_level],
+        env=_probe_env(code), capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"overhead_probe.py {mode} ({code}): {done.stderr.strip()[-2000:]}")
+    return [StepTiming(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def _median_steps(rounds: list[list[StepTiming]]) -> list[StepTiming]:
+    """Per step, the median over rounds of p50, p99 and mean."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        rows = [r[i] for r in rounds]
+        out.append(
+            StepTiming(
+                first.step,
+                statistics.median(r.p50_us for r in rows),
+                statistics.median(r.p99_us for r in rows),
+                statistics.median(r.mean_us for r in rows),
+            )
+        )
+    return out
+
+
+def compared_steps(
+    codes: dict[str, Path], rounds: int, pods: int, prompt_tokens: int, iterations: int
+) -> dict[str, list[StepTiming]]:
+    """Each code's steps, the codes alternating round by round; the INFO decision line
+    priced by a run at INFO (its metrics-and-log part minus the same at WARNING)."""
+    runs: dict[str, list[list[StepTiming]]] = {label: [] for label in codes}
+    for _ in range(rounds):
+        for label, code in codes.items():
+            steps = probe_steps(code, "steps", pods, prompt_tokens, iterations)
+            info = probe_steps(code, "parts", pods, prompt_tokens, iterations, "info")
+            quiet = next(s for s in steps if s.step.startswith("decision's metrics"))
+            line = max(0.0, info[0].mean_us - quiet.mean_us)
+            steps.append(StepTiming("INFO decision line (at --log-level info)", line, line, line))
+            runs[label].append(steps)
+    return {label: _median_steps(r) for label, r in runs.items()}
+
+
+@dataclass(slots=True)
+class ExtProcCost:
+    server: str
+    requests: int
+    cpu_us_per_request: float  # median over rounds
+    rounds_us: list[float]
+
+
+async def drive_ext_proc(port: int, requests: int, body: bytes, concurrency: int = 1) -> int:
+    """What Envoy sends the EPP for `requests` routed requests (module docstring, 3);
+    returns how many were routed (a destination header came back)."""
+    import grpc
+    from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+    from google.protobuf.struct_pb2 import Struct
+
+    from epp_bench.picker.overhead_probe import envoy_headers
+
+    def header_map(values: list[tuple[str, str]]) -> HeaderMap:
+        return HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in values])
+
+    attributes = Struct()
+    attributes.update({"upstream.address": "10.0.0.8:8000"})
+    routed = 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+
+        async def one(i: int) -> None:
+            nonlocal routed
+            headers = envoy_headers(len(body), f"req-{i}")
+            first = pb.ProcessingRequest(
+                request_headers=pb.HttpHeaders(headers=header_map(headers))
+            )
+            first.protocol_config.request_body_mode = (
+                ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
+            )
+            first.protocol_config.response_body_mode = ProcessingMode.BodySendMode.NONE
+            call = stub.Process()
+            await call.write(first)
+            await call.write(
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            )
+            await call.done_writing()
+            token = ""
+            async for reply in call:
+                if reply.HasField("request_headers"):
+                    routed += 1
+                    for option in reply.request_headers.response.header_mutation.set_headers:
+                        if option.header.key == "x-epp-route-token":
+                            token = option.header.raw_value.decode()
+            observer = stub.Process(metadata=(("x-epp-stream", "observer"),))
+            seen = [*headers, ("x-epp-route-token", token)]
+            await observer.write(
+                pb.ProcessingRequest(
+                    request_headers=pb.HttpHeaders(headers=header_map(seen)),
+                    observability_mode=True,
+                )
+            )
+            answered = pb.ProcessingRequest(
+                response_headers=pb.HttpHeaders(
+                    headers=header_map([(":status", "200"), ("content-length", "512")])
+                ),
+                observability_mode=True,
+            )
+            answered.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+            await observer.write(answered)
+            await observer.done_writing()
+            async for _ in observer:
+                pass
+
+        next_index = 0
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < requests:
+                next_index += 1
+                await one(next_index)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return routed
+
+
+def ext_proc_cost(
+    codes: dict[str, Path | None],
+    requests: int,
+    rounds: int,
+    pods: int = 64,
+    prompt_tokens: int = 4096,
+    concurrency: int = 1,
+) -> list[ExtProcCost]:
+    """Each server's CPU per routed request (its process's utime + stime over `requests`),
+    the servers driven alternately, round by round. A code of None: the bare gRPC floor
+    (served by the work tree's probe)."""
+    from epp_bench.picker.overhead_probe import chat_body
+
+    body = chat_body(prompt_tokens)
+    servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    samples: dict[str, list[float]] = {label: [] for label in codes}
+    try:
+        for label, code in codes.items():
+            command = [sys.executable, "-P", str(PROBE), "serve", "--pods", str(pods),
+                       "--prompt-tokens", str(prompt_tokens)]  # fmt: skip
+            if code is None:
+                command.append("--bare")
+            process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env=_probe_env(code or WORK_TREE_SRC),
+            )  # fmt: skip
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"overhead_probe.py serve ({label}) did not start")
+            servers[label] = (process, json.loads(line)["port"])
+            asyncio.run(drive_ext_proc(servers[label][1], min(200, requests), body, concurrency))
+        for _ in range(rounds):
+            for label, (process, port) in servers.items():
+                before = _cpu_seconds(process.pid)
+                routed = asyncio.run(drive_ext_proc(port, requests, body, concurrency))
+                if routed != requests:
+                    raise RuntimeError(f"{label}: {requests - routed} requests not routed")
+                samples[label].append((_cpu_seconds(process.pid) - before) / requests * 1e6)
+    finally:
+        for process, _ in servers.values():
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    return [
+        ExtProcCost(label, requests, statistics.median(values), values)
+        for label, values in samples.items()
+    ]
+
+
+SPLIT_PARTS = (
+    ("protobuf (parse + serialize)", ("protobuf: parse", "protobuf: serialize")),
+    ("ext_proc machine (and building its replies)", ("ext_proc machine",)),
+    ("observer stream", ("observer stream",)),
+    ("parse", ("parse JSON body",)),
+    ("tokenize", ("tokenize",)),
+    ("hash", ("hash blocks",)),
+    ("lookup", ("prefix index lookup",)),
+    ("score (filter + score + pick)", ("filter + score + pick",)),
+    ("record", ("record blocks",)),
+    ("metrics (and log calls) of the decision", ("decision's metrics",)),
+    ("completion (accounting, metrics)", ("completion",)),
+)
+
+
+def split_rows(
+    steps: list[StepTiming], total_us: float, floor_us: float
+) -> list[tuple[str, float]]:
+    """The server's CPU per request split: the gRPC floor, each measured part (means),
+    the rest of the decision (whole decision minus its measured parts) and the rest of
+    the server (asyncio tasks and generators around the messages)."""
+    mean = {s.step: s.mean_us for s in steps}
+
+    def part(prefixes: tuple[str, ...]) -> float:
+        return sum(v for k, v in mean.items() if k.startswith(prefixes))
+
+    rows = [("gRPC floor (grpc.aio, same messages, no work)", floor_us)]
+    rows += [(name, part(prefixes)) for name, prefixes in SPLIT_PARTS]
+    whole = part(("whole decision",))  # route_now + complete, as the step times it
+    inside = part(("parse JSON", "tokenize", "hash blocks", "prefix index", "filter +",
+                   "record blocks", "decision's metrics", "completion"))  # fmt: skip
+    rows.append(
+        ("rest of the decision (preparation, dispatch, accounting)", max(0.0, whole - inside))
+    )
+    measured = sum(v for _, v in rows[1:])
+    rows.append(
+        (
+            "rest of the server (tasks, generators, streams)",
+            max(0.0, total_us - floor_us - measured),
+        )
+    )
+    return rows
+
+
+def _compared_markdown(
+    compared: dict[str, list[StepTiming]], edge: list[ExtProcCost], before_name: str
+) -> list[str]:
+    """The before/after tables and the split of the after's CPU per request."""
+    lines: list[str] = []
+    after = compared.get("after", [])
+    before = {s.step: s for s in compared.get("before", [])}
+    if after:
+        lines += [
+            "",
+            f"## Before ({before_name}) and after (the work tree), one run",
+            "",
+            "Thread CPU per call in a child process per code, the codes alternating; the "
+            "median over rounds of each figure (p50, mean).",
+            "",
+            "| step | before p50 (us) | after p50 (us) | before mean (us) | after mean (us) | after / before (mean) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for s in after:
+            b = before.get(s.step)
+            if b is None:
+                lines.append(f"| {s.step} | | {s.p50_us:.1f} | | {s.mean_us:.1f} | |")
+                continue
+            ratio = f"{s.mean_us / b.mean_us:.2f}" if b.mean_us > 0 else ""
+            lines.append(
+                f"| {s.step} | {b.p50_us:.1f} | {s.p50_us:.1f} | {b.mean_us:.1f} | "
+                f"{s.mean_us:.1f} | {ratio} |"
+            )
+    if edge:
+        by = {e.server: e for e in edge}
+        lines += [
+            "",
+            "## The real ext_proc gRPC server: CPU per routed request",
+            "",
+            "Each server in its own process (64 pods, the 4,096-token chat), driven over "
+            "loopback gRPC with the messages Envoy sends for one routed request at "
+            "concurrency 1; utime + stime from /proc, median over rounds (alternating).",
+            "",
+            "| server | requests per round | CPU per request (us), median | rounds (us) |",
+            "|---|---:|---:|---|",
+        ]
+        for e in edge:
+            rounds = ", ".join(f"{v:.0f}" for v in e.rounds_us)
+            lines.append(f"| {e.server} | {e.requests} | {e.cpu_us_per_request:.0f} | {rounds} |")
+        floor, total = by.get("gRPC floor (bare servicer)"), by.get("EPP after")
+        if floor and total and after:
+            lines += [
+                "",
+                "### Where the after's CPU per request goes",
+                "",
+                "The gRPC floor and the total from the table above; every other row is "
+                "measured alone (the means of the table before); the two rests are what is "
+                "left of the whole decision and of the server's total.",
+                "",
+                "| part | us per request | share |",
+                "|---|---:|---:|",
+            ]
+            for name, value in split_rows(
+                after, total.cpu_us_per_request, floor.cpu_us_per_request
+            ):
+                share = value / total.cpu_us_per_request * 100
+                lines.append(f"| {name} | {value:.1f} | {share:.1f}% |")
+    return lines
+
+
 def _markdown(
-    steps: list[StepTiming], loads: list[StackLoad], command: str, scrape: ScrapeCost | None = None
+    steps: list[StepTiming],
+    loads: list[StackLoad],
+    command: str,
+    scrape: ScrapeCost | None = None,
+    compared: dict[str, list[StepTiming]] | None = None,
+    edge: list[ExtProcCost] | None = None,
+    before_name: str = "",
 ) -> str:
     lines = [
         "# EPP overhead",
@@ -352,6 +715,7 @@ def _markdown(
             lines.append(f"| {s.step} | | | |")
         else:
             lines.append(f"| {s.step} | {s.p50_us:.1f} | {s.p99_us:.1f} | {s.mean_us:.1f} |")
+    lines += _compared_markdown(compared or {}, edge or [], before_name)
     if loads:
         lines += [
             "",
@@ -368,13 +732,15 @@ def _markdown(
                 f"{r.p99_ms:.2f} | {r.requests_per_s:.0f} | {cpu} | {rate} |"
             )
         by_key = {(r.stack, r.concurrency): r for r in loads}
-        rr1, epp1 = by_key.get(("Envoy round robin", 1)), by_key.get(("Envoy + EPP", 1))
-        if rr1 and epp1:
-            lines += [
-                "",
-                f"Added by the EPP at concurrency 1: p50 {epp1.p50_ms - rr1.p50_ms:+.2f} ms, "
-                f"p99 {epp1.p99_ms - rr1.p99_ms:+.2f} ms.",
-            ]
+        rr1 = by_key.get(("Envoy round robin", 1))
+        for name in ("Envoy + EPP", "Envoy + EPP (before)"):
+            epp1 = by_key.get((name, 1))
+            if rr1 and epp1:
+                lines += [
+                    "",
+                    f"Added by the EPP{' (before)' if 'before' in name else ''} at concurrency 1: "
+                    f"p50 {epp1.p50_ms - rr1.p50_ms:+.2f} ms, p99 {epp1.p99_ms - rr1.p99_ms:+.2f} ms.",
+                ]
     if scrape is not None:
         expected = scrape.pods * scrape.seconds * 1000 / scrape.interval_ms
         lines += [
@@ -413,16 +779,39 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", type=Path, help="write NAME.md and NAME.json here (e.g. docs/benchmarks/overhead)"
     )
+    parser.add_argument(
+        "--before",
+        default="HEAD",
+        help="the commit whose code is the before column (frozen as tools/bench/"
+        "freeze_code.py does); 'none' skips it",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="before/after rounds, alternating")
+    parser.add_argument(
+        "--edge-requests", type=int, default=300, help="requests per round on the ext_proc server"
+    )
     args = parser.parse_args(argv)
     command = "epp bench overhead " + shlex.join(argv)
-    steps = in_process(args.pods, args.prompt_tokens, iterations=args.iterations)
+    before = None if args.before == "none" else frozen_src(args.before)
+    codes = (
+        {"after": WORK_TREE_SRC} if before is None else {"before": before, "after": WORK_TREE_SRC}
+    )
+    compared = compared_steps(codes, args.rounds, args.pods, args.prompt_tokens, args.iterations)
+    servers: dict[str, Path | None] = {"gRPC floor (bare servicer)": None}
+    servers.update({f"EPP {label}": code for label, code in codes.items()})
+    edge = (
+        ext_proc_cost(servers, args.edge_requests, args.rounds, args.pods, args.prompt_tokens)
+        if args.edge_requests > 0
+        else []
+    )
+    steps = compared["after"]
     loads = (
         []
         if args.no_live
-        else through_envoy(args.live_pods, args.live_requests, args.saturation_concurrency)
+        else through_envoy(args.live_pods, args.live_requests, args.saturation_concurrency, before)
     )
     scrape = scraping(args.scrape_pods, args.scrape_seconds) if args.scrape_pods > 0 else None
-    report = _markdown(steps, loads, command.strip(), scrape)
+    before_name = "none" if before is None else f"{args.before} = {before.name[:12]}"
+    report = _markdown(steps, loads, command.strip(), scrape, compared, edge, before_name)
     print(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -431,6 +820,8 @@ def main(argv: list[str]) -> int:
             json.dumps(
                 {
                     "steps": [asdict(s) for s in steps],
+                    "compared": {k: [asdict(s) for s in v] for k, v in compared.items()},
+                    "ext_proc": [asdict(e) for e in edge],
                     "loads": [asdict(r) for r in loads],
                     "scrape": asdict(scrape) if scrape else None,
                 },

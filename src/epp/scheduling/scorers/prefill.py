@@ -162,7 +162,6 @@ class PrefillScorer:
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
         if not candidates:
             return []
-        seconds = self.cost.seconds
         matched = request.prefix_match.get
         prompt_tokens = request.prompt_tokens
         block_size = request.block_size
@@ -171,11 +170,24 @@ class PrefillScorer:
         states = [pods(e, _FRESH) for e in candidates]
         known = [s.service_s for s in states if s.service_s is not None]
         pool = sum(known) / len(known) if known else None
-        ttft = [
-            max(max(0.0, s.lane_end - now), slot_wait(e, now, s.service_s, pool))
-            + seconds(prompt_tokens, matched(e.name, 0), block_size)
-            for e, s in zip(candidates, states, strict=True)
-        ]
+        # One pass, PrefillCost.seconds and the max() calls inlined (the hottest loop of a
+        # decision, once per candidate): the same float operations in the same order.
+        cost = self.cost
+        overhead, per_token, per_cached = cost.overhead_s, cost.per_token_s, cost.per_cached_token_s
+        most_cached = prompt_tokens - 1 if prompt_tokens > 1 else 0
+        ttft: list[float] = []
+        append = ttft.append
+        for e, s in zip(candidates, states, strict=True):
+            cached = matched(e.name, 0) * block_size
+            if cached > most_cached:
+                cached = most_cached
+            lane = s.lane_end - now
+            wait = lane if lane > 0.0 else 0.0
+            if e.configured_slots:
+                slot = slot_wait(e, now, s.service_s, pool)
+                if slot > wait:
+                    wait = slot
+            append(wait + (overhead + (prompt_tokens - cached) * per_token + cached * per_cached))
         best = min(ttft)
         # t is 0 only with zero costs and an idle lane: then every such pod is the best.
         return [best / t if t > 0.0 else 1.0 for t in ttft]
