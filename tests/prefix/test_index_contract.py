@@ -457,6 +457,23 @@ def test_a_hit_engine_block_outlives_cold_ones_through_the_bound(per_block):
     assert index.precise_capacity_evictions > 300
 
 
+def test_a_hit_on_the_first_key_of_an_engine_block_keeps_the_whole_block():
+    # An engine block of two of our keys; every request shares only its first key (a hit
+    # on part of the block is still a use of it).
+    index, clock = precise("a", capacity=64)
+    index.store_engine_blocks("a", [10], keys(1, 2), 2)
+    for n in range(400):
+        clock.now = float(n)
+        index.record("a", [BlockHash(1), BlockHash(50_000 + n)], token=f"r{n}")
+        index.completed(f"r{n}", clock.now)
+        new = keys(1000 + 2 * n, 1001 + 2 * n)
+        index.store_engine_blocks("a", [5000 + n], new, 2)
+    clock.now = 1000.0
+    assert index.engine_block("a", 10) == (1, 2)
+    assert index.match(keys(1, 2)) == {"a": 2}
+    assert index.precise_capacity_evictions > 300
+
+
 @pytest.mark.parametrize("per_block", [1, 2])
 def test_a_cold_engine_block_goes_at_its_turn(per_block):
     index, _ = precise("a", capacity=64)
