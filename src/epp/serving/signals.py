@@ -59,10 +59,10 @@ def freeze_start_up_heap() -> None:
     """Move what start-up built (modules, config, the first discovery's endpoints,
     tokenizers) out of the collector's generations (gc.freeze): it lives as long as the
     process, and a full collection, which holds the GIL and so the routing loop, then
-    scans only what came later. Measured under a 1,000-pod relist: the longest pause
-    ~220 -> ~40 ms, routing p99 ~240 -> ~75 ms (docs/benchmarks/loop.md). A frozen
-    object that later ends in a reference cycle is never freed: bounded by what
-    start-up built. Only the serving process does this (`epp serve`), not `start()`,
-    which tests call many times in one process."""
+    scans only what came later: the pauses a relist or a scrape leaves behind shrink
+    several times (docs/benchmarks/loop.md). A frozen object that later ends in a
+    reference cycle is never freed: bounded by what start-up built. Only the serving
+    process does this (`epp serve`), not `start()`, which tests call many times in one
+    process."""
     gc.collect()
     gc.freeze()
