@@ -1,6 +1,6 @@
 """vLLM's KV-event batches as the EPP decodes them (epp.prefix.kv_events), fuzzed.
 
-Contract (kv_events.py's docstring): the decoder never raises on input; a payload that is
+Contract (epp.prefix.kv_events.decoder's docstring): the decoder never raises on input; a payload that is
 not a batch (or over the limits) gives None; a kept event obeys every rule (a hash is an
 unsigned 64-bit value, token ids fill the blocks exactly, block counts and sizes within
 `DecodeLimits`). Valid batches as the simulator publishes them (vllm_sim.kv_events, the
