@@ -1,9 +1,10 @@
 """One pod's vLLM KV events over ZMQ, kept in step with the pod (the I/O of precise mode).
 
-Modules: `subscriber` (the receive/replay loop and the rules below), `receiver` (the
-live sockets of every followed pod read and decoded in one shared thread), `sockets` (the ZMQ SUB and replay
-conversations), `state` (settings, per-pod state, the sink contract), `pod_endpoints`
-(config and labels -> a pod's endpoints and topic).
+Modules: `subscriber` (the receive/replay loop and the rules below), `receiver` (one
+pod's live socket as the loop sees it), `hub` (the one thread that reads and decodes
+every followed pod's live socket), `sockets` (the ZMQ SUB and replay conversations),
+`state` (settings, per-pod state, the sink contract), `pod_endpoints` (config and
+labels -> a pod's endpoints and topic).
 
 A `KvEventSubscriber` per followed pod:
 

@@ -12,50 +12,29 @@ in arrival order:
 - `Failed`: an unexpected error handling that pod's sockets; its sockets rest for
   `reconnect_ivl_s`, the other pods' do not.
 
-One thread (`ReceiverHub`), not one per pod: a zmq Poller over every pod's SUB and
-monitor sockets, so that 1,000 followed pods cost one thread. Its invariants:
-
-- Once a receiver's sockets are handed over, only the hub thread touches them (ZMQ
-  sockets are not thread-safe; the handover goes through a lock, the memory barrier ZMQ
-  asks for when a socket changes threads); it closes them before `stop` returns.
-- Per-pod isolation: whatever one pod sends (garbage, truncated frames) or whatever
-  fails handling its sockets reaches that pod's items only; a pod reads at most
-  `TURN_MESSAGES` per poll, so a storming pod delays the others by one turn at most.
-- Per-pod bound: at most `rcvhwm` items wait for the loop per pod; then the hub stops
-  polling that pod's SUB socket, ZMQ's own queue (`rcvhwm` more) fills and drops, which
-  the subscriber sees as a gap, as it would without the thread.
-- The live sockets live in the hub's own ZMQ context, whose socket limit is raised
-  (libzmq's default, 1,023 sockets, is ~340 pods at three sockets each); replay sockets
-  stay on the subscriber's context.
-- One hub per subscriber context (PreciseMode shares one context among its pods), alive
-  while it has receivers: the last `stop` ends its thread and its context.
-- The decoder's counters are each receiver's own (`KvEventStats` is not thread-safe):
-  each item carries what its decoding counted, for the loop to add.
+One thread reads every pod's sockets (`hub.ReceiverHub`: its invariants there); the
+decoder's counters are each receiver's own (`KvEventStats` is not thread-safe): each
+item carries what its decoding counted, for the loop to add.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import cast
 
-import structlog
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from epp.datalayer.kv_subscriber.hub import ReceiverHub
 from epp.datalayer.kv_subscriber.sockets import open_sub_socket
 from epp.datalayer.kv_subscriber.state import SubscriberSettings
 from epp.prefix.kv_events import EventBatch, KvEventDecoder, KvEventStats, decode_seq
 
-log = structlog.get_logger("epp.kv_subscriber")
-
-POLL_MS = 500  # the longest the hub sleeps with nothing to do (it is woken for changes)
 TURN_MESSAGES = 64  # live messages read from one pod per poll (fairness between pods)
 
 
@@ -171,6 +150,15 @@ class LiveReceiver:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(_resolve, self._closed)
 
+    def failed(self, error: str) -> None:
+        """An error handling this pod's sockets (in the hub thread): the loop is told."""
+        self.put(Failed(error[:200]))
+
+    def resume(self) -> None:
+        """The hub polls this pod's socket again (it has room)."""
+        with self._lock:
+            self.full = False
+
     def has_room(self) -> bool:
         return len(self._items) < self.settings.rcvhwm
 
@@ -225,190 +213,3 @@ class LiveReceiver:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-@dataclass(slots=True, eq=False)
-class _Member:
-    receiver: LiveReceiver
-    sub: zmq.Socket[bytes]
-    monitor: zmq.Socket[bytes]
-    polled: bool = False  # the SUB socket is registered with the poller
-
-
-class ReceiverHub:
-    """The thread that reads every live socket of one subscriber context's pods."""
-
-    # Subscriber context -> its hub, while it has pods. Process-wide on purpose: a
-    # subscriber is given only a context (PreciseMode shares one among its pods), so
-    # the context is what says which pods share a thread; an entry goes with its last pod.
-    _hubs: dict[int, ReceiverHub] = {}
-    _hubs_lock = threading.Lock()  # guards _hubs and every hub's commands and users
-
-    def __init__(self, key: int) -> None:
-        self._key = key
-        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.context.set(zmq.MAX_SOCKETS, self.context.get(zmq.SOCKET_LIMIT))
-        self._users = 0  # receivers joined and not gone
-        self._commands: deque[tuple[str, LiveReceiver, tuple[zmq.Socket[bytes], ...]]] = deque()
-        self._wake_in, self._wake_out = socket.socketpair()
-        self._wake_in.setblocking(False)
-        self._wake_out.setblocking(False)
-        self._thread = threading.Thread(target=self._run, name="kv-live-receiver", daemon=True)
-        self._thread.start()
-
-    # -- the loop's side (any thread) ---------------------------------------------------
-
-    @classmethod
-    def join(cls, key: int) -> ReceiverHub:
-        """The hub of subscriber context `key`, started if it has no thread; `add` or
-        `leave` must follow."""
-        with cls._hubs_lock:
-            hub = cls._hubs.get(key)
-            if hub is None:
-                hub = cls._hubs[key] = ReceiverHub(key)
-            hub._users += 1
-            return hub
-
-    def leave(self) -> None:
-        """A receiver that joined gives up before handing sockets over."""
-        self._command("leave", None, ())
-
-    def add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
-        self._command("add", receiver, (sub, monitor))
-
-    def remove(self, receiver: LiveReceiver) -> None:
-        self._command("remove", receiver, ())
-
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
-            self._wake_out.send(b"\0")
-
-    def _command(self, kind: str, receiver: LiveReceiver | None, sockets: tuple) -> None:
-        with self._hubs_lock:
-            self._commands.append((kind, receiver, sockets))  # type: ignore[arg-type]
-        self.wake()
-
-    # -- the hub thread: it alone touches the sockets, the poller and these maps ---------
-
-    def _run(self) -> None:
-        self._members: dict[LiveReceiver, _Member] = {}
-        self._sockets: dict[zmq.Socket[bytes], tuple[_Member, bool]] = {}  # -> is monitor
-        self._parked: set[_Member] = set()  # SUB socket not polled: full, or resting
-        self._poller = zmq.Poller()
-        self._poller.register(self._wake_in, zmq.POLLIN)
-        try:
-            while self._apply_commands():
-                self._resume()
-                self._turn()
-        except Exception as exc:  # a bug in the hub itself: said, and every pod told
-            log.error("kv_events_receiver_failed", error=repr(exc)[:200])
-            for member in self._members.values():
-                member.receiver.put(Failed(f"receiver thread: {exc!r}"[:200]))
-        finally:
-            self._shut()
-
-    def _apply_commands(self) -> bool:
-        """Carry out adds and removes; False when the hub has no receiver left (and is
-        gone from `_hubs`: a later `join` makes a new one)."""
-        with self._hubs_lock:
-            commands = list(self._commands)
-            self._commands.clear()
-            self._users -= sum(1 for kind, _, _ in commands if kind != "add")
-            done = self._users == 0
-            if done:
-                del ReceiverHub._hubs[self._key]
-        for kind, receiver, sockets in commands:
-            if kind == "add":
-                self._add(receiver, *sockets)
-            elif kind == "remove" and receiver in self._members:
-                self._close(self._members.pop(receiver))
-        return not done
-
-    def _add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
-        member = self._members[receiver] = _Member(receiver, sub, monitor)
-        self._sockets[sub] = (member, False)
-        self._sockets[monitor] = (member, True)
-        self._poller.register(monitor, zmq.POLLIN)
-        self._poll_sub(member, True)
-
-    def _resume(self) -> None:
-        """Poll again the SUB sockets of pods that have room again and rested enough."""
-        now = time.monotonic()
-        for member in list(self._parked):
-            receiver = member.receiver
-            if now >= receiver.resting_until and receiver.has_room():
-                with receiver._lock:
-                    receiver.full = False
-                self._poll_sub(member, True)
-
-    def _turn(self) -> None:
-        for ready, _ in self._poller.poll(self._timeout_ms()):
-            found = self._sockets.get(ready)
-            if found is None:  # the wake-up socket (the poller gives its fd)
-                with contextlib.suppress(OSError):
-                    self._wake_in.recv(4096)
-                continue
-            member, is_monitor = found
-            try:
-                if is_monitor:
-                    member.receiver.monitor_events(member.monitor)
-                elif member.polled:
-                    member.receiver.messages(member.sub)
-                    if member.receiver.full:
-                        self._poll_sub(member, False)
-            except Exception as exc:  # this pod's alone: the others go on
-                self._rest(member, exc)
-
-    def _timeout_ms(self) -> int:
-        """Until the first resting pod may be polled again (POLL_MS at most): a pod
-        waiting for room is woken by the loop instead."""
-        resting = [m.receiver.resting_until for m in self._parked]
-        until = (min(resting) - time.monotonic()) if resting else POLL_MS / 1000
-        return max(1, min(POLL_MS, int(until * 1000) + 1))
-
-    def _rest(self, member: _Member, exc: Exception) -> None:
-        """A failure handling one pod's sockets: reported to it, its SUB socket rests."""
-        receiver = member.receiver
-        receiver.put(Failed(repr(exc)[:200]))
-        receiver.resting_until = time.monotonic() + receiver.settings.reconnect_ivl_s
-        self._poll_sub(member, False)
-
-    def _poll_sub(self, member: _Member, polled: bool) -> None:
-        if polled and not member.polled:
-            self._poller.register(member.sub, zmq.POLLIN)
-            self._parked.discard(member)
-        elif not polled and member.polled:
-            self._poller.unregister(member.sub)
-            self._parked.add(member)
-        member.polled = polled
-
-    def _close(self, member: _Member) -> None:
-        self._poll_sub(member, False)
-        self._parked.discard(member)
-        self._poller.unregister(member.monitor)
-        del self._sockets[member.sub], self._sockets[member.monitor]
-        with contextlib.suppress(zmq.ZMQError):
-            member.sub.disable_monitor()
-        member.sub.close(linger=0)
-        member.monitor.close(linger=0)
-        member.receiver.closed()
-
-    def _shut(self) -> None:
-        """The thread's end: every socket closed (and its waiter told), then the context."""
-        with self._hubs_lock:
-            if ReceiverHub._hubs.get(self._key) is self:
-                del ReceiverHub._hubs[self._key]  # ended by a failure: a new join starts over
-            pending = list(self._commands)
-            self._commands.clear()
-        for member in self._members.values():
-            member.sub.close(linger=0)
-            member.monitor.close(linger=0)
-            member.receiver.closed()
-        for _, receiver, sockets in pending:
-            for sock in sockets:
-                sock.close(linger=0)
-            if receiver is not None:
-                receiver.closed()
-        self._wake_in.close()
-        self._wake_out.close()
-        self.context.term()
