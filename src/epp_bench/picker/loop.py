@@ -6,21 +6,26 @@ at `--rate` per second over a fleet of `--fleet` pods, and measures each decisio
 latency from its scheduled start (so time spent waiting for the loop counts), while one
 kind of background work runs, either on the loop (as the product does it) or off it:
 
-- `kv`: a KV-event storm. A publisher process runs `--kv-pods` vLLM-layout publishers
-  (`vllm_sim.kv_publisher`, real ZMQ PUB), each sending BlockStored batches of
-  `--blocks` blocks `--batches` times a second. On the loop: the product's `PreciseMode`
-  (one `KvEventSubscriber` per pod) with `SubscriberSettings.receive_in_thread` False:
-  receive, decode and apply on the loop. Off (the default): each pod's live socket is
-  read and decoded in a thread (kv_subscriber/receiver.py); the loop applies (the index
-  has one owner: the loop) and keeps the sequence bookkeeping.
+- `kv`: a KV-event storm. A publisher process runs `--kv-publishers` (default: one per
+  followed pod) vLLM-layout publishers (`vllm_sim.kv_publisher`, real ZMQ PUB), each
+  sending BlockStored batches of `--blocks` blocks `--batches` times a second, to
+  `--kv-pods` followed pods. On the loop: the product's `PreciseMode` (one
+  `KvEventSubscriber` per pod) with `SubscriberSettings.receive_in_thread` False:
+  receive, decode and apply on the loop. Off (the default): every pod's live socket is
+  read and decoded by one shared thread (kv_subscriber/hub.py); the loop applies (the
+  index has one owner: the loop) and keeps the sequence bookkeeping.
 - `relist`: a Kubernetes relist of `--fleet` pods every `--relist-ms`. A thread parses
   the list body (`json.loads`, as `Reflector._list` does in its thread), then
   `endpoints_for_pool` and `EndpointStore.sync` (20 pods flap between lists). On the
   loop: both on the loop (as `KubernetesDiscovery._drain` does). Off: `endpoints_for_pool`
   in the thread, only `sync` on the loop (the store owns Endpoint state).
 - `pages`: a client thread fetches `/metrics` and `/debug/endpoints` over HTTP every
-  `--pages-ms`. On the loop: the service's own aiohttp app renders them. Off: the same
-  rendering in a worker thread (`asyncio.to_thread`).
+  `--pages-ms`. On the loop: both rendered on the loop. Off: each in a worker thread.
+- `metrics`: the client fetches `/metrics` alone: on the loop; `off` as the service
+  serves it (collected on the loop, encoded in a worker thread); `thread` all of it in
+  a worker thread (for comparison: not safe in the product).
+- `frozen` arms: `off` with the heap collected and frozen (gc.freeze) at the phase's
+  start, as `epp serve` does once started.
 
 Phases are interleaved (idle, then each load on and off) and repeated `--repeats` times,
 side by side in one run: the machine is shared, so only figures of one run compare.

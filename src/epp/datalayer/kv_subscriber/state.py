@@ -47,7 +47,7 @@ class SubscriberSettings:
     # package docstring).
     restart_margin_s: float = 3.0
     # Read and decode the live socket in the receiver thread shared by every followed
-    # pod (receiver.py); False: on the loop (`epp bench loop` compares the two).
+    # pod (hub.py); False: on the loop (`epp bench loop` compares the two).
     receive_in_thread: bool = True
     limits: DecodeLimits = field(default_factory=DecodeLimits)
 

@@ -95,7 +95,7 @@ class KvEventSubscriber:
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         # settings.receive_in_thread: the live socket is read and decoded by the receiver
-        # thread shared by every subscriber of this context (receiver.py).
+        # thread shared by every subscriber of this context (hub.py).
         self._receiver: LiveReceiver | None = None
         self._resync_reason: str | None = None  # a full resync is due
         self._skip_through = -1  # live seqs up to this were applied by a replay
