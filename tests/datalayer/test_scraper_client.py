@@ -91,6 +91,22 @@ async def test_a_page_with_a_length_comes_over_one_kept_alive_connection():
     assert "Accept-Encoding: identity\r\n" in head
 
 
+def test_the_scraper_reads_pages_on_uvloop_as_epp_serve_runs_it():
+    """`epp serve` runs on uvloop, whose transports are not asyncio.Transport instances:
+    pages are read there too, over one kept-alive connection."""
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is a dependency on this platform")
+
+    async def scrape() -> tuple[list[bytes], int]:
+        async with RawPod(lambda _: (with_length(PAGE), False)) as pod:
+            client = PageClient(pod.url)
+            bodies = [(await client.get(2.0)).body for _ in range(3)]
+            client.close()
+        return bodies, pod.connections
+
+    bodies, connections = uvloop.run(scrape())
+    assert bodies == [PAGE] * 3 and connections == 1
+
+
 async def test_a_chunked_page_with_extensions_and_trailers_is_the_page():
     async with RawPod(lambda _: (chunked(PAGE), False)) as pod:
         client = PageClient(pod.url)

@@ -24,6 +24,7 @@ import asyncio
 import ssl
 import zlib
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from epp.datalayer.metrics_parser import MetricsFormatError
@@ -113,8 +114,9 @@ class _Exchange(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports (`epp serve` runs on uvloop)
+        # do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():

@@ -78,9 +78,10 @@ class PageServer(asyncio.Protocol):
     cache: dict[tuple[str, str, bool], bytes] = {}
     served = 0
 
+    transport: asyncio.Transport
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         self.buffer = b""
 
     def data_received(self, data: bytes) -> None:
