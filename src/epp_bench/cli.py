@@ -45,6 +45,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.loop",
         "routing latency with KV events, relists, pages on the loop or off it",
     ),
+    "scale": (
+        "epp_bench.picker.scale",
+        "1,000 pods, 10,000 in flight: decision latency, memory per pod and request, scrape",
+    ),
     "scrape": (
         "epp_bench.picker.scrape",
         "pods' /metrics scrape: EPP CPU per page and cores, the engine's cost, before/after",

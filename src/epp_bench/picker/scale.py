@@ -1,0 +1,644 @@
+"""`epp bench scale`: the EPP at 1,000 pods with 10,000 requests in flight.
+
+In one process, the service's own components wired as `epp serve` wires them (endpoint
+store, prefix index, scheduler, Router, metrics: `epp.wiring.connect`), no Envoy and no
+I/O, on a virtual clock (the store's and the index's clock stands still, so no page goes
+stale and no reservation times out while the benchmark runs):
+
+1. **The fleet**: `--pods` pods, each scraped once with a real vLLM page (the fixture
+   page tests/fixtures/vllm-0.33-metrics.txt, its waiting / running / KV-usage values
+   varied per pod, read by the scraper's `PageReader` into `EndpointStore.scraped`).
+2. **Prefix state**: each pod holds about `--blocks-per-pod` blocks in the prefix index:
+   the full chains of some of `--systems` shared 4k-token system prompts (the real hashes
+   of their prompts, so that the measured requests hit them) and its own conversations'
+   blocks (random chains).
+3. **In flight**: `--in-flight` chat requests (a shared system prompt and a user turn)
+   routed by the Router itself (`Router.route_now`) and not completed.
+4. **Decision latency**: `Router.route` (awaited) on a 4k-token chat with a shared system
+   prompt, byte estimate, each completed at once (untimed) so that the in-flight count
+   stays put: at `--pods` pods with `--in-flight` in flight, with none in flight, and
+   over `--small-pods` pods with none in flight, side by side in the same run.
+5. **Memory**: RSS (/proc) and tracemalloc at each stage: per pod (store and page
+   state; prefix index) and per request in flight.
+6. **Completion**: `Router.complete` of every request in flight (the drain), CPU per
+   completion.
+7. **Scrape cost**: process CPU to read `--pods` pages (`PageReader.parse`, whole page
+   and the `name[]`-filtered page the scraper asks for by default) and to apply them
+   (`EndpointStore.scraped`, with its listeners), per round; cores at the 50 ms
+   interval and at the slow ones (KV events 0.2 s, idle 0.5 s). The HTTP fetch is not
+   included (see docs/benchmarks/scrape.md for the client's cost per page).
+
+The machine is shared and noisy: compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import random
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from epp.config import EppConfig
+from epp.datalayer.metrics_parser import PageReader
+from epp.datalayer.scraper import page_reader, scrape_url
+from epp.datalayer.store import EndpointStore
+from epp.observability.metrics import EppMetrics
+from epp.prefix.index import PrefixIndex
+from epp.request import IncomingRequest
+from epp.routing import Router
+from epp.scheduling.scheduler import Scheduler
+from epp.tokenization.estimate import ByteEstimateTokenizer
+from epp.wiring import connect
+from epp_harness.stats import percentile
+
+CODE = Path(__file__).resolve().parents[2]  # src/, or a frozen commit's code directory
+# The repository: src/'s parent, else (frozen code) the working directory.
+REPO = CODE.parent if (CODE.parent / "tests").is_dir() else Path.cwd()
+FIXTURE = REPO / "tests" / "fixtures" / "vllm-0.33-metrics.txt"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the fixture page's model_name
+PATH = "/v1/chat/completions"
+# The scraper's intervals (DataLayerConfig defaults): busy pods, pods followed by KV
+# events, idle pods.
+INTERVALS = {"50 ms (busy)": 0.05, "0.2 s (KV events)": 0.2, "0.5 s (idle)": 0.5}
+
+
+@dataclass(slots=True)
+class Settings:
+    pods: int = 1000
+    small_pods: int = 64
+    in_flight: int = 10_000
+    blocks_per_pod: int = 4000
+    systems: int = 64  # shared system prompts
+    systems_per_pod: int = 4  # held whole by each pod
+    prompt_tokens: int = 4096
+    decisions: int = 400  # measured per arm
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Arm:
+    name: str
+    pods: int
+    in_flight: int
+    decisions: int
+    p50_us: float
+    p99_us: float
+    mean_us: float
+    cpu_us: float  # process CPU per decision
+
+
+@dataclass(slots=True)
+class Report:
+    settings: dict[str, Any]
+    arms: list[Arm] = field(default_factory=list)
+    memory: dict[str, float] = field(default_factory=dict)
+    fill: dict[str, float] = field(default_factory=dict)
+    drain: dict[str, float] = field(default_factory=dict)
+    scrape: dict[str, float] = field(default_factory=dict)
+    index: dict[str, float] = field(default_factory=dict)
+    upkeep: dict[str, float] = field(default_factory=dict)
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+_GAUGE = re.compile(
+    rb"^(vllm:(?:num_requests_running|num_requests_waiting|kv_cache_usage_perc)\{[^}]*\}) \S+$",
+    re.M,
+)
+
+
+def page_variants(page: bytes, count: int, seed: int) -> list[bytes]:
+    """`count` copies of the page with their running / waiting / KV-usage values varied."""
+    rng = random.Random(seed)
+    variants = []
+    for _ in range(count):
+        values = {
+            b"num_requests_running": float(rng.randrange(0, 12)),
+            b"num_requests_waiting": float(rng.randrange(0, 5)),
+            b"kv_cache_usage_perc": round(rng.random() * 0.8, 4),
+        }
+
+        def vary(match: re.Match[bytes], values: dict[bytes, float] = values) -> bytes:
+            series = match.group(1)
+            name = series.split(b"{")[0].split(b":")[1]
+            return series + b" " + repr(values[name]).encode()
+
+        variants.append(_GAUGE.sub(vary, page))
+    return variants
+
+
+def filtered_page(page: bytes, names: tuple[str, ...]) -> bytes:
+    """The page as vLLM's prometheus_client answers `?name[]=...` (only those series)."""
+    from epp_bench.picker.scrape_engine import render, vllm_registry
+
+    return render(vllm_registry(page.decode()), scrape_url("/metrics", names))
+
+
+# -- the fleet ---------------------------------------------------------------------------
+
+
+class Clock:
+    """The virtual clock of the store and the index: it moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(slots=True)
+class Fleet:
+    config: EppConfig
+    clock: Clock
+    store: EndpointStore
+    index: PrefixIndex
+    router: Router
+    metrics: EppMetrics
+
+
+def _pod_ip(i: int) -> str:
+    return f"10.{i // 62500}.{i // 250 % 250}.{i % 250 + 1}"
+
+
+def build_fleet(pods: int, pages: list[bytes], reader: PageReader, seed: int) -> Fleet:
+    """The components as the service wires them, every pod scraped once with a page."""
+    config = EppConfig.model_validate(
+        {
+            "endpoints": [
+                {"name": f"pod-{i:04d}", "address": f"{_pod_ip(i)}:8000", "model": MODEL}
+                for i in range(pods)
+            ],
+            "log_level": "warning",
+        }
+    )
+    clock = Clock()
+    store = EndpointStore.for_config(config, clock)
+    index = PrefixIndex.from_config(config.prefix, clock=clock)
+    metrics = EppMetrics()
+    scheduler = Scheduler(config.scheduling)
+    router = Router(config, store, index, scheduler, ByteEstimateTokenizer(), metrics)
+    connect(store, index, router, config)
+    store.sync(config.endpoints)
+    rng = random.Random(seed)
+    for endpoint in store.all():
+        store.scraped(endpoint, reader.parse(pages[rng.randrange(len(pages))]))
+    return Fleet(config, clock, store, index, router, metrics)
+
+
+def _words(rng: random.Random, tokens: int) -> str:
+    # The byte estimate counts ~4 bytes a token: "w123 " is 5 bytes, 1.25 tokens.
+    return " ".join(f"w{rng.randrange(1000):03d}" for _ in range(tokens * 4 // 5))
+
+
+def chat(system: str, user: str) -> bytes:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return json.dumps({"model": MODEL, "messages": messages}).encode()
+
+
+def system_prompts(settings: Settings) -> list[str]:
+    rng = random.Random(settings.seed + 1)
+    return [_words(rng, settings.prompt_tokens) for _ in range(settings.systems)]
+
+
+def fill_index(fleet: Fleet, systems: list[str], settings: Settings) -> int:
+    """Each pod: `systems_per_pod` shared system prompts' chains (their real hashes) and
+    its own conversations' blocks (random 64-bit chains of 256 blocks) up to
+    `blocks_per_pod`. Returns the blocks recorded."""
+    rng = random.Random(settings.seed + 2)
+    router, index = fleet.router, fleet.index
+    chains = [
+        router.prepare(IncomingRequest(path=PATH, body=chat(s, "hi"), request_id="fill")).hashes
+        for s in systems
+    ]
+    recorded = 0
+    for n, endpoint in enumerate(fleet.store.all()):
+        held = 0
+        for k in range(settings.systems_per_pod):
+            chain = chains[(n * settings.systems_per_pod + k) % len(chains)]
+            index.record(endpoint.name, chain)
+            held += len(chain)
+        while held < settings.blocks_per_pod:
+            length = min(256, settings.blocks_per_pod - held)
+            index.record(endpoint.name, [rng.getrandbits(64) for _ in range(length)])
+            held += length
+        recorded += held
+    return recorded
+
+
+def bodies(systems: list[str], count: int, seed: int) -> list[bytes]:
+    """Chats on the shared system prompts, each with its own user turn."""
+    rng = random.Random(seed)
+    return [
+        chat(systems[rng.randrange(len(systems))], f"question {seed}-{i}: {_words(rng, 40)}")
+        for i in range(count)
+    ]
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def traced_mb() -> float:
+    return tracemalloc.get_traced_memory()[0] / 2**20 if tracemalloc.is_tracing() else 0.0
+
+
+async def measure_route(fleet: Fleet, name: str, probes: list[bytes], in_flight: int) -> Arm:
+    """`Router.route` over `probes`, each completed at once (untimed)."""
+    router = fleet.router
+    samples = []
+    clock = time.perf_counter_ns
+    cpu = 0.0
+    for n, body in enumerate(probes):
+        incoming = IncomingRequest(path=PATH, body=body, request_id=f"{name}-{n}")
+        cpu_started = time.process_time()
+        started = clock()
+        routed = await router.route(incoming)
+        samples.append((clock() - started) / 1000)
+        cpu += time.process_time() - cpu_started
+        router.complete(routed, 200)
+    warm = samples[len(samples) // 10 :]  # the first tenth warms caches
+    return Arm(
+        name,
+        len(fleet.store.all()),
+        in_flight,
+        len(warm),
+        round(percentile(warm, 50) or 0.0, 1),
+        round(percentile(warm, 99) or 0.0, 1),
+        round(sum(warm) / len(warm), 1),
+        round(cpu / len(samples) * 1e6, 1),
+    )
+
+
+def fill_in_flight(fleet: Fleet, chats: list[bytes]) -> tuple[list[str], list[float]]:
+    """Route every chat and keep it open; their route tokens (all the observer stream
+    keeps of a request) and each decision's latency (us)."""
+    router = fleet.router
+    tokens, latencies = [], []
+    clock = time.perf_counter_ns
+    for n, body in enumerate(chats):
+        started = clock()
+        routed = router.route_now(IncomingRequest(path=PATH, body=body, request_id=f"f{n}"))
+        latencies.append((clock() - started) / 1000)
+        tokens.append(routed.token)
+    return tokens, latencies
+
+
+def cpu_of(call: Callable[[], object]) -> float:
+    started = time.process_time()
+    call()
+    return time.process_time() - started
+
+
+def scrape_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[str, float]:
+    """Process CPU per round of one page per pod (best of 3 rounds): parse, and parse +
+    `EndpointStore.scraped` (the store and its listeners, as the scraper calls it)."""
+    store, endpoints = fleet.store, fleet.store.all()
+    filtered = [filtered_page(page, reader.names) for page in pages[:4]]
+    whole_per_pod = [pages[n % len(pages)] for n in range(len(endpoints))]
+    filtered_per_pod = [filtered[n % len(filtered)] for n in range(len(endpoints))]
+
+    def parse(per_pod: list[bytes]) -> Callable[[], object]:
+        return lambda: [reader.parse(page) for page in per_pod]
+
+    def apply(per_pod: list[bytes]) -> Callable[[], object]:
+        def round_() -> None:
+            fleet.clock.now += 0.05
+            for endpoint, page in zip(endpoints, per_pod, strict=True):
+                store.scraped(endpoint, reader.parse(page))
+
+        return round_
+
+    rounds = {
+        "parse, whole page": parse(whole_per_pod),
+        "parse, filtered page (default)": parse(filtered_per_pod),
+        "parse + store.scraped, whole page": apply(whole_per_pod),
+        "parse + store.scraped, filtered page (default)": apply(filtered_per_pod),
+    }
+    out: dict[str, float] = {
+        "whole page bytes": float(len(pages[0])),
+        "filtered page bytes": float(len(filtered[0])),
+    }
+    for name, round_ in rounds.items():
+        best = min(cpu_of(round_) for _ in range(3))
+        out[f"{name}: ms per round"] = round(best * 1000, 2)
+        out[f"{name}: us per page"] = round(best / len(endpoints) * 1e6, 1)
+    return out
+
+
+def upkeep_costs(fleet: Fleet) -> dict[str, float]:
+    """What the service's periodic and event work costs at this load (process CPU, ms):
+    the maintenance round's `Router.tick` (every 0.25 s, `epp.app.HEALTH_REFRESH_S`),
+    the store's health round, one pod removed by discovery."""
+    store, router = fleet.store, fleet.router
+    tick = min(cpu_of(router.tick) for _ in range(5))
+    health = min(cpu_of(store.refresh_health) for _ in range(5))
+    endpoints = fleet.config.endpoints
+    removed = cpu_of(lambda: store.sync(endpoints[1:]))
+    return {
+        "Router.tick ms": round(tick * 1000, 3),
+        "store health round ms": round(health * 1000, 3),
+        "one pod removed (EndpointStore.sync) ms": round(removed * 1000, 3),
+    }
+
+
+def commit() -> str:
+    """The code's commit: a frozen checkout's (tools/bench/freeze_code.py names its
+    directory after it), else the work tree's HEAD, marked when src/epp differs from it."""
+    if re.fullmatch(r"[0-9a-f]{40}", CODE.name):
+        return CODE.name[:7] + " (frozen)"
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "src/epp"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return done.stdout.strip() + (" (src/epp modified)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(f"  {text}", flush=True)
+
+
+async def run(settings: Settings) -> Report:
+    report = Report(asdict(settings))
+    memory = report.memory
+    raw = FIXTURE.read_bytes()
+    pages = page_variants(raw, 32, settings.seed)
+    systems = system_prompts(settings)
+    probes = bodies(systems, settings.decisions, seed=settings.seed + 10)
+
+    # The small fleet first: 64 pods, nothing in flight (the comparison row).
+    reader = page_reader(EppConfig().datalayer)
+    small = build_fleet(settings.small_pods, pages, reader, settings.seed)
+    fill_index(small, systems, settings)
+    report.arms.append(await measure_route(small, "small fleet, idle", probes, 0))
+    _say(f"{report.arms[-1]}")
+    # Memory per open request over the small fleet (the large fleet's is measured below).
+    small_chats = bodies(systems, max(1, settings.in_flight // 10), seed=settings.seed + 30)
+    gc.collect()
+    tracemalloc.start()
+    kept, _ = fill_in_flight(small, small_chats)
+    gc.collect()
+    memory["in flight, small fleet: traced KB per request"] = round(
+        traced_mb() * 1024 / len(kept), 2
+    )
+    tracemalloc.stop()
+    del small
+    gc.collect()
+
+    # The large fleet, its memory traced stage by stage.
+    gc.collect()
+    tracemalloc.start()
+    base_rss, base_traced = rss_mb(), traced_mb()
+    started = time.perf_counter()
+    fleet = build_fleet(settings.pods, pages, reader, settings.seed)
+    gc.collect()
+    memory["fleet: build s"] = round(time.perf_counter() - started, 2)
+    memory["store: traced MB"] = round(traced_mb() - base_traced, 2)
+    memory["store: RSS MB"] = round(rss_mb() - base_rss, 2)
+    stage_rss, stage_traced = rss_mb(), traced_mb()
+    started = time.perf_counter()
+    blocks = fill_index(fleet, systems, settings)
+    gc.collect()
+    memory["index: fill s"] = round(time.perf_counter() - started, 2)
+    memory["index: blocks recorded"] = blocks
+    memory["index: traced MB"] = round(traced_mb() - stage_traced, 2)
+    memory["index: RSS MB"] = round(rss_mb() - stage_rss, 2)
+    report.index = {"prefixes held (index.nodes)": float(fleet.index.nodes)}
+    _say(f"fleet and index: {memory}")
+
+    # In flight: the first tenth routed under tracemalloc (memory per request), the
+    # rest without it (tracemalloc slows every allocation).
+    chats = bodies(systems, settings.in_flight, seed=settings.seed + 20)
+    traced_part = max(1, settings.in_flight // 10)
+    stage_rss, stage_traced = rss_mb(), traced_mb()
+    routed, _ = fill_in_flight(fleet, chats[:traced_part])
+    gc.collect()
+    memory["in flight: traced KB per request"] = round(
+        (traced_mb() - stage_traced) * 1024 / traced_part, 2
+    )
+    memory["traced MB, total (store + index + first requests)"] = round(traced_mb(), 1)
+    tracemalloc.stop()
+    gc.collect()
+    after_trace_rss = rss_mb()
+    more, latencies = fill_in_flight(fleet, chats[traced_part:])
+    routed += more
+    gc.collect()
+    memory["in flight: RSS KB per request"] = round(
+        (rss_mb() - after_trace_rss) * 1024 / max(1, len(more)), 2
+    )
+    memory["RSS MB, process at full load"] = round(rss_mb(), 1)
+    memory["RSS MB, process peak (ru_maxrss)"] = round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
+    )
+    open_now = sum(e.in_flight for e in fleet.store.all())
+    tenth = max(1, len(latencies) // 10)
+    report.fill = {
+        "requests routed and open": float(open_now),
+        "pods used": float(sum(1 for e in fleet.store.all() if e.in_flight)),
+        "most on one pod": float(max(e.in_flight for e in fleet.store.all())),
+        "route_now p50 us, first tenth (untraced)": round(
+            percentile(latencies[:tenth], 50) or 0, 1
+        ),
+        "route_now p50 us, last tenth": round(percentile(latencies[-tenth:], 50) or 0, 1),
+    }
+    _say(f"in flight: {report.fill}")
+
+    report.arms.append(await measure_route(fleet, "large fleet, loaded", probes, int(open_now)))
+    _say(f"{report.arms[-1]}")
+    report.upkeep = upkeep_costs(fleet)
+    _say(f"upkeep at full load: {report.upkeep}")
+
+    # The drain: every request completed.
+    router = fleet.router
+    cpu_started, started = time.process_time(), time.perf_counter()
+    for request in routed:
+        router.complete(request, 200)
+    drained_cpu, drained_wall = time.process_time() - cpu_started, time.perf_counter() - started
+    report.drain = {
+        "completions": float(len(routed)),
+        "CPU us per completion": round(drained_cpu / len(routed) * 1e6, 2),
+        "wall us per completion": round(drained_wall / len(routed) * 1e6, 2),
+        "open after": float(sum(e.in_flight for e in fleet.store.all())),
+    }
+    gc.collect()
+    memory["RSS MB, process drained"] = round(rss_mb(), 1)
+    _say(f"drain: {report.drain}")
+
+    report.arms.append(await measure_route(fleet, "large fleet, idle", probes, 0))
+    _say(f"{report.arms[-1]}")
+
+    report.scrape = scrape_costs(fleet, pages, reader)
+    _say(f"scrape: {report.scrape}")
+    return report
+
+
+def per_unit(report: Report, settings: Settings) -> dict[str, float]:
+    m = report.memory
+    pods = settings.pods
+    return {
+        "store, per pod (traced KB)": round(m["store: traced MB"] * 1024 / pods, 2),
+        "store, per pod (RSS KB)": round(m["store: RSS MB"] * 1024 / pods, 2),
+        "index, per pod (traced KB)": round(m["index: traced MB"] * 1024 / pods, 2),
+        "index, per pod (RSS KB)": round(m["index: RSS MB"] * 1024 / pods, 2),
+        "index, per (block, pod) entry (traced B)": round(
+            m["index: traced MB"] * 2**20 / max(1.0, m["index: blocks recorded"]), 1
+        ),
+        "in flight, per request (traced KB)": m["in flight: traced KB per request"],
+        "in flight, per request (RSS KB)": m["in flight: RSS KB per request"],
+    }
+
+
+def cores(report: Report, settings: Settings) -> list[tuple[str, float, dict[str, float]]]:
+    rows = []
+    for name in (
+        "parse, filtered page (default)",
+        "parse + store.scraped, filtered page (default)",
+        "parse, whole page",
+        "parse + store.scraped, whole page",
+    ):
+        per_page_s = report.scrape[f"{name}: us per page"] / 1e6
+        by_interval = {k: round(per_page_s * settings.pods / v, 3) for k, v in INTERVALS.items()}
+        rows.append((name, report.scrape[f"{name}: us per page"], by_interval))
+    return rows
+
+
+def render(report: Report, settings: Settings) -> str:
+    lines = [
+        "",
+        "Decision latency (Router.route, 4k-token chat, shared system prompt, byte estimate):",
+    ]
+    lines.append(
+        "| arm | pods | in flight | decisions | p50 (us) | p99 (us) | mean (us) | CPU per decision (us) |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for a in report.arms:
+        lines.append(
+            f"| {a.name} | {a.pods:,} | {a.in_flight:,} | {a.decisions} | {a.p50_us:,.0f} | "
+            f"{a.p99_us:,.0f} | {a.mean_us:,.0f} | {a.cpu_us:,.0f} |"
+        )
+    by_name = {a.name: a for a in report.arms}
+    small, loaded = by_name.get("small fleet, idle"), by_name.get("large fleet, loaded")
+    idle = by_name.get("large fleet, idle")
+    if small and loaded and idle:
+        lines.append(
+            f"\nratio p50: loaded / small {loaded.p50_us / small.p50_us:.1f}x, "
+            f"idle large / small {idle.p50_us / small.p50_us:.1f}x, "
+            f"loaded / idle large {loaded.p50_us / idle.p50_us:.2f}x"
+        )
+    lines.append("\nMemory:")
+    lines += [f"  {k}: {v}" for k, v in report.memory.items()]
+    lines += [f"  {k}: {v}" for k, v in per_unit(report, settings).items()]
+    lines.append("\nIn flight (routed by the Router, not completed):")
+    lines += [f"  {k}: {v}" for k, v in report.fill.items()]
+    lines.append("\nUpkeep at full load (process CPU; the maintenance round runs every 0.25 s):")
+    lines += [f"  {k}: {v}" for k, v in report.upkeep.items()]
+    lines.append("\nDrain:")
+    lines += [f"  {k}: {v}" for k, v in report.drain.items()]
+    lines.append(f"\nScrape at {settings.pods:,} pods (process CPU, no HTTP fetch):")
+    lines.append(
+        "| work per page | us per page | " + " | ".join(f"cores at {k}" for k in INTERVALS) + " |"
+    )
+    lines.append("| --- | ---: | " + " | ".join("---:" for _ in INTERVALS) + " |")
+    for name, us, by_interval in cores(report, settings):
+        lines.append(
+            f"| {name} | {us:,.1f} | " + " | ".join(f"{v:.2f}" for v in by_interval.values()) + " |"
+        )
+    lines.append(
+        f"  page bytes: whole {report.scrape['whole page bytes']:,.0f}, "
+        f"filtered {report.scrape['filtered page bytes']:,.0f}"
+    )
+    return "\n".join(lines)
+
+
+QUICK = Settings(pods=40, small_pods=8, in_flight=200, blocks_per_pod=600, systems=8, decisions=40)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="epp bench scale", description=__doc__.split("\n")[0])
+    d = Settings()
+    parser.add_argument("--pods", type=int, default=d.pods)
+    parser.add_argument("--small-pods", type=int, default=d.small_pods)
+    parser.add_argument("--in-flight", type=int, default=d.in_flight)
+    parser.add_argument("--blocks-per-pod", type=int, default=d.blocks_per_pod)
+    parser.add_argument("--systems", type=int, default=d.systems, help="shared system prompts")
+    parser.add_argument("--decisions", type=int, default=d.decisions, help="measured per arm")
+    parser.add_argument("--quick", action="store_true", help="a tiny run (the smoke test)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        settings = QUICK
+    else:
+        settings = Settings(
+            pods=args.pods,
+            small_pods=args.small_pods,
+            in_flight=args.in_flight,
+            blocks_per_pod=args.blocks_per_pod,
+            systems=args.systems,
+            decisions=args.decisions,
+        )
+    if (
+        settings.pods < 1
+        or settings.small_pods < 1
+        or settings.in_flight < 1
+        or settings.decisions < 10
+    ):
+        parser.error("--pods, --small-pods and --in-flight must be >= 1, --decisions >= 10")
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    code = commit()
+    print(f"epp bench scale at {code}: {asdict(settings)}", flush=True)
+    started = time.perf_counter()
+    report = asyncio.run(run(settings))
+    print(render(report, settings))
+    command = "epp bench scale " + shlex.join(argv if argv is not None else sys.argv[1:])
+    print(f"\n{time.perf_counter() - started:.0f} s at {code}; rerun: {command}")
+    if args.out:
+        out = {
+            "command": command,
+            "commit": code,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            **asdict(report),
+            "per_unit": per_unit(report, settings),
+            "cores": [{"work": n, "us_per_page": us, **c} for n, us, c in cores(report, settings)],
+        }
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
