@@ -247,27 +247,37 @@ def test_buffered_body_mode(tmp_path):
 
 
 def test_in_flight_counts_a_streaming_response_until_its_end(tmp_path):
-    """The response body is not sent to the EPP; the end of the response still is."""
-    import threading
+    """The response body is not sent to the EPP; the end of the response still is.
 
+    The EPP's count is read at two points of the stream the client has reached (its 2nd and
+    its 20th token of 60, one every 60 ms), not at fixed instants: each read has over 2 s
+    of decoding still ahead of it, so a stalled machine cannot end the stream first."""
     with LocalStack(pods=1, sim_args=["--decode-per-token-ms", "60"], work_dir=tmp_path) as stack:
-        # Warm up first (Envoy's connections to the EPP and the pod), so that on a loaded
-        # machine the sampling below covers the streaming, not the connection set-up.
         status, _, _ = chat(stack, [{"role": "user", "content": "warm up"}], max_tokens=1)
         assert status == 200
         wait_for(lambda: epp_debug(stack)[0]["in_flight"] == 0, what="warm-up completion")
-        done = threading.Event()
-
-        def stream_one():
-            chat(stack, [{"role": "user", "content": "count slowly"}], stream=True, max_tokens=20)
-            done.set()
-
-        worker = threading.Thread(target=stream_one)
-        worker.start()
-        seen = []
-        while not done.is_set():
-            seen.append(epp_debug(stack)[0]["in_flight"])
-            time.sleep(0.1)
-        worker.join()
-        assert seen.count(1) >= 5, seen  # ~1.2 s of streaming, counted all along
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "count slowly"}],
+            "max_tokens": 60,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            f"{stack.envoy_url}/v1/chat/completions", data=json.dumps(body).encode()
+        )
+        request.add_header("content-type", "application/json")
+        in_flight_at: dict[int, int] = {}
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 200
+            tokens = 0
+            while tokens < 20:
+                line = resp.readline()
+                assert line, f"the stream ended after {tokens} tokens"
+                if line.startswith(b"data: {"):
+                    tokens += 1
+                    if tokens in (2, 20):
+                        in_flight_at[tokens] = epp_debug(stack)[0]["in_flight"]
+            rest = resp.read()
+        assert rest.rstrip().endswith(b"data: [DONE]")
+        assert in_flight_at == {2: 1, 20: 1}  # counted past the headers and along the body
         wait_for(lambda: epp_debug(stack)[0]["in_flight"] == 0, what="completion")
