@@ -8,8 +8,10 @@ a decision on a precise pod opens a stale-routing claim that its events settle."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
+import threading
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable
@@ -436,3 +438,95 @@ async def test_pods_sharing_a_host_do_not_follow_one_templated_publisher() -> No
         assert rig.mode.subscriber("a") is not None
     finally:
         await rig.mode.close()
+
+
+def live_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("kv-live-")]
+
+
+async def test_each_precise_mode_owns_one_receiver_thread_and_close_ends_it(
+    pods: list[RunningPod],
+):
+    """The thread that reads the live sockets is its PreciseMode's: one per PreciseMode,
+    whatever the number of pods; closing one ends its thread and leaves the other's
+    pods followed."""
+    first, second = Rig(), Rig()
+    await first.mode.start()
+    await second.mode.start()
+    try:
+        first.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
+        second.store.sync([endpoint("pod-1", pods[1], model=MODEL)])
+        await until(lambda: first.attached("pod-0") and second.attached("pod-1"))
+        assert live_threads() == ["kv-live-receiver"] * 2
+        await first.mode.close()
+        await until(lambda: live_threads() == ["kv-live-receiver"], timeout=2.0)
+        await serve(pods[1], ids_of(5))
+        await until(lambda: second.holds("pod-1", ids_of(5)) == 10)
+    finally:
+        await first.mode.close()
+        await second.mode.close()
+    await until(lambda: live_threads() == [], timeout=2.0)
+
+
+async def test_four_hundred_pods_read_on_the_loop() -> None:
+    """Live sockets read on the loop (`receive_in_thread` off): three sockets a pod in
+    PreciseMode's context; 400 pods are 1,200, beyond libzmq's default of 1,023 per
+    context, which would fail the 342nd pod's start."""
+    rig = Rig(reconnect_max_s=5.0)
+    rig.mode.settings = dataclasses.replace(
+        rig.mode.settings, receive_in_thread=False, reconnect_ivl_s=1.0
+    )
+    await rig.mode.start()
+    try:
+        nobody = {"kv_events_endpoint": "tcp://127.0.0.1:1", "kv_events_mode": "precise"}
+        rig.store.sync(
+            [
+                EndpointConfig(
+                    name=f"p{i}",
+                    address=f"10.0.{i // 250}.{i % 250}:8000",
+                    model=MODEL,
+                    labels=nobody,
+                )
+                for i in range(400)
+            ]
+        )
+        subs = rig.mode.subscribers
+        assert len(subs) == 400
+        await until(lambda: all(s.state.connect_retries >= 1 for s in subs.values()), 20.0)
+        assert live_threads() == []
+    finally:
+        await rig.mode.close()
+
+
+async def test_a_receiver_thread_ended_by_a_bug_is_told_and_replaced(
+    pods: list[RunningPod],
+):
+    """A bug in the receiver thread itself: its pods are told (an error each: entries
+    dropped, a resync due); the next pod PreciseMode follows gets a new thread."""
+    rig = Rig()
+    await rig.mode.start()
+    try:
+        rig.store.sync([endpoint("pod-0", pods[0], model=MODEL)])
+        await until(lambda: rig.attached("pod-0"))
+        hub = rig.mode._hub
+        assert hub is not None
+
+        def broken() -> None:
+            raise RuntimeError("hub bug")
+
+        hub._turn = broken  # type: ignore[method-assign]
+        hub.wake()
+        await until(lambda: not hub.running and live_threads() == [])
+        sub0 = rig.mode.subscriber("pod-0")
+        assert sub0 is not None
+        await until(lambda: sub0.state.errors >= 1)
+        rig.store.sync(
+            [endpoint("pod-0", pods[0], model=MODEL), endpoint("pod-1", pods[1], model=MODEL)]
+        )
+        await until(lambda: rig.attached("pod-1"))
+        assert rig.mode._hub is not hub and live_threads() == ["kv-live-receiver"]
+        await serve(pods[1], ids_of(7))
+        await until(lambda: rig.holds("pod-1", ids_of(7)) == 10)
+    finally:
+        await rig.mode.close()
+    await until(lambda: live_threads() == [], timeout=2.0)

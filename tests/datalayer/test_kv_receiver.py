@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from epp.datalayer.kv_subscriber import KvEventSubscriber, SubscriberSettings
+from epp.datalayer.kv_subscriber.hub import HubClosed, ReceiverHub
 from epp.prefix.kv_events import BlockStored, KvEvent, KvEventStats
 from vllm_sim import kv_events as sim_events
 from vllm_sim.kv_publisher import KvEventPublisher, KvEventsConfig
@@ -219,7 +220,7 @@ async def test_a_bad_endpoint_raises_on_start_and_leaves_no_thread(in_thread: bo
 # -- one shared thread for every followed pod ----------------------------------------------
 
 
-def follower(name: str, port: int, sink: RecordingSink, context: zmq.asyncio.Context, settings: SubscriberSettings = FAST) -> KvEventSubscriber:  # fmt: skip
+def follower(name: str, port: int, sink: RecordingSink, hub: ReceiverHub, settings: SubscriberSettings = FAST) -> KvEventSubscriber:  # fmt: skip
     return KvEventSubscriber(
         name,
         f"tcp://127.0.0.1:{port}",
@@ -228,17 +229,17 @@ def follower(name: str, port: int, sink: RecordingSink, context: zmq.asyncio.Con
         topic="t",
         mode="precise",
         settings=settings,
-        context=context,
+        hub=hub,
     )
 
 
 async def test_every_followed_pod_is_read_by_one_thread() -> None:
-    context = zmq.asyncio.Context()
+    hub = ReceiverHub()
     publishers = [KvEventPublisher(KvEventsConfig(port=0), topic="t") for _ in range(12)]
     sinks = [RecordingSink() for _ in publishers]
     for publisher in publishers:
         await publisher.start()
-    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], context) for i, p in enumerate(publishers)]
+    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], hub) for i, p in enumerate(publishers)]
     try:
         for sub in subs:
             await sub.start()
@@ -254,7 +255,7 @@ async def test_every_followed_pod_is_read_by_one_thread() -> None:
         await asyncio.gather(*(sub.close() for sub in subs))
         for publisher in publishers:
             await publisher.close()
-        context.term()
+        await hub.close()
     await until(lambda: live_threads() == [], timeout=2.0)
 
 
@@ -265,11 +266,12 @@ async def test_garbage_from_one_pod_never_stops_the_others() -> None:
     context = zmq.asyncio.Context()
     raw = context.socket(zmq.PUB)
     raw_port = raw.bind_to_random_port("tcp://127.0.0.1")
+    hub = ReceiverHub()
     good_pub = KvEventPublisher(KvEventsConfig(port=0), topic="t")
     await good_pub.start()
     bad_sink, good_sink = RecordingSink(), RecordingSink()
-    bad = follower("bad", raw_port, bad_sink, context)
-    good = follower("good", good_pub.pub_port, good_sink, context)
+    bad = follower("bad", raw_port, bad_sink, hub)
+    good = follower("good", good_pub.pub_port, good_sink, hub)
     try:
         await bad.start()
         await good.start()
@@ -303,6 +305,7 @@ async def test_garbage_from_one_pod_never_stops_the_others() -> None:
         await good.close()
         raw.close(linger=0)
         await good_pub.close()
+        await hub.close()
         context.term()
 
 
@@ -310,12 +313,12 @@ async def test_a_failure_reading_one_pod_is_that_pods_alone(monkeypatch: pytest.
     """An unexpected error handling one pod's socket (a bug, a ZMQ error) reaches that
     pod's subscriber as an error (its entries dropped, a resync due); its socket rests
     and is read again; the other pod's batches keep arriving meanwhile."""
-    context = zmq.asyncio.Context()
+    hub = ReceiverHub()
     pubs = [KvEventPublisher(KvEventsConfig(port=0), topic="t") for _ in range(2)]
     for publisher in pubs:
         await publisher.start()
     sinks = [RecordingSink(), RecordingSink()]
-    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], context) for i, p in enumerate(pubs)]
+    subs = [follower(f"pod-{i}", p.pub_port, sinks[i], hub) for i, p in enumerate(pubs)]
     try:
         for sub in subs:
             await sub.start()
@@ -348,15 +351,15 @@ async def test_a_failure_reading_one_pod_is_that_pods_alone(monkeypatch: pytest.
         await asyncio.gather(*(sub.close() for sub in subs))
         for publisher in pubs:
             await publisher.close()
-        context.term()
+        await hub.close()
 
 
 async def test_more_pods_than_zmqs_default_socket_limit() -> None:
     """Three sockets a pod (SUB, its monitor pair): 400 pods are 1,200 sockets, beyond
     libzmq's default of 1,023 per context, which would fail the 342nd pod's start."""
-    context = zmq.asyncio.Context()
+    hub = ReceiverHub()
     quiet = _replace(FAST, reconnect_ivl_s=1.0, reconnect_max_s=5.0)
-    subs = [follower(f"pod-{i}", 1, RecordingSink(), context, quiet) for i in range(400)]
+    subs = [follower(f"pod-{i}", 1, RecordingSink(), hub, quiet) for i in range(400)]
     try:
         for sub in subs:
             await sub.start()
@@ -364,5 +367,20 @@ async def test_more_pods_than_zmqs_default_socket_limit() -> None:
         await until(lambda: all(s.state.connect_retries >= 1 for s in subs))
     finally:
         await asyncio.gather(*(sub.close() for sub in subs))
-        context.term()
+        await hub.close()
     await until(lambda: live_threads() == [], timeout=2.0)
+
+
+async def test_a_closed_hub_refuses_new_pods_and_closes_what_it_is_handed() -> None:
+    hub = ReceiverHub()
+    await hub.close()
+    assert not hub.running and live_threads() == []
+    with pytest.raises(HubClosed):
+        await follower("late", 1, RecordingSink(), hub).start()
+    # Sockets handed over while it closes are closed by `add`, not leaked.
+    context = zmq.Context()
+    sub, monitor = context.socket(zmq.SUB), context.socket(zmq.PAIR)
+    with pytest.raises(HubClosed):
+        hub.add(None, sub, monitor)  # type: ignore[arg-type]
+    assert sub.closed and monitor.closed
+    context.term()

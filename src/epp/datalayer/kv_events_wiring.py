@@ -2,7 +2,10 @@
 
 `PreciseMode` owns what the app needs for it: the shared `KvEventStats`, the
 `PreciseIndex` that applies events to the prefix index, one ZMQ context for every
-subscriber (made on first use) and a pod name -> `KvEventSubscriber` map. `epp.wiring`
+subscriber (made on first use, its socket limit raised: three sockets a pod when the
+live sockets are read on the loop), the `ReceiverHub` whose one thread reads every pod's
+live socket (made on first use, with `receive_in_thread`) and a pod name ->
+`KvEventSubscriber` map. `epp.wiring`
 hands it the endpoint store's events after the index listener, as every other reader of
 the store's events:
 
@@ -29,7 +32,8 @@ the store's events:
 A retired subscriber is cut off from the index at once (its sink is a gate that closes
 before its sockets do), so that a late batch of an old publisher never reaches the pod's
 new entries. Subscribers start when the service starts (`start`), or at once when
-created later; `close` stops them all, then terminates the context.
+created later; `close` stops them all, then closes the hub (its thread ends) and
+terminates the context.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from epp.datalayer.kv_subscriber import (
     SubscriberSettings,
     resolve_pod,
 )
+from epp.datalayer.kv_subscriber.hub import ReceiverHub
+from epp.datalayer.kv_subscriber.sockets import raise_socket_limit
 from epp.prefix.kv_events import KvEvent, KvEventStats
 from epp.prefix.precise import PreciseIndex
 
@@ -113,6 +119,7 @@ class PreciseMode:
         self.settings = SubscriberSettings.from_config(config)
         self._context = context
         self._own_context = context is None
+        self._hub: ReceiverHub | None = None
         self._follows: dict[str, _Follow] = {}
         self._running = False
         self._closed = False
@@ -154,7 +161,7 @@ class PreciseMode:
 
     async def close(self) -> None:
         """Stop every subscriber (their pods go back to approximate, with no entries),
-        then terminate the shared context."""
+        then end the hub's thread and terminate the shared context."""
         self._running = False
         self._closed = True
         while self._pending:
@@ -166,8 +173,11 @@ class PreciseMode:
                 await follow.sub.close(detach=True)
             follow.gate.open = False
 
-        # All at once: each waits up to receiver.POLL_MS for its thread to see the stop.
+        # All at once: each waits for the hub thread (or its own task) to close its sockets.
         await asyncio.gather(*(close(follow) for follow in follows.values()))
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            await hub.close()
         if self._context is not None and self._own_context:
             self._context.term()
             self._context = None
@@ -234,6 +244,9 @@ class PreciseMode:
         assert pod.endpoint is not None and pod.mode != "approximate"
         if self._context is None:
             self._context = zmq.asyncio.Context()
+            raise_socket_limit(self._context)
+        if self.settings.receive_in_thread and (self._hub is None or not self._hub.running):
+            self._hub = ReceiverHub()  # a hub a failure ended has closed itself
         gate = _Gate(self.precise)
         sub = KvEventSubscriber(
             name,
@@ -246,6 +259,7 @@ class PreciseMode:
             settings=self.settings,
             stats=self.stats,
             context=self._context,
+            hub=self._hub if self.settings.receive_in_thread else None,
         )
         self._follows[name] = _Follow(sub, gate, (pod, model))
         log.info(

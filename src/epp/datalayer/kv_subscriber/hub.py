@@ -1,12 +1,12 @@
-"""The thread that reads the live sockets of every followed pod of one subscriber context
-(`receiver.LiveReceiver` is one pod's side of it, on the loop).
+"""The thread that reads the live sockets of every followed pod (`receiver.LiveReceiver`
+is one pod's side of it, on the loop).
 
 One thread (`ReceiverHub`), not one per pod: a zmq Poller over every pod's SUB and
 monitor sockets, so that 1,000 followed pods cost one thread. Its invariants:
 
-- Once a receiver's sockets are handed over, only the hub thread touches them (ZMQ
-  sockets are not thread-safe; the handover goes through a lock, the memory barrier ZMQ
-  asks for when a socket changes threads); it closes them before `stop` returns.
+- Once a receiver's sockets are handed over (`add`), only the hub thread touches them
+  (ZMQ sockets are not thread-safe; the handover goes through a lock, the memory barrier
+  ZMQ asks for when a socket changes threads); it closes them before its thread ends.
 - Per-pod isolation: whatever one pod sends (garbage, truncated frames) or whatever
   fails handling its sockets reaches that pod's items only; a pod reads at most
   `receiver.TURN_MESSAGES` per poll, so a storming pod delays the others by one turn at most.
@@ -16,12 +16,16 @@ monitor sockets, so that 1,000 followed pods cost one thread. Its invariants:
 - The live sockets live in the hub's own ZMQ context, whose socket limit is raised
   (libzmq's default, 1,023 sockets, is ~340 pods at three sockets each); replay sockets
   stay on the subscriber's context.
-- One hub per subscriber context (PreciseMode shares one context among its pods), alive
-  while it has receivers: the last `stop` ends its thread and its context.
+- One owner: whoever builds the subscribers (`PreciseMode`: one hub for all its pods; a
+  subscriber given none makes its own) makes the hub and closes it after its receivers;
+  `close` ends the thread, the sockets still handed over and the context. A closed hub
+  refuses new sockets (`HubClosed`); so does one whose thread a bug ended (its pods were
+  told, `Failed`), which its owner then replaces.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 import zmq
+
+from epp.datalayer.kv_subscriber.sockets import raise_socket_limit
 
 if TYPE_CHECKING:
     from epp.datalayer.kv_subscriber.receiver import LiveReceiver
@@ -49,58 +55,68 @@ class _Member:
     polled: bool = False  # the SUB socket is registered with the poller
 
 
+class HubClosed(RuntimeError):
+    """Sockets handed to a hub that is closing (or ended by a failure)."""
+
+
 class ReceiverHub:
-    """The thread that reads every live socket of one subscriber context's pods."""
+    """The thread that reads the live sockets of the pods handed to it. Its owner (the
+    one that builds the subscribers: `PreciseMode`, or a subscriber given none) closes
+    it; `close` ends the thread, every socket it holds and its context."""
 
-    # Subscriber context -> its hub, while it has pods. Process-wide on purpose: a
-    # subscriber is given only a context (PreciseMode shares one among its pods), so
-    # the context is what says which pods share a thread; an entry goes with its last pod.
-    _hubs: dict[int, ReceiverHub] = {}
-    _hubs_lock = threading.Lock()  # guards _hubs and every hub's commands and users
-
-    def __init__(self, key: int) -> None:
-        self._key = key
+    def __init__(self) -> None:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.context.set(zmq.MAX_SOCKETS, self.context.get(zmq.SOCKET_LIMIT))
-        self._users = 0  # receivers joined and not gone
+        raise_socket_limit(self.context)
+        self._lock = threading.Lock()  # guards _commands and _stopping
         self._commands: deque[tuple[str, LiveReceiver, tuple[zmq.Socket[bytes], ...]]] = deque()
+        self._stopping = False
         self._wake_in, self._wake_out = socket.socketpair()
         self._wake_in.setblocking(False)
         self._wake_out.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="kv-live-receiver", daemon=True)
         self._thread.start()
 
-    # -- the loop's side (any thread) ---------------------------------------------------
+    # -- the owner's and the loop's side (any thread) -------------------------------------
 
-    @classmethod
-    def join(cls, key: int) -> ReceiverHub:
-        """The hub of subscriber context `key`, started if it has no thread; `add` or
-        `leave` must follow."""
-        with cls._hubs_lock:
-            hub = cls._hubs.get(key)
-            if hub is None:
-                hub = cls._hubs[key] = ReceiverHub(key)
-            hub._users += 1
-            return hub
-
-    def leave(self) -> None:
-        """A receiver that joined gives up before handing sockets over."""
-        self._command("leave", None, ())
+    @property
+    def running(self) -> bool:
+        """Whether it takes new receivers (not closing, not ended by a failure)."""
+        with self._lock:
+            return not self._stopping
 
     def add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
-        self._command("add", receiver, (sub, monitor))
+        """Hand over a receiver's sockets (made on `context`): from here only the hub
+        thread touches them. A hub that is closing closes them here and raises HubClosed."""
+        with self._lock:
+            accepted = not self._stopping
+            if accepted:
+                self._commands.append(("add", receiver, (sub, monitor)))
+        if not accepted:
+            sub.close(linger=0)
+            monitor.close(linger=0)
+            raise HubClosed("the KV-event receiver thread is closed")
+        self.wake()
 
     def remove(self, receiver: LiveReceiver) -> None:
-        self._command("remove", receiver, ())
+        """The receiver's sockets are closed, then `receiver.closed()` is called."""
+        with self._lock:
+            self._commands.append(("remove", receiver, ()))
+        self.wake()
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
             self._wake_out.send(b"\0")
 
-    def _command(self, kind: str, receiver: LiveReceiver | None, sockets: tuple) -> None:
-        with self._hubs_lock:
-            self._commands.append((kind, receiver, sockets))  # type: ignore[arg-type]
+    def stop(self) -> None:
+        """Ask the thread to end (it closes every socket it holds, then the context)."""
+        with self._lock:
+            self._stopping = True
         self.wake()
+
+    async def close(self) -> None:
+        """`stop`, and wait until the thread has ended."""
+        self.stop()
+        await asyncio.to_thread(self._thread.join)
 
     # -- the hub thread: it alone touches the sockets, the poller and these maps ---------
 
@@ -122,21 +138,17 @@ class ReceiverHub:
             self._shut()
 
     def _apply_commands(self) -> bool:
-        """Carry out adds and removes; False when the hub has no receiver left (and is
-        gone from `_hubs`: a later `join` makes a new one)."""
-        with self._hubs_lock:
+        """Carry out adds and removes; False once the hub is asked to stop."""
+        with self._lock:
             commands = list(self._commands)
             self._commands.clear()
-            self._users -= sum(1 for kind, _, _ in commands if kind != "add")
-            done = self._users == 0
-            if done:
-                del ReceiverHub._hubs[self._key]
+            stopping = self._stopping
         for kind, receiver, sockets in commands:
             if kind == "add":
                 self._add(receiver, *sockets)
             elif kind == "remove" and receiver in self._members:
                 self._close(self._members.pop(receiver))
-        return not done
+        return not stopping
 
     def _add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
         member = self._members[receiver] = _Member(receiver, sub, monitor)
@@ -207,10 +219,10 @@ class ReceiverHub:
         member.receiver.closed()
 
     def _shut(self) -> None:
-        """The thread's end: every socket closed (and its waiter told), then the context."""
-        with self._hubs_lock:
-            if ReceiverHub._hubs.get(self._key) is self:
-                del ReceiverHub._hubs[self._key]  # ended by a failure: a new join starts over
+        """The thread's end: every socket closed (and its waiter told), then the context;
+        from here `add` refuses (also when a failure ended the thread)."""
+        with self._lock:
+            self._stopping = True
             pending = list(self._commands)
             self._commands.clear()
         for member in self._members.values():
@@ -220,8 +232,7 @@ class ReceiverHub:
         for _, receiver, sockets in pending:
             for sock in sockets:
                 sock.close(linger=0)
-            if receiver is not None:
-                receiver.closed()
+            receiver.closed()
         self._wake_in.close()
         self._wake_out.close()
         self.context.term()

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import cast
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from epp.datalayer.kv_subscriber.hub import ReceiverHub
+from epp.datalayer.kv_subscriber.hub import HubClosed, ReceiverHub
 from epp.datalayer.kv_subscriber.sockets import open_sub_socket
 from epp.datalayer.kv_subscriber.state import SubscriberSettings
 from epp.prefix.kv_events import EventBatch, KvEventDecoder, KvEventStats, decode_seq
@@ -77,14 +76,14 @@ class LiveReceiver:
     def __init__(
         self,
         pod: str,
-        context: zmq.asyncio.Context,
+        hub: ReceiverHub,
         endpoint: str,
         topic: bytes,
         settings: SubscriberSettings,
     ) -> None:
         self.pod = pod
         self.settings = settings
-        self._hub_key = context.underlying  # the hub shared by this context's pods
+        self._hub = hub  # the thread that reads this pod's sockets (owned by the caller)
         self._endpoint = endpoint
         self._topic = topic
         self._decoder = KvEventDecoder(settings.limits, KvEventStats())
@@ -93,7 +92,7 @@ class LiveReceiver:
         self._notified = False  # a wake-up is on its way to the loop
         self._ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._hub: ReceiverHub | None = None
+        self._handed = False  # the hub holds the sockets
         self._closed: asyncio.Future[None] | None = None
         # The hub thread's own: whether it polls the SUB socket now.
         self.full = False  # rcvhwm items wait for the loop
@@ -103,23 +102,21 @@ class LiveReceiver:
         """Open the sockets here, so that a bad endpoint raises to the caller, then hand
         them to the hub; from then on only its thread touches them."""
         loop = self._loop = asyncio.get_running_loop()
-        hub = ReceiverHub.join(self._hub_key)
-        try:
-            # The hub's context is a sync one: so are the sockets it makes.
-            sockets = open_sub_socket(hub.context, self._endpoint, self._topic, self.settings)  # type: ignore[arg-type]  # fmt: skip
-            sub, monitor = cast(tuple[zmq.Socket[bytes], zmq.Socket[bytes]], sockets)
-        except BaseException:
-            hub.leave()
-            raise
-        self._hub, self._closed = hub, loop.create_future()
-        hub.add(self, sub, monitor)
+        if not self._hub.running:
+            raise HubClosed("the KV-event receiver thread is closed")
+        # The hub's context is a sync one: so are the sockets it makes.
+        sockets = open_sub_socket(self._hub.context, self._endpoint, self._topic, self.settings)  # type: ignore[arg-type]  # fmt: skip
+        sub, monitor = cast(tuple[zmq.Socket[bytes], zmq.Socket[bytes]], sockets)
+        self._closed = loop.create_future()
+        self._hub.add(self, sub, monitor)  # HubClosed: the sockets are closed
+        self._handed = True
 
     async def stop(self) -> None:
         """Leave the hub; this pod's sockets are closed when this returns."""
-        hub, self._hub = self._hub, None
-        if hub is None or self._closed is None:
+        handed, self._handed = self._handed, False
+        if not handed or self._closed is None:
             return
-        hub.remove(self)
+        self._hub.remove(self)
         await asyncio.shield(self._closed)
 
     async def items(self, timeout_s: float) -> list[Item]:
@@ -138,7 +135,7 @@ class LiveReceiver:
             self._notified = False
             self._ready.clear()
             was_full = self.full
-        if was_full and self._hub is not None:
+        if was_full and self._handed:
             self._hub.wake()  # room again: the hub polls this pod's socket again
         return items
 

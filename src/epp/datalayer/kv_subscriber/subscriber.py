@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from epp.datalayer.kv_subscriber.hub import ReceiverHub
 from epp.datalayer.kv_subscriber.receiver import (
     Connected,
     Disconnected,
@@ -70,6 +71,7 @@ class KvEventSubscriber:
         settings: SubscriberSettings | None = None,
         stats: KvEventStats | None = None,
         context: zmq.asyncio.Context | None = None,
+        hub: ReceiverHub | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -94,8 +96,11 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        # settings.receive_in_thread: the live socket is read and decoded by the receiver
-        # thread shared by every subscriber of this context (hub.py).
+        # settings.receive_in_thread: the live socket is read and decoded by `hub`'s
+        # thread, the caller's (shared by the pods it follows); given none, the
+        # subscriber makes its own on start and closes it on close.
+        self._hub = hub
+        self._own_hub: ReceiverHub | None = None
         self._receiver: LiveReceiver | None = None
         self._resync_reason: str | None = None  # a full resync is due
         self._skip_through = -1  # live seqs up to this were applied by a replay
@@ -114,10 +119,18 @@ class KvEventSubscriber:
         if self.mode == "precise":
             self._attach()
         if self.settings.receive_in_thread:
-            self._receiver = LiveReceiver(
-                self.pod, self._context, self.endpoint, self.topic, self.settings
-            )
-            self._receiver.start()
+            hub = self._hub
+            if hub is None:
+                hub = self._own_hub = self._own_hub or ReceiverHub()
+            receiver = LiveReceiver(self.pod, hub, self.endpoint, self.topic, self.settings)
+            try:
+                receiver.start()
+            except BaseException:
+                if self._own_hub is not None:
+                    self._own_hub.stop()  # its thread ends by itself: nothing was handed
+                    self._own_hub = None
+                raise
+            self._receiver = receiver
             run = self._run_received()
         else:
             self._open()
@@ -135,6 +148,9 @@ class KvEventSubscriber:
         receiver, self._receiver = self._receiver, None
         if receiver is not None:
             await receiver.stop()  # its sockets closed: the context may end
+        own_hub, self._own_hub = self._own_hub, None
+        if own_hub is not None:
+            await own_hub.close()
         self._close_sockets()
         if self._own_context:
             self._context.term()
