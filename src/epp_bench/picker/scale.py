@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from array import array
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ from epp.config import EppConfig
 from epp.datalayer.metrics_parser import PageReader
 from epp.datalayer.scraper import page_reader, scrape_url
 from epp.datalayer.store import EndpointStore
+from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request import IncomingRequest
@@ -73,6 +75,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the fixture page's model_name
 PATH = "/v1/chat/completions"
 # The scraper's intervals (DataLayerConfig defaults): busy pods, pods followed by KV
 # events, idle pods.
+FLAP = 20  # pods removed by one relist (as docs/benchmarks/loop.md's relist load)
 INTERVALS = {"50 ms (busy)": 0.05, "0.2 s (KV events)": 0.2, "0.5 s (idle)": 0.5}
 
 
@@ -99,6 +102,8 @@ class Arm:
     p99_us: float
     mean_us: float
     cpu_us: float  # process CPU per decision
+    gc_us: float  # garbage collection per decision (its share of the arm's time)
+    gc_full: int  # full (generation 2) collections during the arm
 
 
 @dataclass(slots=True)
@@ -234,7 +239,7 @@ def fill_index(fleet: Fleet, systems: list[str], settings: Settings) -> int:
             held += len(chain)
         while held < settings.blocks_per_pod:
             length = min(256, settings.blocks_per_pod - held)
-            index.record(endpoint.name, [rng.getrandbits(64) for _ in range(length)])
+            index.record(endpoint.name, array("Q", rng.randbytes(8 * length)).tolist())
             held += length
         recorded += held
     return recorded
@@ -261,9 +266,51 @@ def traced_mb() -> float:
     return tracemalloc.get_traced_memory()[0] / 2**20 if tracemalloc.is_tracing() else 0.0
 
 
-async def measure_route(fleet: Fleet, name: str, probes: list[bytes], in_flight: int) -> Arm:
+class GcWatch:
+    """The garbage collections' time (ms, any generation) and the full ones since `reset`."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.total_ms = 0.0
+        self.full = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total_ms += (time.perf_counter() - self._started) * 1000
+            self.full += info.get("generation") == 2
+
+    def reset(self) -> None:
+        self.total_ms, self.full = 0.0, 0
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def traced_requests(fleet: Fleet, chats: list[bytes]) -> tuple[float, float]:
+    """With tracemalloc on: KB traced per request routed and open, and per request left
+    once all are completed (what outlives a request)."""
+    gc.collect()
+    before = traced_mb()
+    tokens, _ = fill_in_flight(fleet, chats)
+    gc.collect()
+    open_kb = (traced_mb() - before) * 1024 / len(chats)
+    for token in tokens:
+        fleet.router.complete(token, 200)
+    del tokens
+    gc.collect()
+    left_kb = (traced_mb() - before) * 1024 / len(chats)
+    return round(open_kb, 2), round(left_kb, 2)
+
+
+async def measure_route(
+    fleet: Fleet, name: str, probes: list[bytes], in_flight: int, gc_watch: GcWatch
+) -> Arm:
     """`Router.route` over `probes`, each completed at once (untimed)."""
     router = fleet.router
+    gc_watch.reset()
     samples = []
     clock = time.perf_counter_ns
     cpu = 0.0
@@ -285,6 +332,8 @@ async def measure_route(fleet: Fleet, name: str, probes: list[bytes], in_flight:
         round(percentile(warm, 99) or 0.0, 1),
         round(sum(warm) / len(warm), 1),
         round(cpu / len(samples) * 1e6, 1),
+        round(gc_watch.total_ms * 1000 / len(samples), 1),
+        gc_watch.full,
     )
 
 
@@ -344,19 +393,24 @@ def scrape_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[s
     return out
 
 
-def upkeep_costs(fleet: Fleet) -> dict[str, float]:
+def upkeep_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[str, float]:
     """What the service's periodic and event work costs at this load (process CPU, ms):
-    the maintenance round's `Router.tick` (every 0.25 s, `epp.app.HEALTH_REFRESH_S`),
-    the store's health round, one pod removed by discovery."""
+    the maintenance round's `Router.tick` and the store's health round (each every
+    0.25 s, `epp.app.HEALTH_REFRESH_S`), and `FLAP` pods removed by one relist (then
+    added back and scraped, untimed)."""
     store, router = fleet.store, fleet.router
     tick = min(cpu_of(router.tick) for _ in range(5))
     health = min(cpu_of(store.refresh_health) for _ in range(5))
     endpoints = fleet.config.endpoints
-    removed = cpu_of(lambda: store.sync(endpoints[1:]))
+    removed = cpu_of(lambda: store.sync(endpoints[FLAP:]))
+    store.sync(endpoints)
+    for n, endpoint in enumerate(store.all()[:FLAP]):
+        if endpoint.metrics is None:
+            store.scraped(endpoint, reader.parse(pages[n % len(pages)]))
     return {
         "Router.tick ms": round(tick * 1000, 3),
-        "store health round ms": round(health * 1000, 3),
-        "one pod removed (EndpointStore.sync) ms": round(removed * 1000, 3),
+        "EndpointStore.refresh_health ms": round(health * 1000, 3),
+        f"{FLAP} pods removed (EndpointStore.sync) ms": round(removed * 1000, 3),
     }
 
 
@@ -393,131 +447,127 @@ def _say(text: str) -> None:
 async def run(settings: Settings) -> Report:
     report = Report(asdict(settings))
     memory = report.memory
-    raw = FIXTURE.read_bytes()
-    pages = page_variants(raw, 32, settings.seed)
+    pages = page_variants(FIXTURE.read_bytes(), 32, settings.seed)
     systems = system_prompts(settings)
     probes = bodies(systems, settings.decisions, seed=settings.seed + 10)
-
-    # The small fleet first: 64 pods, nothing in flight (the comparison row).
     reader = page_reader(EppConfig().datalayer)
-    small = build_fleet(settings.small_pods, pages, reader, settings.seed)
-    fill_index(small, systems, settings)
-    report.arms.append(await measure_route(small, "small fleet, idle", probes, 0))
-    _say(f"{report.arms[-1]}")
-    # Memory per open request over the small fleet (the large fleet's is measured below).
-    small_chats = bodies(systems, max(1, settings.in_flight // 10), seed=settings.seed + 30)
+    window = max(1, min(200, settings.in_flight // 10))  # requests routed under tracemalloc
+    gc_watch = GcWatch()
+
+    # The small fleet, its memory traced stage by stage (tracemalloc slows every
+    # allocation: the large fleet's stages are read from RSS, beside a traced window).
     gc.collect()
     tracemalloc.start()
-    kept, _ = fill_in_flight(small, small_chats)
+    small = build_fleet(settings.small_pods, pages, reader, settings.seed)
     gc.collect()
-    memory["in flight, small fleet: traced KB per request"] = round(
-        traced_mb() * 1024 / len(kept), 2
+    memory["small: store traced KB per pod"] = round(traced_mb() * 1024 / settings.small_pods, 2)
+    before = traced_mb()
+    blocks = fill_index(small, systems, settings)
+    gc.collect()
+    memory["small: index traced KB per pod"] = round(
+        (traced_mb() - before) * 1024 / settings.small_pods, 2
     )
+    memory["small: index traced B per (block, pod)"] = round(
+        (traced_mb() - before) * 2**20 / blocks, 1
+    )
+    per_request, left = traced_requests(small, bodies(systems, window, seed=settings.seed + 30))
+    memory["small: traced KB per open request"] = per_request
+    memory["small: traced KB left per completed request"] = left
     tracemalloc.stop()
+    gc.collect()
+    report.arms.append(await measure_route(small, "small fleet, idle", probes, 0, gc_watch))
+    _say(f"{report.arms[-1]}")
     del small
     gc.collect()
 
-    # The large fleet, its memory traced stage by stage.
-    gc.collect()
-    tracemalloc.start()
-    base_rss, base_traced = rss_mb(), traced_mb()
+    # The large fleet.
+    rss = rss_mb()
     started = time.perf_counter()
     fleet = build_fleet(settings.pods, pages, reader, settings.seed)
     gc.collect()
-    memory["fleet: build s"] = round(time.perf_counter() - started, 2)
-    memory["store: traced MB"] = round(traced_mb() - base_traced, 2)
-    memory["store: RSS MB"] = round(rss_mb() - base_rss, 2)
-    stage_rss, stage_traced = rss_mb(), traced_mb()
+    memory["large: build s"] = round(time.perf_counter() - started, 2)
+    memory["large: store RSS KB per pod"] = round((rss_mb() - rss) * 1024 / settings.pods, 2)
+    rss = rss_mb()
     started = time.perf_counter()
     blocks = fill_index(fleet, systems, settings)
     gc.collect()
-    memory["index: fill s"] = round(time.perf_counter() - started, 2)
-    memory["index: blocks recorded"] = blocks
-    memory["index: traced MB"] = round(traced_mb() - stage_traced, 2)
-    memory["index: RSS MB"] = round(rss_mb() - stage_rss, 2)
+    memory["large: index fill s"] = round(time.perf_counter() - started, 2)
+    memory["large: index blocks recorded"] = blocks
+    memory["large: index RSS KB per pod"] = round((rss_mb() - rss) * 1024 / settings.pods, 2)
+    memory["large: index RSS B per (block, pod)"] = round((rss_mb() - rss) * 2**20 / blocks, 1)
     report.index = {"prefixes held (index.nodes)": float(fleet.index.nodes)}
-    _say(f"fleet and index: {memory}")
-
-    # In flight: the first tenth routed under tracemalloc (memory per request), the
-    # rest without it (tracemalloc slows every allocation).
-    chats = bodies(systems, settings.in_flight, seed=settings.seed + 20)
-    traced_part = max(1, settings.in_flight // 10)
-    stage_rss, stage_traced = rss_mb(), traced_mb()
-    routed, _ = fill_in_flight(fleet, chats[:traced_part])
-    gc.collect()
-    memory["in flight: traced KB per request"] = round(
-        (traced_mb() - stage_traced) * 1024 / traced_part, 2
-    )
-    memory["traced MB, total (store + index + first requests)"] = round(traced_mb(), 1)
+    tracemalloc.start()
+    per_request, left = traced_requests(fleet, bodies(systems, window, seed=settings.seed + 40))
     tracemalloc.stop()
+    memory["large: traced KB per open request"] = per_request
+    memory["large: traced KB left per completed request"] = left
     gc.collect()
-    after_trace_rss = rss_mb()
-    more, latencies = fill_in_flight(fleet, chats[traced_part:])
-    routed += more
+    _say(f"fleets and index: {memory}")
+    report.arms.append(await measure_route(fleet, "large fleet, idle", probes, 0, gc_watch))
+    _say(f"{report.arms[-1]}")
+
+    # In flight: routed by the Router itself, kept open.
+    chats = bodies(systems, settings.in_flight, seed=settings.seed + 20)
+    rss = rss_mb()
+    gc_watch.reset()
+    started = time.perf_counter()
+    tokens, latencies = fill_in_flight(fleet, chats)
+    fill_s = time.perf_counter() - started
+    fill_gc_ms = gc_watch.total_ms
     gc.collect()
-    memory["in flight: RSS KB per request"] = round(
-        (rss_mb() - after_trace_rss) * 1024 / max(1, len(more)), 2
-    )
+    memory["large: in flight RSS KB per request"] = round((rss_mb() - rss) * 1024 / len(tokens), 2)
     memory["RSS MB, process at full load"] = round(rss_mb(), 1)
-    memory["RSS MB, process peak (ru_maxrss)"] = round(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
-    )
     open_now = sum(e.in_flight for e in fleet.store.all())
     tenth = max(1, len(latencies) // 10)
     report.fill = {
         "requests routed and open": float(open_now),
         "pods used": float(sum(1 for e in fleet.store.all() if e.in_flight)),
         "most on one pod": float(max(e.in_flight for e in fleet.store.all())),
-        "route_now p50 us, first tenth (untraced)": round(
-            percentile(latencies[:tenth], 50) or 0, 1
-        ),
+        "fill s": round(fill_s, 1),
+        "GC share of the fill": round(fill_gc_ms / 1000 / fill_s, 3),
+        "route_now p50 us, first tenth": round(percentile(latencies[:tenth], 50) or 0, 1),
         "route_now p50 us, last tenth": round(percentile(latencies[-tenth:], 50) or 0, 1),
     }
     _say(f"in flight: {report.fill}")
 
-    report.arms.append(await measure_route(fleet, "large fleet, loaded", probes, int(open_now)))
+    arm = await measure_route(fleet, "large fleet, loaded", probes, int(open_now), gc_watch)
+    report.arms.append(arm)
     _say(f"{report.arms[-1]}")
-    report.upkeep = upkeep_costs(fleet)
+    report.upkeep = upkeep_costs(fleet, pages, reader)
     _say(f"upkeep at full load: {report.upkeep}")
 
     # The drain: every request completed.
     router = fleet.router
+    gc_watch.reset()
     cpu_started, started = time.process_time(), time.perf_counter()
-    for request in routed:
-        router.complete(request, 200)
+    for token in tokens:
+        router.complete(token, 200)
     drained_cpu, drained_wall = time.process_time() - cpu_started, time.perf_counter() - started
     report.drain = {
-        "completions": float(len(routed)),
-        "CPU us per completion": round(drained_cpu / len(routed) * 1e6, 2),
-        "wall us per completion": round(drained_wall / len(routed) * 1e6, 2),
+        "completions": float(len(tokens)),
+        "CPU us per completion": round(drained_cpu / len(tokens) * 1e6, 2),
+        "wall us per completion": round(drained_wall / len(tokens) * 1e6, 2),
+        "GC ms during the drain": round(gc_watch.total_ms, 1),
         "open after": float(sum(e.in_flight for e in fleet.store.all())),
     }
     gc.collect()
     memory["RSS MB, process drained"] = round(rss_mb(), 1)
+    memory["RSS MB, process peak (ru_maxrss)"] = round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
+    )
     _say(f"drain: {report.drain}")
-
-    report.arms.append(await measure_route(fleet, "large fleet, idle", probes, 0))
-    _say(f"{report.arms[-1]}")
 
     report.scrape = scrape_costs(fleet, pages, reader)
     _say(f"scrape: {report.scrape}")
+    gc_watch.close()
     return report
 
 
-def per_unit(report: Report, settings: Settings) -> dict[str, float]:
-    m = report.memory
-    pods = settings.pods
-    return {
-        "store, per pod (traced KB)": round(m["store: traced MB"] * 1024 / pods, 2),
-        "store, per pod (RSS KB)": round(m["store: RSS MB"] * 1024 / pods, 2),
-        "index, per pod (traced KB)": round(m["index: traced MB"] * 1024 / pods, 2),
-        "index, per pod (RSS KB)": round(m["index: RSS MB"] * 1024 / pods, 2),
-        "index, per (block, pod) entry (traced B)": round(
-            m["index: traced MB"] * 2**20 / max(1.0, m["index: blocks recorded"]), 1
-        ),
-        "in flight, per request (traced KB)": m["in flight: traced KB per request"],
-        "in flight, per request (RSS KB)": m["in flight: RSS KB per request"],
-    }
+def helm_memory_mb(report: Report, settings: Settings) -> float:
+    """The measured process RSS at full load, rounded up to the next 256 MiB, plus a
+    quarter for the HTTP / gRPC buffers, threads and pages this run has none of."""
+    full = report.memory["RSS MB, process at full load"] * 1.25
+    return float(-(-full // 256) * 256)
 
 
 def cores(report: Report, settings: Settings) -> list[tuple[str, float, dict[str, float]]]:
@@ -540,13 +590,15 @@ def render(report: Report, settings: Settings) -> str:
         "Decision latency (Router.route, 4k-token chat, shared system prompt, byte estimate):",
     ]
     lines.append(
-        "| arm | pods | in flight | decisions | p50 (us) | p99 (us) | mean (us) | CPU per decision (us) |"
+        "| arm | pods | in flight | decisions | p50 (us) | p99 (us) | mean (us) | "
+        "CPU per decision (us) | GC per decision (us) | full GCs |"
     )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for a in report.arms:
         lines.append(
             f"| {a.name} | {a.pods:,} | {a.in_flight:,} | {a.decisions} | {a.p50_us:,.0f} | "
-            f"{a.p99_us:,.0f} | {a.mean_us:,.0f} | {a.cpu_us:,.0f} |"
+            f"{a.p99_us:,.0f} | {a.mean_us:,.0f} | {a.cpu_us:,.0f} | {a.gc_us:,.0f} | "
+            f"{a.gc_full} |"
         )
     by_name = {a.name: a for a in report.arms}
     small, loaded = by_name.get("small fleet, idle"), by_name.get("large fleet, loaded")
@@ -559,7 +611,9 @@ def render(report: Report, settings: Settings) -> str:
         )
     lines.append("\nMemory:")
     lines += [f"  {k}: {v}" for k, v in report.memory.items()]
-    lines += [f"  {k}: {v}" for k, v in per_unit(report, settings).items()]
+    lines.append(
+        f"  memory to request at this load (RSS x 1.25, rounded up): {helm_memory_mb(report, settings):.0f} MiB"
+    )
     lines.append("\nIn flight (routed by the Router, not completed):")
     lines += [f"  {k}: {v}" for k, v in report.fill.items()]
     lines.append("\nUpkeep at full load (process CPU; the maintenance round runs every 0.25 s):")
@@ -615,11 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         or settings.decisions < 10
     ):
         parser.error("--pods, --small-pods and --in-flight must be >= 1, --decisions >= 10")
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    configure_logging("warning")  # the product's configuration, as `epp serve` sets it
     code = commit()
     print(f"epp bench scale at {code}: {asdict(settings)}", flush=True)
     started = time.perf_counter()
@@ -633,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": code,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             **asdict(report),
-            "per_unit": per_unit(report, settings),
+            "helm_memory_mb": helm_memory_mb(report, settings),
             "cores": [{"work": n, "us_per_page": us, **c} for n, us, c in cores(report, settings)],
         }
         args.out.write_text(json.dumps(out, indent=1) + "\n")
