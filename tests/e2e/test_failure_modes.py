@@ -134,7 +134,9 @@ def pods_in_flight(r) -> float:
 def test_sigterm_drains_while_in_flight_generations_complete(tmp_path):
     with rig(tmp_path) as r:
         r.start_pods(2, lambda i: SLOW_STREAMS)
-        r.start_epp({"server": {"drain_timeout_s": 10, "drain_quiet_s": 1.0}})
+        # Quiet for 3 s: the late request below has that long after readiness drops to
+        # open its routing stream, even on a stalled machine; still far under the timeout.
+        r.start_epp({"server": {"drain_timeout_s": 10, "drain_quiet_s": 3.0}})
         listen, admin = free_ports(2)
         r.start_envoy(
             render(
