@@ -43,7 +43,9 @@ def routed_count(stack: LocalStack) -> int:
 
 
 def wait_routed(stack: LocalStack, count: int) -> bool:
-    deadline = time.monotonic() + 2.0
+    # The decision's log line may be written a moment after the answer; a generous
+    # deadline on that positive signal costs nothing when it comes.
+    deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         if routed_count(stack) >= count:
             return True
