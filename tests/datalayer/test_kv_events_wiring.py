@@ -446,7 +446,7 @@ def live_threads() -> list[str]:
 
 async def test_each_precise_mode_owns_one_receiver_thread_and_close_ends_it(
     pods: list[RunningPod],
-):
+) -> None:
     """The thread that reads the live sockets is its PreciseMode's: one per PreciseMode,
     whatever the number of pods; closing one ends its thread and leaves the other's
     pods followed."""
@@ -500,7 +500,7 @@ async def test_four_hundred_pods_read_on_the_loop() -> None:
 
 async def test_a_receiver_thread_ended_by_a_bug_is_told_and_replaced(
     pods: list[RunningPod],
-):
+) -> None:
     """A bug in the receiver thread itself: its pods are told (an error each: entries
     dropped, a resync due); the next pod PreciseMode follows gets a new thread."""
     rig = Rig()

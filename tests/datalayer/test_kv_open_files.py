@@ -102,7 +102,13 @@ def test_epp_serve_raises_its_soft_limit_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.stdout is not None
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    out = proc.stdout
+
+    def read() -> None:  # a reader thread: waiting on it times out, a readline would not
+        for line in out:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
     try:
         deadline = time.monotonic() + 60
         said = None

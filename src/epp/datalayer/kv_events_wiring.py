@@ -4,10 +4,9 @@
 `PreciseIndex` that applies events to the prefix index, one ZMQ context for every
 subscriber (made on first use, its socket limit raised: three sockets a pod when the
 live sockets are read on the loop), the `ReceiverHub` whose one thread reads every pod's
-live socket (made on first use, with `receive_in_thread`) and a pod name ->
-`KvEventSubscriber` map. `epp.wiring`
-hands it the endpoint store's events after the index listener, as every other reader of
-the store's events:
+live socket (made on first use, with `receive_in_thread`; replaced if a failure ended
+it) and a pod name -> `KvEventSubscriber` map. `epp.wiring` hands it the endpoint
+store's events after the index listener, as every other reader of the store's events:
 
 - `added` / `updated`: the pod's mode and endpoints are resolved from `kv_events:` and
   its labels (`resolve_pod`). A pod that is not `approximate`, whose publisher endpoint is

@@ -3,7 +3,7 @@
 Open files: each followed pod holds about 4 file descriptors (its KV-event connection and
 the ZMQ sockets' wake-up descriptors) and each scraped pod one (its keep-alive
 connection), on top of the gateway's streams. The soft limit many systems set, 1,024,
-would stop the EPP at about 250 followed pods; the hard limit is the operator's (or the
+would stop the EPP at about 200 precise pods; the hard limit is the operator's (or the
 container runtime's) actual ceiling, so the soft one is raised to it.
 """
 

@@ -23,7 +23,7 @@ class ReplayTimedOut(ReplayFailed):
     """The replay socket did not answer in time: it is left alone for a while."""
 
 
-def raise_socket_limit(context: zmq.Context) -> None:  # type: ignore[type-arg]
+def raise_socket_limit(context: zmq.Context) -> None:
     """Let `context` hold as many sockets as libzmq can: its default, 1,023, is ~340
     followed pods at three sockets each (SUB, and the monitor's pair). Before any socket."""
     context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
