@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from epp_bench.picker.overhead import (
+    GRPC_PART,
     WORK_TREE_SRC,
     ExtProcCost,
     StepTiming,
@@ -10,6 +11,7 @@ from epp_bench.picker.overhead import (
     ext_proc_cost,
     in_process,
     probe_steps,
+    profile_split,
     scraping,
     split_rows,
 )
@@ -89,3 +91,20 @@ def test_the_report_has_before_and_after_columns_and_splits_the_cpu_per_request(
     )
     # every part of the total is accounted for exactly once
     assert sum(rows.values()) == pytest.approx(1500.0)
+
+
+def test_a_py_spy_profile_is_split_by_the_innermost_part_and_idle_samples_are_dropped(tmp_path):
+    raw = tmp_path / "epp.raw"
+    raw.write_text(
+        "run (asyncio/runners.py:1);ExternalProcessor._decide (epp/extproc/server.py:9);"
+        "Scheduler.schedule (epp/scheduling/scheduler.py:90);"
+        "Histogram.observe (prometheus_client/metrics.py:679) 3\n"
+        "run (asyncio/runners.py:1);ExternalProcessor._decide (epp/extproc/server.py:9);"
+        "Scheduler.schedule (epp/scheduling/scheduler.py:90) 5\n"
+        "run (asyncio/runners.py:1);Handle._run (asyncio/events.py:80) 7\n"
+        "run (asyncio/runners.py:1);EpollSelector.select (selectors.py:468) 100\n"
+        "Thread._bootstrap (threading.py:1);Thread.run (threading.py:982) 50\n"
+    )
+    busy, parts = profile_split(raw)
+    assert busy == 15
+    assert dict(parts) == {"metrics": 3, "score (filter + score + pick)": 5, GRPC_PART: 7}

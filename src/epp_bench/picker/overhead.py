@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 
@@ -250,7 +251,7 @@ def through_envoy(
         {"model": "sim-llama-8b", "prompt": _words(random.Random(1), 512), "max_tokens": 1}
     ).encode()
     results: list[StackLoad] = []
-    stacks: list[tuple[str, str, Path | None]] = [
+    stacks: list[tuple[Literal["round_robin", "epp"], str, Path | None]] = [
         ("round_robin", "Envoy round robin", None),
         ("epp", "Envoy + EPP", None),
     ]
@@ -349,7 +350,12 @@ def scraping(pods: int, seconds: float, interval_ms: float = 50.0) -> ScrapeCost
                 for i, p in enumerate(ports[:pods])
             ]
         }
-        config = {"datalayer": {"scrape_interval_s": interval_ms / 1000}}
+        # Idle pods are scraped at the same interval: the page's cost per scrape is measured,
+        # not the slower idle pacing (datalayer.scrape_idle_interval_s).
+        interval_s = interval_ms / 1000
+        config = {
+            "datalayer": {"scrape_interval_s": interval_s, "scrape_idle_interval_s": interval_s}
+        }
         (Path(tmp) / "endpoints.yaml").write_text(yaml.safe_dump(endpoints))
         (Path(tmp) / "epp.yaml").write_text(yaml.safe_dump(config))
         grpc_port, metrics_port = ports[pods:]
@@ -623,6 +629,60 @@ def split_rows(
     return rows
 
 
+# py-spy frames ("function (path:line)"), classified from the leaf up: the first rule a
+# frame matches names the sample's part. Idle samples (the loop waiting in epoll, the
+# probe's stdin reader) are dropped.
+PROFILE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("metrics", ("prometheus_client/", "(epp/observability/metrics", "(epp/observability/upstream",
+                 "(epp/observability/stale", "(epp/observability/labels")),
+    ("log", ("structlog/", "(epp/observability/logs", "(logging/")),
+    ("protobuf (building replies, reading fields)", ("(epp/extproc/messages", "google/protobuf")),
+    ("observer stream and completion", ("(epp/extproc/observer", "Router.complete ", "Accounting.complete ",
+                                        "ExternalProcessor._observe ", "ExternalProcessor._complete ")),
+    ("hash", ("(epp/prefix/hashing",)),
+    ("tokenize", ("(epp/tokenization", "(epp/prefix/blocks")),
+    ("parse", ("(epp/request/",)),
+    ("record", ("(epp/prefix/approximate", "PrefixIndex.record ")),
+    ("lookup", ("(epp/prefix/",)),
+    ("score (filter + score + pick)", ("(epp/scheduling/",)),
+    ("ext_proc machine", ("(epp/extproc/machine",)),
+    ("rest of the decision (preparation, dispatch, accounting)", ("(epp/routing/", "(epp/datalayer/")),
+)  # fmt: skip
+GRPC_PART = "gRPC + asyncio (grpc.aio reads/writes, the loop, the server's stream glue)"
+
+
+def profile_split(raw: Path) -> tuple[int, list[tuple[str, int]]]:
+    """A py-spy `--format raw` profile of the EPP server split by PROFILE_RULES: (busy
+    samples, [(part, samples)])."""
+    parts: dict[str, int] = {}
+    busy = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or frames[-1].startswith("EpollSelector.select") or "Thread.run " in stack:
+            continue
+        samples = int(count)
+        busy += samples
+        part = next(
+            (
+                name
+                for frame in reversed(frames)
+                for name, keys in PROFILE_RULES
+                if any(key in frame for key in keys)
+            ),
+            GRPC_PART,
+        )
+        parts[part] = parts.get(part, 0) + samples
+    return busy, sorted(parts.items(), key=lambda item: -item[1])
+
+
+def profile_markdown(raw: Path) -> str:
+    busy, parts = profile_split(raw)
+    lines = [f"| part | samples | share of the busy {busy} |", "|---|---:|---:|"]
+    lines += [f"| {name} | {n} | {n / max(1, busy) * 100:.1f}% |" for name, n in parts]
+    return "\n".join(lines) + "\n"
+
+
 def _compared_markdown(
     compared: dict[str, list[StepTiming]], edge: list[ExtProcCost], before_name: str
 ) -> list[str]:
@@ -789,7 +849,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--edge-requests", type=int, default=300, help="requests per round on the ext_proc server"
     )
+    parser.add_argument(
+        "--split-profile",
+        type=Path,
+        metavar="RAW",
+        help="only split a py-spy --format raw profile of the EPP server (docs/benchmarks/"
+        "overhead.md, Profile) into parts, and print it",
+    )
     args = parser.parse_args(argv)
+    if args.split_profile is not None:
+        print(profile_markdown(args.split_profile))
+        return 0
     command = "epp bench overhead " + shlex.join(argv)
     before = None if args.before == "none" else frozen_src(args.before)
     codes = (

@@ -7,9 +7,11 @@ library, and bridges the few calls whose signature changed between the two.
 
     python overhead_probe.py steps --pods 64 --prompt-tokens 4096 --iterations 2000
         each step of the hot path alone, and the whole decision: one JSON line
-    python overhead_probe.py serve --pods 64 [--profile FILE]
-        the real ext_proc gRPC server (grpc.aio, plaintext) over a wired Router; prints
-        {"port": N} and serves until stdin closes (then writes the cProfile stats)
+    python overhead_probe.py serve --pods 64 [--profile FILE] [--bare]
+        the real ext_proc gRPC server (grpc.aio, plaintext) over a wired Router (or the
+        bare gRPC floor); prints {"port": N} and serves until stdin closes
+    python overhead_probe.py drive --port N --requests 1500
+        (the work tree only) sends what Envoy sends for that many routed requests
 """
 
 from __future__ import annotations
@@ -310,7 +312,7 @@ def bare_processor() -> Any:
     headers_reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
     body_reply = pb.ProcessingResponse(request_body=pb.BodyResponse())
 
-    class Bare(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    class Bare(pb_grpc.ExternalProcessorServicer):
         async def Process(self, request_iterator: Any, context: Any) -> Any:
             observer = any(k == "x-epp-stream" for k, _ in context.invocation_metadata() or ())
             if observer:
@@ -369,7 +371,7 @@ def time_parts(setup: Setup, iterations: int) -> list[dict[str, float | str]]:
         finally:
             spent["observe"] += clock() - start
 
-    dispatcher._observe = timed_observe
+    dispatcher._observe = timed_observe  # type: ignore[method-assign]
 
     def run(count: int) -> None:
         for _ in range(count):
@@ -383,7 +385,7 @@ def time_parts(setup: Setup, iterations: int) -> list[dict[str, float | str]]:
         spent.update(observe=0, complete=0)
         run(iterations)
     finally:
-        dispatcher._observe = observe
+        dispatcher._observe = observe  # type: ignore[method-assign]
     rows = [
         ("decision's metrics and log lines (inside it)", spent["observe"] / iterations / 1000),
         ("completion (Router.complete)", spent["complete"] / iterations / 1000),
@@ -414,7 +416,7 @@ async def serve(setup: Setup, profile: str | None, bare: bool = False) -> None:
     await loop.run_in_executor(None, sys.stdin.read)
     if collector is not None:
         print(json.dumps(collector.totals()), file=sys.stderr, flush=True)
-    if profiler is not None:
+    if profiler is not None and profile:
         profiler.disable()
         profiler.dump_stats(profile)
     await server.stop(None)
@@ -422,7 +424,9 @@ async def serve(setup: Setup, profile: str | None, bare: bool = False) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="overhead_probe.py")
-    parser.add_argument("mode", choices=["steps", "parts", "serve"])
+    parser.add_argument("mode", choices=["steps", "parts", "serve", "drive"])
+    parser.add_argument("--port", type=int, help="drive: the server's port")
+    parser.add_argument("--requests", type=int, default=1500, help="drive: how many")
     parser.add_argument("--log-level", default="warning", choices=["warning", "info"])
     parser.add_argument("--pods", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=4096)
@@ -430,6 +434,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", help="serve: write cProfile stats here at the end")
     parser.add_argument("--bare", action="store_true", help="serve: the gRPC floor alone")
     args = parser.parse_args(argv)
+    if args.mode == "drive":
+        from epp_bench.picker.overhead import drive_ext_proc
+
+        routed = asyncio.run(
+            drive_ext_proc(args.port, args.requests, chat_body(args.prompt_tokens))
+        )
+        print(json.dumps({"routed": routed}), flush=True)
+        return 0
     _logging(args.log_level)
     setup = Setup(args.pods, args.prompt_tokens)
     if args.mode == "steps":
