@@ -55,7 +55,7 @@ def test_the_replicas_cluster_renders_health_checks_outlier_ejection_and_retries
     ]
     (check,) = epp["health_checks"]
     assert check["grpc_health_check"] == {"service_name": "readiness"}
-    assert check["unhealthy_threshold"] == 1 and check["no_traffic_interval"] == check["interval"]
+    assert check["unhealthy_threshold"] == 2 and check["no_traffic_interval"] == check["interval"]
     assert epp["common_lb_config"]["healthy_panic_threshold"] == {"value": 0.0}
     outlier = epp["outlier_detection"]
     assert outlier["consecutive_gateway_failure"] == 1

@@ -124,7 +124,12 @@ def _replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
             "timeout": f"{EPP_HEALTH_TIMEOUT_S}s",
             "interval": f"{EPP_HEALTH_INTERVAL_S}s",
             "no_traffic_interval": f"{EPP_HEALTH_INTERVAL_S}s",
-            "unhealthy_threshold": 1,
+            # Two missed checks, not one: a replica that answers one check late (a GC
+            # pause, a throttled CPU) would otherwise leave with the others gone, and with
+            # no healthy replica Envoy fails every request closed. A killed replica is
+            # ejected at once by outlier detection (its connection is refused); a draining
+            # one leaves within two intervals.
+            "unhealthy_threshold": 2,
             "healthy_threshold": 1,
             "grpc_health_check": {"service_name": "readiness"},
         }
