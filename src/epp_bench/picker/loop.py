@@ -266,7 +266,7 @@ async def kv_ingest(
     service: EppService, kv_pods: int, in_thread: bool
 ) -> tuple[Callable[[], Awaitable[None]], Callable[[], dict[str, float]]]:
     """The product's PreciseMode on the service's index, one subscriber per pod; the live
-    socket read and decoded in a thread per pod (`in_thread`) or on the loop."""
+    socket read and decoded in the shared receiver thread (`in_thread`) or on the loop."""
     config = service.config.kv_events.model_copy(update={"mode": "precise"})
     # libzmq's default of 1,023 sockets a context would stop the on-loop arm (three
     # sockets a pod) at ~340 pods.
