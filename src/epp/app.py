@@ -375,6 +375,22 @@ def main(argv: list[str]) -> int:
         return 2
     configure_logging(config.log_level, fmt=config.log_format)
     upstream.report(log)
+    if config.server.workers > 1:
+        from epp.serving.workers import WorkersError, run_workers
+
+        try:
+            return run_workers(config)  # worker processes, each serve_config (below)
+        except WorkersError as exc:
+            print(f"epp serve: invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # a port taken
+            log.error("epp_failed", error=str(exc))
+            return 1
+    return serve_config(config)
+
+
+def serve_config(config: EppConfig) -> int:
+    """One EPP process serving `config` until told to stop (`epp serve`, or a worker)."""
     runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop

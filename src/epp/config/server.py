@@ -65,6 +65,13 @@ class ServerConfig(Strict):
     # EPP generates a self-signed certificate in memory at start. False: plaintext.
     secure_serving: bool = True
     tls: TlsConfig | None = None
+    # Worker processes on this node (epp/serving/workers.py), each a whole EPP: above 1,
+    # `epp serve` supervises them, they share grpc_port and grpc_health_port
+    # (SO_REUSEPORT), worker i serves metrics on the i-th port from metrics_port that no
+    # other setting takes, worker 0 alone the debug pages, and with worker_sharing they
+    # send each other their decisions (epp/replicas over loopback). 1: one process.
+    workers: int = Field(1, ge=1, le=64)
+    worker_sharing: bool = True
 
     @model_validator(mode="after")
     def _tls_needs_secure_serving(self) -> ServerConfig:

@@ -301,13 +301,19 @@ class HealthState:
             await self.servicer.set(service, serving if ready else not_serving)
 
 
+def _reuseport(config: ServerConfig) -> int:
+    """SO_REUSEPORT only for worker processes sharing the port (epp/serving/workers.py):
+    one process keeps a port in use a loud failure, not a silent share with it."""
+    return 1 if config.workers > 1 else 0
+
+
 def build_health_server(
     health_state: HealthState, config: ServerConfig
 ) -> tuple[grpc.aio.Server, int]:
     """gRPC health alone, plaintext, on grpc_host:grpc_health_port (the upstream EPP's
     9003, where GKE and the upstream charts' probes ask): probes carry no certificate.
     Port 0 picks a free one; the bound port is returned."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", _reuseport(config))])
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     address = f"{config.grpc_host}:{config.grpc_health_port}"
     try:
@@ -340,7 +346,7 @@ def build_grpc_server(
         options=[
             ("grpc.max_receive_message_length", receive),
             ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", _reuseport(config)),
         ]
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)

@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         "TLS, with a self-signed certificate unless server.tls gives one",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        help="EPP processes on this node behind one port (server.workers, default 1)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=["trace", "debug", "info", "warning", "error"],
         help="default: info, or EPP_LOG_LEVEL",
@@ -108,7 +113,7 @@ def config_from_args(args: argparse.Namespace, upstream: UpstreamArgs | None = N
 
 def _our_overrides(args: argparse.Namespace, upstream: UpstreamArgs) -> dict:
     """What our own flags (and EPP_LOG_LEVEL) set, as config sections."""
-    server = _given(args, "grpc_host", "grpc_port", "grpc_health_port", "metrics_host", "metrics_port")  # fmt: skip
+    server = _given(args, "grpc_host", "grpc_port", "grpc_health_port", "metrics_host", "metrics_port", "workers")  # fmt: skip
     if args.plaintext:
         server["secure_serving"] = False
     ours: dict = {"server": server} if server else {}
