@@ -254,6 +254,21 @@ def bodies(systems: list[str], count: int, seed: int) -> list[bytes]:
     ]
 
 
+def prefix_state(fleet: Fleet, probe: bytes) -> dict[str, float]:
+    """What the index holds, and how the measured requests meet it: the pods holding at
+    least 90 % of a probe's blocks (its shared system prompt) and the longest match."""
+    hashes = fleet.router.prepare(IncomingRequest(path=PATH, body=probe, request_id="p")).hashes
+    matched = fleet.index.match(hashes)
+    return {
+        "prefixes held (index.nodes)": float(fleet.index.nodes),
+        "probe blocks": float(len(hashes)),
+        "pods holding 90 % of the probe": float(
+            sum(1 for n in matched.values() if n >= 0.9 * len(hashes))
+        ),
+        "longest match (blocks)": float(max(matched.values(), default=0)),
+    }
+
+
 # -- measurements ---------------------------------------------------------------------------
 
 
@@ -396,21 +411,22 @@ def scrape_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[s
 def upkeep_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[str, float]:
     """What the service's periodic and event work costs at this load (process CPU, ms):
     the maintenance round's `Router.tick` and the store's health round (each every
-    0.25 s, `epp.app.HEALTH_REFRESH_S`), and `FLAP` pods removed by one relist (then
-    added back and scraped, untimed)."""
+    0.25 s, `epp.app.HEALTH_REFRESH_S`), and `FLAP` pods (one in 50 of a smaller fleet)
+    removed by one relist (then added back and scraped, untimed)."""
     store, router = fleet.store, fleet.router
     tick = min(cpu_of(router.tick) for _ in range(5))
     health = min(cpu_of(store.refresh_health) for _ in range(5))
     endpoints = fleet.config.endpoints
-    removed = cpu_of(lambda: store.sync(endpoints[FLAP:]))
+    flap = min(FLAP, max(1, len(endpoints) // 50))
+    removed = cpu_of(lambda: store.sync(endpoints[flap:]))
     store.sync(endpoints)
-    for n, endpoint in enumerate(store.all()[:FLAP]):
+    for n, endpoint in enumerate(store.all()[:flap]):
         if endpoint.metrics is None:
             store.scraped(endpoint, reader.parse(pages[n % len(pages)]))
     return {
         "Router.tick ms": round(tick * 1000, 3),
         "EndpointStore.refresh_health ms": round(health * 1000, 3),
-        f"{FLAP} pods removed (EndpointStore.sync) ms": round(removed * 1000, 3),
+        f"{flap} pods removed (EndpointStore.sync) ms": round(removed * 1000, 3),
     }
 
 
@@ -472,7 +488,7 @@ async def run(settings: Settings) -> Report:
     )
     per_request, left = traced_requests(small, bodies(systems, window, seed=settings.seed + 30))
     memory["small: traced KB per open request"] = per_request
-    memory["small: traced KB left per completed request"] = left
+    memory["small: traced KB kept per completed request"] = left
     tracemalloc.stop()
     gc.collect()
     report.arms.append(await measure_route(small, "small fleet, idle", probes, 0, gc_watch))
@@ -495,12 +511,12 @@ async def run(settings: Settings) -> Report:
     memory["large: index blocks recorded"] = blocks
     memory["large: index RSS KB per pod"] = round((rss_mb() - rss) * 1024 / settings.pods, 2)
     memory["large: index RSS B per (block, pod)"] = round((rss_mb() - rss) * 2**20 / blocks, 1)
-    report.index = {"prefixes held (index.nodes)": float(fleet.index.nodes)}
+    report.index = prefix_state(fleet, probes[0])
     tracemalloc.start()
     per_request, left = traced_requests(fleet, bodies(systems, window, seed=settings.seed + 40))
     tracemalloc.stop()
     memory["large: traced KB per open request"] = per_request
-    memory["large: traced KB left per completed request"] = left
+    memory["large: traced KB kept per completed request"] = left
     gc.collect()
     _say(f"fleets and index: {memory}")
     report.arms.append(await measure_route(fleet, "large fleet, idle", probes, 0, gc_watch))
@@ -509,6 +525,7 @@ async def run(settings: Settings) -> Report:
     # In flight: routed by the Router itself, kept open.
     chats = bodies(systems, settings.in_flight, seed=settings.seed + 20)
     rss = rss_mb()
+    memory["RSS MB, process with nothing in flight"] = round(rss, 1)
     gc_watch.reset()
     started = time.perf_counter()
     tokens, latencies = fill_in_flight(fleet, chats)
@@ -614,6 +631,8 @@ def render(report: Report, settings: Settings) -> str:
     lines.append(
         f"  memory to request at this load (RSS x 1.25, rounded up): {helm_memory_mb(report, settings):.0f} MiB"
     )
+    lines.append("\nPrefix index (large fleet):")
+    lines += [f"  {k}: {v:,.0f}" for k, v in report.index.items()]
     lines.append("\nIn flight (routed by the Router, not completed):")
     lines += [f"  {k}: {v}" for k, v in report.fill.items()]
     lines.append("\nUpkeep at full load (process CPU; the maintenance round runs every 0.25 s):")
@@ -636,7 +655,7 @@ def render(report: Report, settings: Settings) -> str:
     return "\n".join(lines)
 
 
-QUICK = Settings(pods=40, small_pods=8, in_flight=200, blocks_per_pod=600, systems=8, decisions=40)
+QUICK = Settings(pods=40, small_pods=8, in_flight=200, blocks_per_pod=1500, systems=8, decisions=40)
 
 
 def main(argv: list[str] | None = None) -> int:
