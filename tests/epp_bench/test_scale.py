@@ -28,6 +28,12 @@ def test_it_is_an_epp_bench_subcommand() -> None:
 async def test_a_tiny_run_holds_its_requests_open_and_drains_them() -> None:
     report = await run(TINY)
 
+    # The measured chats meet the shared system prompts the pods hold (real hashes).
+    index = report.index
+    assert index["probe blocks"] >= 200  # a 4k-token chat, 16-token blocks
+    assert index["pods holding 90 % of the probe"] >= 1
+    assert index["longest match (blocks)"] >= 0.9 * index["probe blocks"]
+
     fill = report.fill
     assert fill["requests routed and open"] == TINY.in_flight
     assert fill["pods used"] == TINY.pods  # spread by the router, not all on one pod
@@ -41,12 +47,6 @@ async def test_a_tiny_run_holds_its_requests_open_and_drains_them() -> None:
     for arm in arms.values():
         assert arm.decisions == 18  # the first tenth warms up
         assert 0 < arm.p50_us <= arm.p99_us and arm.cpu_us > 0
-
-    # The measured chats meet the shared system prompts the pods hold (real hashes).
-    index = report.index
-    assert index["probe blocks"] >= 200  # a 4k-token chat, 16-token blocks
-    assert index["pods holding 90 % of the probe"] >= 1
-    assert index["longest match (blocks)"] >= 0.9 * index["probe blocks"]
 
     memory = report.memory
     assert memory["large: index blocks recorded"] == TINY.pods * TINY.blocks_per_pod
