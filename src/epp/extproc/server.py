@@ -168,25 +168,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    self._metrics.streams_failed.inc()
-                    log.exception(
-                        "stream_failed", request_id=stream.request_id, phase=stream.phase.value
-                    )
-                    if stream.phase in (Phase.START, Phase.BODY, Phase.ROUTING):
-                        self._metrics.answers.answered(
-                            stream.request_id, 500, "internal-error", "internal error"
-                        )
-                        self._metrics.upstream.answered(500)
-                        yield messages.immediate(
-                            500, INTERNAL_ERROR_BODY, "internal-error", stream.request_id
-                        )
+                    failure = self._stream_failed(stream)
+                    if failure is not None:
+                        yield failure
                     return
                 if step.answer is not None:  # every answer the EPP gives itself
-                    answer = step.answer
-                    self._metrics.answers.answered(
-                        stream.request_id, answer.status, answer.reason, answer.message
-                    )
-                    self._metrics.upstream.answered(answer.status, answer)
+                    self._count_answer(stream.request_id, step.answer)
                 for reply in step.replies:
                     yield reply
                 if step.finish:
@@ -199,6 +186,21 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             if stream.token is not None and not finished:
                 # Routed, but the destination never fully reached Envoy (stream reset).
                 self._complete(Completion(stream.token, None, None))
+
+    def _stream_failed(self, stream: ExtProcStream) -> pb.ProcessingResponse | None:
+        """A bug met on a routing stream: counted and logged; a request not yet sent on
+        gets a 500 (the reply to send), one already routed is left to Envoy."""
+        self._metrics.streams_failed.inc()
+        log.exception("stream_failed", request_id=stream.request_id, phase=stream.phase.value)
+        if stream.phase not in (Phase.START, Phase.BODY, Phase.ROUTING):
+            return None
+        self._metrics.answers.answered(stream.request_id, 500, "internal-error", "internal error")
+        self._metrics.upstream.answered(500)
+        return messages.immediate(500, INTERNAL_ERROR_BODY, "internal-error", stream.request_id)
+
+    def _count_answer(self, request_id: str | None, answer: RequestRejected) -> None:
+        self._metrics.answers.answered(request_id, answer.status, answer.reason, answer.message)
+        self._metrics.upstream.answered(answer.status, answer)
 
     async def _decide(self, stream: ExtProcStream, asked: Step) -> Step:
         """The router's answer to the machine's request for a decision: the next step."""
