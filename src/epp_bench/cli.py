@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "epp_bench.picker.replicas",
         "several EPP replicas behind one Envoy: sharing, hit rate, a replica killed",
     ),
+    "workers": (
+        "epp_bench.picker.workers",
+        "epp serve --workers 1 and 2 behind one Envoy port: decisions/s, balance, hit rate",
+    ),
     "soak": (
         "epp_bench.soak.cli",
         "minutes at the measured ceiling: EPP memory, fds, tasks, latency; a 10x burst",

@@ -1,0 +1,131 @@
+"""`epp serve --workers 2` as operators run it: real processes, simulated pods (vllm_sim),
+a real Envoy (`epp envoy-config --epp-port`) dialing the one ext_proc port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epp_bench.picker.overhead import ZERO_TIME_PODS
+from epp_bench.picker.workers import WorkersStack, worker_pids
+from epp_harness.sse import POD_HEADER
+from epp_harness.stack import free_ports
+
+pytestmark = pytest.mark.e2e
+
+ZERO_TIME = tuple(ZERO_TIME_PODS.split())
+# Envoy opens one ext_proc connection per worker thread and the kernel hands each to one
+# worker (SO_REUSEPORT): 16 threads leave both workers without a connection 2**-15 of runs.
+ENVOY_THREADS = 16
+
+
+async def _post(url: str, prompt: str) -> str | None:
+    """One completion on a new connection (so a new Envoy thread, maybe another worker)."""
+    body = {"model": "sim-llama-8b", "prompt": prompt, "max_tokens": 1}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/completions", json=body) as response,
+    ):
+        await response.read()
+        assert response.status == 200, response.status
+        return response.headers.get(POD_HEADER)
+
+
+def _prompt(key: int) -> str:
+    return " ".join(f"conversation{key} word{i}" for i in range(400))
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    with WorkersStack(tmp_path, 4, 2, sim_args=ZERO_TIME, envoy_threads=ENVOY_THREADS) as s:
+        yield s
+
+
+def test_both_workers_decide_behind_one_envoy_listener(stack: WorkersStack):
+    async def load() -> None:
+        await asyncio.gather(*(_post(stack.envoy_url, _prompt(i)) for i in range(64)))
+
+    before = stack.decisions()  # the stack's readiness check through Envoy decided too
+    asyncio.run(load())
+    decided = [a - b for a, b in zip(stack.decisions(), before, strict=True)]
+    assert sum(decided) == 64
+    assert all(d > 0 for d in decided), decided
+
+
+def test_a_turn_decided_by_one_worker_finds_the_prefix_the_other_recorded(stack: WorkersStack):
+    """A prompt routed by one worker, then the same prompt routed by the other: the second
+    decision matched the whole prefix (its cache-match ratio) and chose the same pod."""
+    for key in range(40):
+        before = stack.decisions()
+        first_pod = asyncio.run(_post(stack.envoy_url, _prompt(1000 + key)))
+        after_first = stack.decisions()
+        time.sleep(0.2)  # the decision crosses the loopback link
+        ratio_before = stack.worker_metric("epp_cache_match_ratio_sum")
+        second_pod = asyncio.run(_post(stack.envoy_url, _prompt(1000 + key)))
+        after_second = stack.decisions()
+        first = [a - b for a, b in zip(after_first, before, strict=True)].index(1)
+        second = [a - b for a, b in zip(after_second, after_first, strict=True)].index(1)
+        if first == second:
+            continue  # the same worker decided both: try another conversation
+        ratio = stack.worker_metric("epp_cache_match_ratio_sum")[second] - ratio_before[second]
+        assert ratio > 0.9, (first, second, ratio)
+        assert second_pod == first_pod
+        return
+    pytest.fail("40 pairs of requests were all decided by one worker")
+
+
+def test_a_killed_worker_is_restarted(stack: WorkersStack):
+    assert stack.epp is not None
+    old = worker_pids(stack.epp.popen.pid)
+    assert len(old) == 2
+    os.kill(old[1], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = worker_pids(stack.epp.popen.pid)
+        if len(now) == 2 and old[1] not in now:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"no worker restarted: {worker_pids(stack.epp.popen.pid)}")
+    assert old[0] in now
+    # Both serve again: each worker's page answers ready.
+    from epp_bench.picker.replicas import _get, _wait
+
+    for port in stack.metrics_ports:
+        _wait(lambda p=port: _get(f"http://127.0.0.1:{p}/ready")[0] == 200, f"worker {port}")
+    assert stack.epp.popen.poll() is None  # the supervisor itself lives on
+
+
+def _serve(tmp_path: Path, grpc_port: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    endpoints = tmp_path / "endpoints.yaml"
+    if not endpoints.exists():
+        endpoints.write_text(json.dumps({"endpoints": []}))
+    health, metrics = free_ports(2)
+    argv = [
+        sys.executable, "-m", "epp", "serve", "--endpoints", str(endpoints),
+        "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
+        "--grpc-health-port", str(health), "--metrics-host", "127.0.0.1",
+        "--metrics-port", str(metrics), "--plaintext", *extra,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_second_epp_on_the_workers_port_fails_loudly(stack: WorkersStack, tmp_path: Path):
+    """One process (workers 1) keeps SO_REUSEPORT off, and workers check the port without
+    it: neither joins the port two workers share."""
+    single = _serve(tmp_path, stack.grpc_port)
+    assert single.returncode != 0
+    assert f"127.0.0.1:{stack.grpc_port}" in single.stderr
+    workers = _serve(tmp_path, stack.grpc_port, "--workers", "2")
+    assert workers.returncode == 1
+    assert f"127.0.0.1:{stack.grpc_port} for ext_proc" in workers.stderr
+    assert "in use" in workers.stderr
