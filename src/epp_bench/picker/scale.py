@@ -90,6 +90,7 @@ class Settings:
     prompt_tokens: int = 4096
     decisions: int = 400  # measured per arm
     seed: int = 0
+    live_s: float = 5.0  # each live scrape arm (0: none; they start processes)
 
 
 @dataclass(slots=True)
@@ -116,6 +117,7 @@ class Report:
     scrape: dict[str, float] = field(default_factory=dict)
     index: dict[str, float] = field(default_factory=dict)
     upkeep: dict[str, float] = field(default_factory=dict)
+    live: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # -- pages ---------------------------------------------------------------------------------
@@ -430,6 +432,56 @@ def upkeep_costs(fleet: Fleet, pages: list[bytes], reader: PageReader) -> dict[s
     }
 
 
+# (name, pages, scrape_interval_s): the scraper's defaults otherwise (the `name[]` filter,
+# idle pods every 0.5 s).
+LIVE_ARMS = (
+    ("busy pods, 50 ms (default settings)", "busy", 0.05),
+    ("busy pods, scrape_interval_s 0.2", "busy", 0.2),
+    ("idle pods, default settings (0.5 s)", "idle", 0.05),
+)
+
+
+def live_scrape(pods: int, seconds: float) -> dict[str, dict[str, float]]:
+    """The scraper as the service runs it (`MetricsScraper`, its HTTP client, parse and
+    store), over loopback to one page-server process answering what vLLM's
+    prometheus_client answers, each arm a process of its own: `epp bench scrape`'s live
+    arms (epp_bench/picker/scrape.py) at this pod count. Cores = the scraper process's
+    CPU seconds per wall second; asked = the pages per second the intervals ask for."""
+    from epp_bench.picker import scrape
+
+    port_file = Path(f"/tmp/epp-bench-scale-{os.getpid()}.port")
+    port_file.unlink(missing_ok=True)
+    code = (
+        "import asyncio, pathlib, epp_bench.picker.scrape as s; "
+        f"s.FIXTURE = pathlib.Path({str(FIXTURE)!r}); asyncio.run(s.serve({str(port_file)!r}))"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code])
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for _ in range(600):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        for name, pages, interval in LIVE_ARMS:
+            urls = [f"http://127.0.0.1:{port}/{pages}/{i}/metrics" for i in range(pods)]
+            row = scrape.live_arm(urls, interval, seconds, {}, None)
+            asked = pods / (interval if pages == "busy" else 0.5)
+            out[name] = {
+                "us per page": round(row["us_per_page"] or 0.0, 1),
+                "pages per s": round(row["pages_per_s"], 0),
+                "pages per s asked": round(asked, 0),
+                "cores measured": round(row["cores"], 3),
+                "failures": float(row["failures"]),
+            }
+            _say(f"live scrape, {name}: {out[name]}")
+    finally:
+        server.terminate()
+        server.wait(10)
+        port_file.unlink(missing_ok=True)
+    return out
+
+
 def commit() -> str:
     """The code's commit: a frozen checkout's (tools/bench/freeze_code.py names its
     directory after it), else the work tree's HEAD, marked when src/epp differs from it."""
@@ -576,6 +628,10 @@ async def run(settings: Settings) -> Report:
 
     report.scrape = scrape_costs(fleet, pages, reader)
     _say(f"scrape: {report.scrape}")
+    del fleet, tokens
+    gc.collect()
+    if settings.live_s > 0:
+        report.live = live_scrape(settings.pods, settings.live_s)
     gc_watch.close()
     return report
 
@@ -652,10 +708,22 @@ def render(report: Report, settings: Settings) -> str:
         f"  page bytes: whole {report.scrape['whole page bytes']:,.0f}, "
         f"filtered {report.scrape['filtered page bytes']:,.0f}"
     )
+    if report.live:
+        lines.append(f"\nScrape at {settings.pods:,} pods, live (MetricsScraper over loopback):")
+        lines.append("| arm | us per page | pages/s | pages/s asked | cores measured | failures |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for name, row in report.live.items():
+            lines.append(
+                f"| {name} | {row['us per page']:,.1f} | {row['pages per s']:,.0f} | "
+                f"{row['pages per s asked']:,.0f} | {row['cores measured']:.2f} | "
+                f"{row['failures']:.0f} |"
+            )
     return "\n".join(lines)
 
 
-QUICK = Settings(pods=40, small_pods=8, in_flight=200, blocks_per_pod=1500, systems=8, decisions=40)
+QUICK = Settings(
+    pods=40, small_pods=8, in_flight=200, blocks_per_pod=1500, systems=8, decisions=40, live_s=0
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks-per-pod", type=int, default=d.blocks_per_pod)
     parser.add_argument("--systems", type=int, default=d.systems, help="shared system prompts")
     parser.add_argument("--decisions", type=int, default=d.decisions, help="measured per arm")
-    parser.add_argument("--quick", action="store_true", help="a tiny run (the smoke test)")
+    parser.add_argument("--live-s", type=float, default=d.live_s, help="each live scrape arm (0: none)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="a tiny run, no live arm (the smoke test)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -680,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             blocks_per_pod=args.blocks_per_pod,
             systems=args.systems,
             decisions=args.decisions,
+            live_s=args.live_s,
         )
     if (
         settings.pods < 1
