@@ -259,6 +259,25 @@ def run_throughput(
     )
 
 
+def run_balance(work: Path, envoy_threads: int, runs: int, requests: int = 256) -> list[float]:
+    """The busier worker's share of `requests` decisions, over `runs` fresh stacks (each
+    run: new Envoy connections, so a new draw of the kernel's per-connection hash)."""
+    body = json.dumps({"model": MODEL, "prompt": _words(random.Random(2), 64), "max_tokens": 1})
+    sim_args = tuple(shlex.split(ZERO_TIME_PODS))
+    shares: list[float] = []
+    for run in range(runs):
+        with WorkersStack(
+            work / f"balance-{envoy_threads}-{run}", 2, 2, sim_args=sim_args,
+            envoy_threads=envoy_threads,
+        ) as stack:  # fmt: skip
+            before = stack.decisions()
+            url = f"{stack.envoy_url}/v1/completions"
+            asyncio.run(_drive(url, 32, requests, body.encode()))
+            split = [a - b for a, b in zip(stack.decisions(), before, strict=True)]
+        shares.append(max(split) / (sum(split) or 1.0))
+    return shares
+
+
 @dataclass
 class QualityResult:
     name: str
@@ -314,7 +333,11 @@ def _opt(value: float | None, fmt: str) -> str:
 
 
 def render_page(
-    throughput: list[ThroughputResult], quality: list[QualityResult], command: str, commit: str
+    throughput: list[ThroughputResult],
+    quality: list[QualityResult],
+    command: str,
+    commit: str,
+    balance: dict[int, list[float]] | None = None,
 ) -> str:
     lines = [
         "# `epp serve --workers N`: decisions per second and routing quality",
@@ -348,6 +371,20 @@ def render_page(
             f" | {_opt(q.ttft_p50_ms, '.0f')} | {_opt(q.ttft_p99_ms, '.0f')}"
             f" | {q.pod_switches} | {_split(q.per_worker)} |"
         )
+    if balance:
+        lines += [
+            "",
+            "## Balance over 2 workers (SO_REUSEPORT, per Envoy connection)",
+            "",
+            "Each run a fresh stack, 256 requests at 32 clients: the busier worker's share.",
+            "",
+            "| Envoy threads | runs | busier worker's share per run | runs with one worker idle |",
+            "|---|---|---|---|",
+        ]
+        for threads, shares in balance.items():
+            idle = sum(1 for share in shares if share >= 0.999)
+            cells = ", ".join(f"{share:.0%}" for share in shares)
+            lines.append(f"| {threads} | {len(shares)} | {cells} | {idle} |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,6 +398,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--chat-concurrency", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument(
+        "--balance-runs", type=int, default=0, help="balance: fresh stacks per Envoy thread count"
+    )
+    parser.add_argument(
+        "--balance-threads", default="2,8", help="balance: Envoy thread counts (comma list)"
+    )
     parser.add_argument("--work-dir", type=Path, help="keep logs and configs here")
     parser.add_argument("--out", type=Path, help="write the markdown page here")
     args = parser.parse_args(argv)
@@ -392,15 +435,21 @@ def main(argv: list[str]) -> int:
                     )
                 )  # fmt: skip
                 print(f"  quality, {name}: done", file=sys.stderr, flush=True)
+        balance = {
+            int(threads): run_balance(work, int(threads), args.balance_runs)
+            for threads in args.balance_threads.split(",")
+            if args.balance_runs > 0
+        }
     command = (
-        f"epp bench workers --requests {args.requests} --concurrency {args.concurrency}"
+        f"epp bench workers --balance-runs {args.balance_runs}"
+        f" --balance-threads {args.balance_threads} --requests {args.requests} --concurrency {args.concurrency}"
         f" --envoy-threads {args.envoy_threads} --conversations {args.conversations}"
         f" --turns {args.turns} --chat-concurrency {args.chat_concurrency} --seed {args.seed}"
     )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    page = render_page(throughput, quality, command, commit or "unknown")
+    page = render_page(throughput, quality, command, commit or "unknown", balance)
     print(page)
     if args.out is not None:
         args.out.write_text(page)
