@@ -174,7 +174,8 @@ def plan_workers(config: EppConfig) -> WorkerPlan:
         secret_file = plan.secret_dir / "secret"
         secret_file.write_text(secrets.token_hex(32))
         secret_file.chmod(0o600)
-        peer_ports = free_ports(count)
+        # Not a port planned for a worker's pages (both may come from the ephemeral range).
+        peer_ports = [p for p in free_ports(count + len(pages)) if p not in pages][:count]
     for index in range(count):
         server_i = shared.server.model_copy(
             update={
