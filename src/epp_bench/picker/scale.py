@@ -51,7 +51,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from epp.config import EppConfig
 from epp.datalayer.metrics_parser import PageReader
@@ -59,6 +59,7 @@ from epp.datalayer.scraper import page_reader, scrape_url
 from epp.datalayer.store import EndpointStore
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
+from epp.prefix.hashing import BlockHash
 from epp.prefix.index import PrefixIndex
 from epp.request import IncomingRequest
 from epp.routing import Router
@@ -241,7 +242,8 @@ def fill_index(fleet: Fleet, systems: list[str], settings: Settings) -> int:
             held += len(chain)
         while held < settings.blocks_per_pod:
             length = min(256, settings.blocks_per_pod - held)
-            index.record(endpoint.name, array("Q", rng.randbytes(8 * length)).tolist())
+            chain = cast("list[BlockHash]", array("Q", rng.randbytes(8 * length)).tolist())
+            index.record(endpoint.name, chain)
             held += length
         recorded += held
     return recorded
@@ -512,70 +514,113 @@ def _say(text: str) -> None:
     print(f"  {text}", flush=True)
 
 
+@dataclass(slots=True)
+class Inputs:
+    """What every stage of a run shares."""
+
+    settings: Settings
+    pages: list[bytes]  # page variants, one picked per pod
+    reader: PageReader
+    systems: list[str]  # the shared system prompts
+    probes: list[bytes]  # the measured chats
+    window: int  # requests routed under tracemalloc
+    gc_watch: GcWatch
+
+
 async def run(settings: Settings) -> Report:
     report = Report(asdict(settings))
-    memory = report.memory
-    pages = page_variants(FIXTURE.read_bytes(), 32, settings.seed)
     systems = system_prompts(settings)
-    probes = bodies(systems, settings.decisions, seed=settings.seed + 10)
-    reader = page_reader(EppConfig().datalayer)
-    window = max(1, min(200, settings.in_flight // 10))  # requests routed under tracemalloc
-    gc_watch = GcWatch()
+    inputs = Inputs(
+        settings,
+        page_variants(FIXTURE.read_bytes(), 32, settings.seed),
+        page_reader(EppConfig().datalayer),
+        systems,
+        bodies(systems, settings.decisions, seed=settings.seed + 10),
+        max(1, min(200, settings.in_flight // 10)),
+        GcWatch(),
+    )
+    try:
+        await small_fleet_stage(inputs, report)
+        fleet = await large_fleet_stage(inputs, report)
+        tokens = await in_flight_stage(fleet, inputs, report)
+        drain_stage(fleet, tokens, inputs, report)
+        report.scrape = scrape_costs(fleet, inputs.pages, inputs.reader)
+        _say(f"scrape: {report.scrape}")
+        del fleet, tokens
+        gc.collect()
+    finally:
+        inputs.gc_watch.close()
+    if settings.live_s > 0:
+        report.live = live_scrape(settings.pods, settings.live_s)
+    return report
 
-    # The small fleet, its memory traced stage by stage (tracemalloc slows every
-    # allocation: the large fleet's stages are read from RSS, beside a traced window).
+
+async def small_fleet_stage(inputs: Inputs, report: Report) -> None:
+    """The small fleet, its memory traced stage by stage (tracemalloc slows every
+    allocation: the large fleet's stages are read from RSS, beside a traced window),
+    then its decisions with nothing in flight."""
+    settings, memory = inputs.settings, report.memory
     gc.collect()
     tracemalloc.start()
-    small = build_fleet(settings.small_pods, pages, reader, settings.seed)
+    small = build_fleet(settings.small_pods, inputs.pages, inputs.reader, settings.seed)
     gc.collect()
     memory["small: store traced KB per pod"] = round(traced_mb() * 1024 / settings.small_pods, 2)
     before = traced_mb()
-    blocks = fill_index(small, systems, settings)
+    blocks = fill_index(small, inputs.systems, settings)
     gc.collect()
-    memory["small: index traced KB per pod"] = round(
-        (traced_mb() - before) * 1024 / settings.small_pods, 2
-    )
-    memory["small: index traced B per (block, pod)"] = round(
-        (traced_mb() - before) * 2**20 / blocks, 1
-    )
-    per_request, left = traced_requests(small, bodies(systems, window, seed=settings.seed + 30))
+    index_mb = traced_mb() - before
+    memory["small: index traced KB per pod"] = round(index_mb * 1024 / settings.small_pods, 2)
+    memory["small: index traced B per (block, pod)"] = round(index_mb * 2**20 / blocks, 1)
+    chats = bodies(inputs.systems, inputs.window, seed=settings.seed + 30)
+    per_request, kept = traced_requests(small, chats)
     memory["small: traced KB per open request"] = per_request
-    memory["small: traced KB kept per completed request"] = left
+    memory["small: traced KB kept per completed request"] = kept
     tracemalloc.stop()
     gc.collect()
-    report.arms.append(await measure_route(small, "small fleet, idle", probes, 0, gc_watch))
-    _say(f"{report.arms[-1]}")
-    del small
-    gc.collect()
+    arm = await measure_route(small, "small fleet, idle", inputs.probes, 0, inputs.gc_watch)
+    report.arms.append(arm)
+    _say(f"{arm}")
 
-    # The large fleet.
+
+async def large_fleet_stage(inputs: Inputs, report: Report) -> Fleet:
+    """The large fleet and its prefix state, by RSS; a traced window of requests; its
+    decisions with nothing in flight."""
+    settings, memory = inputs.settings, report.memory
+    gc.collect()
     rss = rss_mb()
     started = time.perf_counter()
-    fleet = build_fleet(settings.pods, pages, reader, settings.seed)
+    fleet = build_fleet(settings.pods, inputs.pages, inputs.reader, settings.seed)
     gc.collect()
     memory["large: build s"] = round(time.perf_counter() - started, 2)
     memory["large: store RSS KB per pod"] = round((rss_mb() - rss) * 1024 / settings.pods, 2)
     rss = rss_mb()
     started = time.perf_counter()
-    blocks = fill_index(fleet, systems, settings)
+    blocks = fill_index(fleet, inputs.systems, settings)
     gc.collect()
     memory["large: index fill s"] = round(time.perf_counter() - started, 2)
     memory["large: index blocks recorded"] = blocks
     memory["large: index RSS KB per pod"] = round((rss_mb() - rss) * 1024 / settings.pods, 2)
     memory["large: index RSS B per (block, pod)"] = round((rss_mb() - rss) * 2**20 / blocks, 1)
-    report.index = prefix_state(fleet, probes[0])
+    report.index = prefix_state(fleet, inputs.probes[0])
     tracemalloc.start()
-    per_request, left = traced_requests(fleet, bodies(systems, window, seed=settings.seed + 40))
+    chats = bodies(inputs.systems, inputs.window, seed=settings.seed + 40)
+    per_request, kept = traced_requests(fleet, chats)
     tracemalloc.stop()
     memory["large: traced KB per open request"] = per_request
-    memory["large: traced KB kept per completed request"] = left
+    memory["large: traced KB kept per completed request"] = kept
     gc.collect()
     _say(f"fleets and index: {memory}")
-    report.arms.append(await measure_route(fleet, "large fleet, idle", probes, 0, gc_watch))
-    _say(f"{report.arms[-1]}")
+    arm = await measure_route(fleet, "large fleet, idle", inputs.probes, 0, inputs.gc_watch)
+    report.arms.append(arm)
+    _say(f"{arm}")
+    return fleet
 
-    # In flight: routed by the Router itself, kept open.
-    chats = bodies(systems, settings.in_flight, seed=settings.seed + 20)
+
+async def in_flight_stage(fleet: Fleet, inputs: Inputs, report: Report) -> list[str]:
+    """`in_flight` chats routed by the Router itself and kept open; the decisions measured
+    at that load, and the periodic work. Returns the open requests' route tokens."""
+    settings, memory, gc_watch = inputs.settings, report.memory, inputs.gc_watch
+    chats = bodies(inputs.systems, settings.in_flight, seed=settings.seed + 20)
     rss = rss_mb()
     memory["RSS MB, process with nothing in flight"] = round(rss, 1)
     gc_watch.reset()
@@ -586,27 +631,30 @@ async def run(settings: Settings) -> Report:
     gc.collect()
     memory["large: in flight RSS KB per request"] = round((rss_mb() - rss) * 1024 / len(tokens), 2)
     memory["RSS MB, process at full load"] = round(rss_mb(), 1)
-    open_now = sum(e.in_flight for e in fleet.store.all())
+    endpoints = fleet.store.all()
+    open_now = sum(e.in_flight for e in endpoints)
     tenth = max(1, len(latencies) // 10)
     report.fill = {
         "requests routed and open": float(open_now),
-        "pods used": float(sum(1 for e in fleet.store.all() if e.in_flight)),
-        "most on one pod": float(max(e.in_flight for e in fleet.store.all())),
+        "pods used": float(sum(1 for e in endpoints if e.in_flight)),
+        "most on one pod": float(max(e.in_flight for e in endpoints)),
         "fill s": round(fill_s, 1),
         "GC share of the fill": round(fill_gc_ms / 1000 / fill_s, 3),
         "route_now p50 us, first tenth": round(percentile(latencies[:tenth], 50) or 0, 1),
         "route_now p50 us, last tenth": round(percentile(latencies[-tenth:], 50) or 0, 1),
     }
     _say(f"in flight: {report.fill}")
-
-    arm = await measure_route(fleet, "large fleet, loaded", probes, int(open_now), gc_watch)
+    arm = await measure_route(fleet, "large fleet, loaded", inputs.probes, open_now, gc_watch)
     report.arms.append(arm)
-    _say(f"{report.arms[-1]}")
-    report.upkeep = upkeep_costs(fleet, pages, reader)
+    _say(f"{arm}")
+    report.upkeep = upkeep_costs(fleet, inputs.pages, inputs.reader)
     _say(f"upkeep at full load: {report.upkeep}")
+    return tokens
 
-    # The drain: every request completed.
-    router = fleet.router
+
+def drain_stage(fleet: Fleet, tokens: list[str], inputs: Inputs, report: Report) -> None:
+    """Every open request completed, as the observer stream completes them."""
+    router, gc_watch = fleet.router, inputs.gc_watch
     gc_watch.reset()
     cpu_started, started = time.process_time(), time.perf_counter()
     for token in tokens:
@@ -620,20 +668,11 @@ async def run(settings: Settings) -> Report:
         "open after": float(sum(e.in_flight for e in fleet.store.all())),
     }
     gc.collect()
-    memory["RSS MB, process drained"] = round(rss_mb(), 1)
-    memory["RSS MB, process peak (ru_maxrss)"] = round(
+    report.memory["RSS MB, process drained"] = round(rss_mb(), 1)
+    report.memory["RSS MB, process peak (ru_maxrss)"] = round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
     )
     _say(f"drain: {report.drain}")
-
-    report.scrape = scrape_costs(fleet, pages, reader)
-    _say(f"scrape: {report.scrape}")
-    del fleet, tokens
-    gc.collect()
-    if settings.live_s > 0:
-        report.live = live_scrape(settings.pods, settings.live_s)
-    gc_watch.close()
-    return report
 
 
 def helm_memory_mb(report: Report, settings: Settings) -> float:
