@@ -60,6 +60,7 @@ def test_the_plan_shares_one_port_and_makes_the_workers_each_others_peers():
 
 def test_without_sharing_the_workers_have_no_peers():
     plan = plan_workers(_config(workers=2, grpc_port=0, grpc_health_port=0, worker_sharing=False))
+    plan.close()
     assert [c.replicas.peers for c in plan.configs] == [[], []]
     assert plan.secret_dir is None
 

@@ -87,6 +87,21 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
+def hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound to the port with SO_REUSEPORT, not listening: it takes no connection
+    and keeps the port out of the ephemeral range's reach; the workers bind beside it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """`count` distinct ports free a moment ago (all held until every one is picked)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -131,8 +146,14 @@ class WorkerPlan:
 
     configs: list[EppConfig]
     secret_dir: Path | None = None
+    # The shared ports, bound (not listening) with SO_REUSEPORT while the workers run: an
+    # outgoing connection's ephemeral port cannot take one between a worker's restarts.
+    held: list[socket.socket] = field(default_factory=list)
 
     def close(self) -> None:
+        for sock in self.held:
+            sock.close()
+        self.held.clear()
         if self.secret_dir is not None:
             shutil.rmtree(self.secret_dir, ignore_errors=True)
             self.secret_dir = None
@@ -158,6 +179,7 @@ def plan_workers(config: EppConfig) -> WorkerPlan:
         health_port = health_port or picked[1]
     check_port_free(server.grpc_host, grpc_port, "ext_proc (server.grpc_port)")
     check_port_free(server.grpc_host, health_port, "gRPC health (server.grpc_health_port)")
+    held = [hold_port(server.grpc_host, grpc_port), hold_port(server.grpc_host, health_port)]
     shared = config.model_copy(
         update={
             "server": server.model_copy(
@@ -166,7 +188,7 @@ def plan_workers(config: EppConfig) -> WorkerPlan:
         }
     )
     pages = metrics_ports(shared)
-    plan = WorkerPlan(configs=[])
+    plan = WorkerPlan(configs=[], held=held)
     peer_ports: list[int] = []
     secret_file: Path | None = None
     if server.worker_sharing:

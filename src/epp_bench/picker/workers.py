@@ -43,11 +43,14 @@ from epp_harness.stack import HOST, envoy_binary, free_ports, log_tail
 from epp_harness.stats import percentile, prefix_hit_rate
 
 
-def _consecutive_free(count: int) -> int:
-    """A base port with `count` free ports from it (worker i's metrics on base + i)."""
-    for _ in range(50):
-        base = free_ports(1)[0]
-        if base + count > 65535:
+def _consecutive_free(count: int, taken: set[int]) -> int:
+    """A base port with `count` free ports from it (worker i's metrics on base + i), none
+    of them in `taken`, below Linux's ephemeral range (32768-): an outgoing connection's
+    source port cannot take one before the worker binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000)
+        if base + count > 65535 or taken & set(range(base, base + count)):
             continue
         sockets: list[socket.socket] = []
         try:
@@ -161,8 +164,9 @@ class WorkersStack:
         config = self.work / "epp.yaml"
         server = {"debug_port": None, "worker_sharing": self.sharing}
         config.write_text(yaml.safe_dump({"server": server}))
-        self.grpc_port, health = free_ports(2)
-        base = _consecutive_free(self.workers)
+        self.grpc_port = _consecutive_free(1, set())
+        health = _consecutive_free(1, {self.grpc_port})
+        base = _consecutive_free(self.workers, {self.grpc_port, health})
         self.metrics_ports = [base + i for i in range(self.workers)]
         argv = [
             sys.executable, "-m", "epp", "serve",
