@@ -13,13 +13,21 @@ Invariants:
   showed the request over, or its in-flight TTL passed; `forget_dropped` then drops the
   route token);
 - a route token names one open request of this router; a token with another replica's
-  prefix goes to `hooks.foreign_completion`.
+  prefix goes to `hooks.foreign_completion`;
+- an open request keeps only what its completion needs (`OpenRequest`: a few hundred
+  bytes), never its decision (a list of scores per scorer, O(pods)) nor the parsed request;
+- the open requests are indexed by pod, each pod's in dispatch order: the store drops a
+  pod's reservations oldest first (`ledger.reconcile`, `ledger.expire`), so the dropped
+  ones are a prefix of that order, and the maintenance round visits each pod with open
+  requests once plus what was dropped; a removed pod's requests are found without the
+  others'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
+from dataclasses import dataclass
 
 import structlog
 
@@ -34,6 +42,17 @@ from epp.scheduling.types import Completed, Removed
 log = structlog.get_logger("epp.routing")
 
 
+@dataclass(slots=True)
+class OpenRequest:
+    """A routed request not yet ended: what its completion reads (the reservation to
+    release, the upstream series' labels, the request id for a listener's failure)."""
+
+    request_id: str
+    endpoint: Endpoint
+    dispatch: int  # the endpoint's dispatch number
+    upstream: RequestLabels | None
+
+
 class Accounting:
     def __init__(
         self,
@@ -46,7 +65,9 @@ class Accounting:
         self._scheduler = scheduler
         self._metrics = metrics
         self._hooks = hooks
-        self._open: dict[str, RoutedRequest] = {}  # route token -> routed, not yet ended
+        self._open: dict[str, OpenRequest] = {}  # route token -> routed, not yet ended
+        # pod -> dispatch number -> route token of its open requests, oldest first
+        self._by_pod: dict[Endpoint, dict[int, str]] = {}
 
     # -- dispatch ----------------------------------------------------------------------
     def reserve(self, endpoint: Endpoint, uncached_tokens: int) -> int:
@@ -63,7 +84,14 @@ class Accounting:
         return self._hooks.token_prefix + secrets.token_hex(12)
 
     def opened(self, routed: RoutedRequest) -> None:
-        self._open[routed.token] = routed
+        endpoint, dispatch = routed.endpoint, routed.dispatch
+        self._open[routed.token] = OpenRequest(
+            routed.request_id, endpoint, dispatch, routed.upstream
+        )
+        pod = self._by_pod.get(endpoint)
+        if pod is None:
+            pod = self._by_pod[endpoint] = {}
+        pod[dispatch] = routed.token  # dispatch numbers grow: the dict stays oldest first
 
     # -- completion --------------------------------------------------------------------
     def complete(
@@ -77,15 +105,17 @@ class Accounting:
         """The response ended (or its stream did): release the reservation once."""
         routed = self._open.pop(token, None)
         hooks = self._hooks
-        if routed is None and hooks.foreign_completion is not None:
-            if not token.startswith(hooks.token_prefix):
+        if routed is None:
+            if hooks.foreign_completion is not None and not token.startswith(hooks.token_prefix):
                 # Envoy balances the observer stream apart from the routing stream: this
                 # response end belongs to the replica named in the token.
                 hooks.foreign_completion(token, status, served_address)
             return
-        if routed is None or routed.done:
-            return
-        routed.done = True
+        pod = self._by_pod.get(routed.endpoint)
+        if pod is not None:
+            pod.pop(routed.dispatch, None)
+            if not pod:
+                del self._by_pod[routed.endpoint]
         with contextlib.suppress(Exception):  # metrics never cost the bookkeeping
             self._metrics.upstream.completed(routed.upstream, status, first_byte_at, response_bytes)
         if hooks.completed:
@@ -101,7 +131,7 @@ class Accounting:
                 with contextlib.suppress(Exception):
                     log.exception("completion_listener_failed", request_id=request_id)
 
-    def _settle(self, routed: RoutedRequest, status: int | None, served: str | None) -> None:
+    def _settle(self, routed: OpenRequest, status: int | None, served: str | None) -> None:
         endpoint = routed.endpoint
         if served and served != endpoint.address:
             # The gateway retried on a fallback: the primary refused, the fallback served.
@@ -118,16 +148,31 @@ class Accounting:
     # -- pods and time -----------------------------------------------------------------
     def pod_removed(self, endpoint: Endpoint) -> None:
         """A removed pod's open requests and scorer state are forgotten."""
-        for token in [t for t, r in self._open.items() if r.endpoint is endpoint]:
-            del self._open[token]
+        for token in self._by_pod.pop(endpoint, {}).values():
+            self._open.pop(token, None)
         self._scheduler.observe(Removed(endpoint))
 
     def forget_dropped(self) -> None:
         """Forget the route tokens whose reservation the store dropped (a page showed the
-        request over, or its in-flight TTL passed): their completion changes nothing."""
-        stale = [t for t, r in self._open.items() if r.dispatch not in r.endpoint.open]
-        for token in stale:
-            self._open.pop(token, None)
+        request over, or its in-flight TTL passed): their completion changes nothing.
+        Visits each pod with open requests once, plus the dropped ones: the store drops a
+        pod's reservations oldest first, so they lead the pod's dispatch order."""
+        emptied: list[Endpoint] = []
+        for endpoint, pod in self._by_pod.items():
+            still_open = endpoint.open
+            dropped: list[int] = []
+            for dispatch in pod:
+                if dispatch in still_open:
+                    break
+                dropped.append(dispatch)
+            if not dropped:
+                continue
+            for dispatch in dropped:
+                self._open.pop(pod.pop(dispatch), None)
+            if not pod:
+                emptied.append(endpoint)
+        for endpoint in emptied:
+            del self._by_pod[endpoint]
 
     def open_labels(self) -> list[RequestLabels]:
         """The upstream labels of the requests routed and not yet ended (scrape time)."""

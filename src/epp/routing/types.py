@@ -57,6 +57,9 @@ class PreparedRequest:
 
 @dataclass(slots=True)
 class RoutedRequest:
+    """A decision made and reserved, handed to the caller. Accounting keeps none of it
+    past the dispatch but what the completion needs (accounting.OpenRequest)."""
+
     request_id: str
     decision: Decision
     request: InferenceRequest
@@ -65,7 +68,6 @@ class RoutedRequest:
     dispatch: int = 0  # the endpoint's dispatch number, to release its reservation
     priority: int = 0
     waited_s: float = 0.0
-    done: bool = False
     # The body to forward instead of the client's: set when the model table (an
     # InferenceModel's targetModels) serves the request as another model.
     body: bytes | None = None
