@@ -123,9 +123,38 @@ def test_a_second_epp_on_the_workers_port_fails_loudly(stack: WorkersStack, tmp_
     """One process (workers 1) keeps SO_REUSEPORT off, and workers check the port without
     it: neither joins the port two workers share."""
     single = _serve(tmp_path, stack.grpc_port)
-    assert single.returncode != 0
-    assert f"127.0.0.1:{stack.grpc_port}" in single.stderr
+    assert single.returncode == 1
+    assert f"127.0.0.1:{stack.grpc_port} for ext_proc" in single.stderr
+    assert "Traceback" not in single.stderr  # one line, as for any port in use
     workers = _serve(tmp_path, stack.grpc_port, "--workers", "2")
     assert workers.returncode == 1
     assert f"127.0.0.1:{stack.grpc_port} for ext_proc" in workers.stderr
     assert "in use" in workers.stderr
+
+
+def test_a_worker_that_cannot_start_stops_epp_serve(tmp_path: Path):
+    """A worker's own start failure (here a certificate file that does not exist) ends
+    `epp serve` with exit code 1, as one process does, instead of restarting forever."""
+    config = tmp_path / "epp.yaml"
+    config.write_text(
+        json.dumps(
+            {"server": {"tls": {"cert_file": "/nonexistent/c", "key_file": "/nonexistent/k"}}}
+        )
+    )
+    grpc_port = free_ports(1)[0]
+    done = _serve_tls(tmp_path, grpc_port, config)
+    assert done.returncode == 1
+    assert "worker_failed_at_start" in done.stderr
+    assert "/nonexistent/c" in done.stderr
+
+
+def _serve_tls(tmp_path: Path, grpc_port: int, config: Path) -> subprocess.CompletedProcess[str]:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(json.dumps({"endpoints": []}))
+    argv = [
+        sys.executable, "-m", "epp", "serve", "--config", str(config),
+        "--endpoints", str(endpoints), "--grpc-host", "127.0.0.1",
+        "--grpc-port", str(grpc_port), "--grpc-health-port", "0", "--metrics-port", "0",
+        "--workers", "2",
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

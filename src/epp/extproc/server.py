@@ -357,12 +357,18 @@ def build_grpc_server(
     # TLS by default (server.secure_serving): certificate files re-read when they change,
     # or a self-signed certificate generated now (epp/tls/). Health shares the port.
     tls = transport if transport is not None else grpc_transport(config)
-    if tls is None:
-        port = server.add_insecure_port(address)
-        log.info("grpc_transport", mode="plaintext", detail="server.secure_serving: false")
-    else:
-        port = server.add_secure_port(address, tls.credentials())
-        log.info("grpc_transport", **tls.describe())
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+            log.info("grpc_transport", mode="plaintext", detail="server.secure_serving: false")
+        else:
+            port = server.add_secure_port(address, tls.credentials())
+            log.info("grpc_transport", **tls.describe())
+    except RuntimeError:  # grpc's "Failed to bind" (plaintext): a port in use
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {config.grpc_host}:{config.grpc_port}")
+        raise OSError(
+            f"cannot listen on {config.grpc_host}:{config.grpc_port} for ext_proc "
+            "(server.grpc_port, --grpc-port): is the port in use?"
+        )
     return server, port

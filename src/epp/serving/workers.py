@@ -29,9 +29,11 @@ Ports of the pages: worker i serves /metrics on the i-th port counting from
 pages' 9091, ...): each worker's counters stay whole (a scrape through one port would
 reach a random worker); Prometheus scrapes N targets. The debug pages are worker 0's.
 
-Lifecycle: a worker that exits is restarted, after a delay doubling from
-RESTART_DELAY_S up to RESTART_DELAY_MAX_S (back to the start once a worker ran
-HEALTHY_RUN_S). SIGTERM/SIGINT: each worker is told SIGTERM (each drains as one process
+Lifecycle: a worker whose first start fails on its own (exit code 1 within
+HEALTHY_RUN_S: a port, a file, the config) stops them all, and `epp serve` exits 1 as one
+process would. A worker that exits later, or is killed, is restarted after a delay
+doubling from RESTART_DELAY_S up to RESTART_DELAY_MAX_S (back to the start once a worker
+ran HEALTHY_RUN_S). SIGTERM/SIGINT: each worker is told SIGTERM (each drains as one process
 does), the supervisor waits for them; a second signal is passed on (they stop at once),
 and after drain_timeout_s plus STOP_GRACE_S the rest are killed. Workers run in their own
 process group (a terminal's Ctrl-C reaches the supervisor alone) and get SIGTERM if the
@@ -262,6 +264,7 @@ class WorkerSupervisor:
     restart_delay_max_s: float = RESTART_DELAY_MAX_S
     _workers: list[_Worker] = field(default_factory=list)
     _signals: int = 0
+    _failed: bool = False
 
     def __post_init__(self) -> None:
         self._context = multiprocessing.get_context("spawn")  # no inherited loop or threads
@@ -311,7 +314,8 @@ class WorkerSupervisor:
                 self._spawn(worker)
             while not self._signals:
                 self._supervise()
-            return self._stop(server.drain_timeout_s + STOP_GRACE_S)
+            stopped = self._stop(server.drain_timeout_s + STOP_GRACE_S)
+            return 1 if self._failed else stopped
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -326,6 +330,15 @@ class WorkerSupervisor:
             process = worker.process
             if process is not None and process.exitcode is not None and not self._signals:
                 ran = now - worker.started
+                if worker.restarts == 0 and process.exitcode > 0 and ran < HEALTHY_RUN_S:
+                    # Its first start failed on its own (a port, a file, the config):
+                    # as one process would, exit 1 rather than retry what will fail again.
+                    log.error(
+                        "worker_failed_at_start", worker=worker.index, exit_code=process.exitcode
+                    )
+                    self._failed = True
+                    self._on_signal(signal.SIGTERM, None)
+                    return
                 if ran >= HEALTHY_RUN_S:
                     worker.delay_s = self.restart_delay_s
                 worker.restart_at = now + worker.delay_s
