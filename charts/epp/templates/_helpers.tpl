@@ -89,6 +89,9 @@ Checks the values a template cannot render sensibly without (values.schema.json 
 types and enums when Helm installs; these hold for any renderer).
 */}}
 {{- define "epp.validate" -}}
+{{- if and (gt (int .Values.workers) 1) (gt (int .Values.replicaCount) 1) -}}
+{{- fail "workers > 1 with replicaCount > 1 is not supported: choose one (README, Workers)" -}}
+{{- end -}}
 {{- if not (has .Values.bodyMode (list "FULL_DUPLEX_STREAMED" "BUFFERED")) -}}
 {{- fail (printf "bodyMode must be FULL_DUPLEX_STREAMED or BUFFERED, got %v" .Values.bodyMode) -}}
 {{- end -}}
@@ -199,6 +202,9 @@ values still wins, unlike a merge).
 {{- $_ := set $server "metrics_port" .Values.ports.metrics -}}
 {{- $_ := set $server "assumed_body_mode" .Values.bodyMode -}}
 {{- $_ := set $server "secure_serving" .Values.tls.secureServing -}}
+{{- if gt (int .Values.workers) 1 -}}
+{{- $_ := set $server "workers" (int .Values.workers) -}}
+{{- end -}}
 {{- if .Values.tls.secretName -}}
 {{- $tls := dict "cert_file" "/etc/epp/tls/tls.crt" "key_file" "/etc/epp/tls/tls.key" -}}
 {{- if .Values.tls.clientAuth -}}
