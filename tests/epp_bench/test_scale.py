@@ -73,8 +73,14 @@ def test_main_prints_the_figures_and_the_command(
 ) -> None:
     monkeypatch.setattr(scale, "commit", lambda: "abc1234")
     monkeypatch.setattr(scale, "QUICK", TINY)
+    # The product's logging set-up binds the stream it is given (here pytest's capture,
+    # closed after this test) into every module logger it caches: recorded, not run, so
+    # the tests after this one still log.
+    levels: list[str] = []
+    monkeypatch.setattr(scale, "configure_logging", levels.append)
     out = tmp_path / "scale.json"
     assert scale.main(["--quick", "--out", str(out)]) == 0
+    assert levels == ["warning"]
     printed = capsys.readouterr().out
     assert "rerun: epp bench scale --quick --out" in printed
     assert "cores at 50 ms (busy)" in printed
