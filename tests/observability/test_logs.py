@@ -5,6 +5,7 @@ line carries the request id; the prompt never appears at any level."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -172,3 +173,23 @@ def test_trace_adds_each_pod_report(json_logs):
     store.scraped(pod, PodMetrics(model="m"))
     store.scrape_failed(pod, "TimeoutError: ")
     assert at_debug() == []
+
+
+def test_a_logger_cached_under_a_swapped_stderr_writes_to_stderr_as_it_is_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A test runner swaps sys.stderr per test and closes the old one; a module logger
+    # cached under the first must write to whatever stderr is when it logs.
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    logs.configure_logging("info")
+    try:
+        logger = structlog.get_logger("epp.test")
+        logger.info("first_line")
+        first.close()
+        monkeypatch.setattr("sys.stderr", second)
+        logger.info("second_line")
+    finally:
+        logs.configure_logging("info")
+        structlog.reset_defaults()
+    assert json.loads(second.getvalue())["event"] == "second_line"

@@ -45,6 +45,18 @@ def _trace_level(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mutab
     return event_dict
 
 
+class _CurrentStderr:
+    """`sys.stderr` as it is when a line is written, not when logging was configured:
+    loggers cache their stream on first use, and a process that swaps stderr (a test
+    runner's capture, closed afterwards) must not leave them writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", stream: TextIO | None = None, fmt: str = "json") -> None:
     """JSON lines (`fmt` "json") or zap-console-like text lines ("console", for
     --zap-encoder console) to `stream` (default: stderr) at `level` (one of LEVELS)."""
@@ -68,7 +80,7 @@ def configure_logging(level: str = "info", stream: TextIO | None = None, fmt: st
             ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=stream or _CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 
