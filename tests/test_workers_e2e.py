@@ -105,6 +105,18 @@ def test_a_killed_worker_is_restarted(stack: WorkersStack):
     assert stack.epp.popen.poll() is None  # the supervisor itself lives on
 
 
+def test_sigterm_drains_every_worker_and_ends_the_supervisor(stack: WorkersStack):
+    assert stack.epp is not None
+    supervisor = stack.epp.popen
+    workers = worker_pids(supervisor.pid)
+    assert len(workers) == 2
+    supervisor.send_signal(signal.SIGTERM)  # the supervisor alone: workers have own groups
+    assert supervisor.wait(30) == 0  # it waited for both workers, none was killed
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def _serve(tmp_path: Path, grpc_port: int, *extra: str) -> subprocess.CompletedProcess[str]:
     endpoints = tmp_path / "endpoints.yaml"
     if not endpoints.exists():

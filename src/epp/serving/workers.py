@@ -373,8 +373,8 @@ class WorkerSupervisor:
             log.warning("worker_killed", pid=process.pid, after_s=timeout_s)
             process.kill()
             process.join()
-        log.info("workers_stopped")
-        return 0
+        log.info("workers_stopped", killed=len(running))
+        return 1 if running else 0  # a worker that did not drain in time says so
 
 
 def run_workers(config: EppConfig) -> int:
