@@ -21,6 +21,7 @@ from replicas.loopback import (
     until,
 )
 
+import epp.replicas.link as link_module
 import epp.replicas.peers as peers_module
 from epp.replicas.peers import PeerSet
 from epp.replicas.protocol import (
@@ -348,7 +349,7 @@ async def test_a_restarted_replica_that_connects_gets_the_history_without_waitin
 ):
     """Its own link dials the survivor at once; the survivor, seeing a replica it never
     greeted, ends its reconnect delay (here 30 s) and sends the history."""
-    monkeypatch.setattr("epp.replicas.peers.BACKOFF_MIN_S", 30.0)
+    monkeypatch.setattr("epp.replicas.link.BACKOFF_MIN_S", 30.0)
     names = Names()
     a = Replica("ra", ["b:1"], names, backoff_max_s=30.0)
     async with running(a):
@@ -377,7 +378,7 @@ async def test_a_restarted_replica_that_connects_gets_the_history_without_waitin
 async def test_queues_and_history_are_bounded_in_bytes_as_well_as_frames(monkeypatch):
     """A frame is ~1 KB for a 2,000-token prompt but up to 74 KB at 8,192 blocks: the
     frame counts alone would allow hundreds of MB."""
-    monkeypatch.setattr("epp.replicas.peers.MAX_QUEUE_BYTES", 3000)
+    monkeypatch.setattr("epp.replicas.link.MAX_QUEUE_BYTES", 3000)
     monkeypatch.setattr("epp.replicas.peers.MAX_HISTORY_BYTES", 5000)
     names = Names()
     a = Replica("ra", ["down:1"], names, queue_size=100, history=100)
@@ -428,7 +429,7 @@ async def test_a_link_connected_to_itself_is_a_failed_attempt_not_this_replica(m
         sock.connect(sock.getsockname())  # connected to itself
         return await real_open(sock=sock)
 
-    monkeypatch.setattr("epp.replicas.peers.asyncio.open_connection", self_connected)
+    monkeypatch.setattr("epp.replicas.link.asyncio.open_connection", self_connected)
     names = Names()
     a, b = Replica("ra", ["b:1"], names), Replica("rb", [], names)
     async with running(a, b):
@@ -477,7 +478,7 @@ async def test_a_link_stopped_as_a_handshake_step_completes_stops(monkeypatch, s
     """On Python 3.11 asyncio.wait_for returns the awaited result and drops a cancellation
     that arrives as that step completes: a link stopped at that instant went on dialling,
     and stop() (the EPP's shutdown) waited for it forever."""
-    owner = asyncio if step.startswith("asyncio.") else peers_module
+    owner = asyncio if step.startswith("asyncio.") else link_module
     name = step.rpartition(".")[2]
     real = getattr(owner, name)
     names = Names()
