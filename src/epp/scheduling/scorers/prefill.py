@@ -40,7 +40,7 @@ prompts it routes like round robin in the order pods free up.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp.config import PrefillEstimateConfig
@@ -118,6 +118,14 @@ def slot_wait(
     return ahead * service / slots if service else 0.0
 
 
+def _pool_service_s(
+    candidates: Sequence[Endpoint], pods: Callable[[Endpoint, PrefillState], PrefillState]
+) -> float | None:
+    """The mean of the candidates' own mean request times (None when none has one)."""
+    known = [s.service_s for s in (pods(e, _FRESH) for e in candidates) if s.service_s is not None]
+    return sum(known) / len(known) if known else None
+
+
 @dataclass(slots=True)
 class PrefillScorer:
     cost: PrefillCost
@@ -167,23 +175,28 @@ class PrefillScorer:
         block_size = request.block_size
         now = request.now
         pods = self._pods.get
-        states = [pods(e, _FRESH) for e in candidates]
-        known = [s.service_s for s in states if s.service_s is not None]
-        pool = sum(known) / len(known) if known else None
         # One pass, PrefillCost.seconds and the max() calls inlined (the hottest loop of a
         # decision, once per candidate): the same float operations in the same order.
         cost = self.cost
         overhead, per_token, per_cached = cost.overhead_s, cost.per_token_s, cost.per_cached_token_s
         most_cached = prompt_tokens - 1 if prompt_tokens > 1 else 0
+        # The pool's mean request time (slot_wait's fallback) is needed only for a pod with
+        # configured slots: computed then, once, over every candidate in order.
+        pool: float | None = None
+        pool_known = False
         ttft: list[float] = []
         append = ttft.append
-        for e, s in zip(candidates, states, strict=True):
+        for e in candidates:
             cached = matched(e.name, 0) * block_size
             if cached > most_cached:
                 cached = most_cached
+            s = pods(e, _FRESH)
             lane = s.lane_end - now
             wait = lane if lane > 0.0 else 0.0
             if e.configured_slots:
+                if not pool_known:
+                    pool = _pool_service_s(candidates, pods)
+                    pool_known = True
                 slot = slot_wait(e, now, s.service_s, pool)
                 if slot > wait:
                     wait = slot

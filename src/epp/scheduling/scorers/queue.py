@@ -22,7 +22,5 @@ class QueueScorer:
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
         max_queue = float(self.max_queue)
-        # min(q, 1.0) inlined: no call per candidate.
-        return [
-            1.0 - (1.0 if q > 1.0 else q) for q in [e.queue_depth / max_queue for e in candidates]
-        ]
+        # min(q, 1.0) inlined: no call per candidate, one pass.
+        return [1.0 - (1.0 if (q := e.queue_depth / max_queue) > 1.0 else q) for e in candidates]
