@@ -258,3 +258,11 @@ async def test_a_background_task_that_ends_is_counted_and_logged():
     page = service.metrics.exposition().decode()
     assert 'epp_background_errors_total{step="task:health-refresh"} 1.0' in page
     assert 'epp_background_errors_total{step="task:loop-lag-monitor"}' not in page  # stop()
+
+
+def test_the_scraper_asks_precise_mode_which_pods_send_kv_events():
+    """A pod whose KV state precise mode keeps from its events is scraped at
+    `scrape_kv_events_interval_s` (tests/datalayer/test_scraper.py): the service hands
+    the scraper precise mode's own answer, not a copy of its rule."""
+    service = epp.app.EppService(config(endpoints=pods(1)))
+    assert service.scraper.kv_events_followed == service.precise.owns_entries

@@ -100,7 +100,10 @@ class EppService:
         self.precise = PreciseMode(config.kv_events, self.index, config.prefix.block_size)
         self.scheduler = Scheduler(config.scheduling, self.registry)
         self.router = self._router()
-        self.scraper = MetricsScraper(self.store, config.datalayer)
+        # A pod whose KV state arrives as events needs its page less often.
+        self.scraper = MetricsScraper(
+            self.store, config.datalayer, kv_events_followed=self.precise.owns_entries
+        )
         connect(self.store, self.index, self.router, config, self.precise, scraper=self.scraper)
         # Peer replicas share their decisions (epp/replicas); without peers nothing listens.
         self.replicas = (
