@@ -121,6 +121,39 @@ class _Ledger:
             self.own_tokens /= 2
             self.engine_tokens /= 2
 
+    def hand_out(self, give: int) -> None:
+        """Step 3: a page's hits (in the EPP's tokens) to the queued decisions, oldest
+        first, each taking at most what it still lacks of its prediction."""
+        if give <= 0:
+            return
+        for entry in self.pending:
+            need = entry.predicted - entry.credit
+            if need > 0:
+                take = need if need < give else give
+                entry.credit += take
+                give -= take
+                if give <= 0:
+                    return
+
+    def take_checked(self, required: float) -> tuple[int, int]:
+        """Step 4: drop the decisions seen finished on an earlier page than this one
+        (their prefill is on it, and in its prompt histogram); returns how many of them
+        had a prediction (checked) and how many of those got less than `required` of it
+        (stale)."""
+        page = self.page
+        keep: deque[_Pending] = deque()
+        checked = stale = 0
+        for entry in self.pending:
+            if entry.finished_on and entry.finished_on < page:
+                if entry.predicted:
+                    checked += 1
+                    if entry.credit < entry.predicted * required:
+                        stale += 1
+                continue
+            keep.append(entry)
+        self.pending = keep
+        return checked, stale
+
 
 class StaleCacheTracker:
     def __init__(
@@ -202,29 +235,8 @@ class StaleCacheTracker:
         ledger.match_finished(_finished(metrics))
         if not pending:
             return
-        give = int(credit * ledger.ratio())
-        if give > 0:
-            for entry in pending:
-                need = entry.predicted - entry.credit
-                if need > 0:
-                    take = need if need < give else give
-                    entry.credit += take
-                    give -= take
-                    if give <= 0:
-                        break
-        keep: deque[_Pending] = deque()
-        checked = stale = 0
-        for entry in pending:
-            if entry.finished_on and entry.finished_on < page:
-                # Seen finished on an earlier page: its prefill is on this one (and it is
-                # in this page's prompt histogram: counted above).
-                if entry.predicted:
-                    checked += 1
-                    if entry.credit < entry.predicted * self._required:
-                        stale += 1
-                continue
-            keep.append(entry)
-        ledger.pending = keep
+        ledger.hand_out(int(credit * ledger.ratio()))
+        checked, stale = ledger.take_checked(self._required)
         if checked:
             self.checked.inc(checked)
         if stale:

@@ -176,27 +176,7 @@ class PeerServer:
             if replica is None:
                 return
             connection.established = True
-            connection.last_frame_at = loop.time()
-            inbox = self._inbox
-            idle = self._idle_timeout
-            # One deadline moved on by every frame: a connection silent for `idle` ends.
-            async with asyncio.timeout_at(loop.time() + idle) as deadline:
-                while True:
-                    message = decode(await read_frame(reader, self._max_frame))
-                    connection.last_frame_at = at = loop.time()
-                    deadline.reschedule(at + idle)
-                    if self._by_replica.get(replica) is not writer:
-                        return  # replaced by the replica's newer connection
-                    if isinstance(message, Decision):
-                        if message.replica != replica:
-                            raise Rejected("bad_frame", "a decision signed by another replica")
-                        inbox.decision(message)
-                    elif isinstance(message, Completion):
-                        inbox.completion(message)
-                    elif not isinstance(message, Ping):
-                        raise Rejected(
-                            "bad_frame", f"a {type(message).__name__} after the handshake"
-                        )
+            await self._receive(reader, writer, connection, replica)
         except ProtocolError as exc:
             self._reject(writer, Rejected("bad_frame", str(exc)))
         except Rejected as exc:
@@ -212,6 +192,37 @@ class PeerServer:
             if replica is not None and self._by_replica.get(replica) is writer:
                 del self._by_replica[replica]
             writer.close()
+
+    async def _receive(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        connection: _Connection,
+        replica: str,
+    ) -> None:
+        """Hand an authenticated peer's frames to the inbox until it is replaced by its
+        newer connection (returns) or fails (raises: TimeoutError when silent for the
+        idle timeout, Rejected or ProtocolError for a frame out of place)."""
+        loop = asyncio.get_running_loop()
+        connection.last_frame_at = loop.time()
+        inbox = self._inbox
+        idle = self._idle_timeout
+        # One deadline moved on by every frame: a connection silent for `idle` ends.
+        async with asyncio.timeout_at(loop.time() + idle) as deadline:
+            while True:
+                message = decode(await read_frame(reader, self._max_frame))
+                connection.last_frame_at = at = loop.time()
+                deadline.reschedule(at + idle)
+                if self._by_replica.get(replica) is not writer:
+                    return  # replaced by the replica's newer connection
+                if isinstance(message, Decision):
+                    if message.replica != replica:
+                        raise Rejected("bad_frame", "a decision signed by another replica")
+                    inbox.decision(message)
+                elif isinstance(message, Completion):
+                    inbox.completion(message)
+                elif not isinstance(message, Ping):
+                    raise Rejected("bad_frame", f"a {type(message).__name__} after the handshake")
 
     def _make_room(self) -> bool:
         """Close one connection that may go for a new one (see the module docstring);
