@@ -17,6 +17,8 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import le, sub
 
 
 class MaxScorePicker:
@@ -32,7 +34,9 @@ class MaxScorePicker:
         if not totals:
             return []
         best = max(totals)
-        tied = [i for i, t in enumerate(totals) if best - t <= self._eps]
+        # [i for i, t in enumerate(totals) if best - t <= eps], as C-level passes.
+        gaps = map(sub, repeat(best), totals)
+        tied = list(compress(range(len(totals)), map(le, gaps, repeat(self._eps))))
         if tiebreak is not None and len(tied) > 1:
             least = min(tiebreak[i] for i in tied)
             tied = [i for i in tied if tiebreak[i] == least]

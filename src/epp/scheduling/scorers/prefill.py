@@ -184,12 +184,11 @@ class PrefillScorer:
         # configured slots: computed then, once, over every candidate in order.
         pool: float | None = None
         pool_known = False
+        # A pod holding none of the prompt: cached = 0, the same operations as below.
+        cold = overhead + prompt_tokens * per_token + 0 * per_cached
         ttft: list[float] = []
         append = ttft.append
         for e in candidates:
-            cached = matched(e.name, 0) * block_size
-            if cached > most_cached:
-                cached = most_cached
             s = pods(e, _FRESH)
             lane = s.lane_end - now
             wait = lane if lane > 0.0 else 0.0
@@ -200,7 +199,16 @@ class PrefillScorer:
                 slot = slot_wait(e, now, s.service_s, pool)
                 if slot > wait:
                     wait = slot
-            append(wait + (overhead + (prompt_tokens - cached) * per_token + cached * per_cached))
+            blocks = matched(e.name)
+            if blocks:
+                cached = blocks * block_size
+                if cached > most_cached:
+                    cached = most_cached
+                append(
+                    wait + (overhead + (prompt_tokens - cached) * per_token + cached * per_cached)
+                )
+            else:
+                append(wait + cold)
         best = min(ttft)
         # t is 0 only with zero costs and an idle lane: then every such pod is the best.
         return [best / t if t > 0.0 else 1.0 for t in ttft]
