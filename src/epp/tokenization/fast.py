@@ -181,45 +181,38 @@ class FastByteLevelBpe:
             spec = json.loads(tokenizer.to_str())
         except ValueError:
             return None
-        normalizer = spec.get("normalizer")
-        if normalizer is not None and normalizer != {"type": "NFC"}:
-            return None  # NFC alone (Qwen 2) is reproduced; anything else is not
-        added = spec.get("added_tokens") or []
-        if any(token.get("content") not in anchors for token in added):
-            return None  # an added token with strip or word rules
-        model = spec.get("model") or {}
-        if (
-            model.get("type") != "BPE"
-            or model.get("dropout") not in (None, 0.0)
-            or model.get("continuing_subword_prefix")
-            or model.get("end_of_word_suffix")
-            or model.get("byte_fallback")
-        ):
-            return None
-        pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
+        pattern = _qualifying_pattern(spec, anchors)
         if pattern is None:
             return None
         translated = translate_pattern(pattern)
         ascii_translated = translate_pattern(pattern, ascii_only=True)
         if translated is None or ascii_translated is None:
             return None
-        fast = cls(tokenizer.model, translated, ascii_translated, nfc=normalizer is not None)
+        nfc = spec.get("normalizer") is not None
+        fast = cls(tokenizer.model, translated, ascii_translated, nfc=nfc)
+        if not fast._passes_self_test(tokenizer):
+            return None
+        fast._pieces.clear()
+        return fast
+
+    def _passes_self_test(self, tokenizer: tokenizers.Tokenizer) -> bool:
+        """Whether, on every SELF_TEST sample this path takes, the pieces cover the text
+        end to end and the ids are the tokenizer's own."""
         for sample in SELF_TEST:
-            if not fast.safe(sample):
+            if not self.safe(sample):
                 continue  # the HF path takes it anyway
-            for compiled in (fast._pattern, fast._ascii_pattern):
+            for compiled in (self._pattern, self._ascii_pattern):
                 covers = "".join(compiled.findall(sample)) == sample
-                if (sample.isascii() or compiled is fast._pattern) and not covers:
-                    return None  # pieces must cover the text end to end
+                if (sample.isascii() or compiled is self._pattern) and not covers:
+                    return False  # pieces must cover the text end to end
             ids = array("I")
             try:
-                fast.encode_into(ids, sample, None)
+                self.encode_into(ids, sample, None)
             except HandOver:
                 continue  # HF takes such text anyway
             if list(ids) != tokenizer.encode(sample, add_special_tokens=False).ids:
-                return None
-        fast._pieces.clear()
-        return fast
+                return False
+        return True
 
     def safe(self, segment: str) -> bool:
         """Whether the Python pattern splits this text as the tokenizer does."""
@@ -245,10 +238,16 @@ class FastByteLevelBpe:
             pattern = self._pattern
             if self._nfc and not unicodedata.is_normalized("NFC", segment):
                 raise HandOver(0)  # NFC would move characters: HF takes it from here
-        lookup = self._pieces.__getitem__
         if need is None:
-            ids.frombytes(b"".join(map(lookup, pattern.findall(segment))))
+            ids.frombytes(b"".join(map(self._pieces.__getitem__, pattern.findall(segment))))
             return None
+        return self._encode_windows(ids, segment, need, pattern)
+
+    def _encode_windows(
+        self, ids: array, segment: str, need: int, pattern: re.Pattern[str]
+    ) -> int | None:
+        """`encode_into` with `need`: window by window (its docstring)."""
+        lookup = self._pieces.__getitem__
         pos = 0
         while True:
             # About the characters the ids still needed take, and a tenth more.
@@ -279,6 +278,28 @@ class HandOver(Exception):  # a signal, not an error
     def __init__(self, consumed: int) -> None:
         super().__init__(consumed)
         self.consumed = consumed
+
+
+def _qualifying_pattern(spec: dict[str, Any], anchors: Mapping[str, int]) -> str | None:
+    """The pre-tokenizer's split pattern of a tokenizer the fast path can reproduce (its
+    normalizer none or NFC, its added tokens all anchors, a plain BPE model, a ByteLevel
+    pre-tokenizer); None for any other."""
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and normalizer != {"type": "NFC"}:
+        return None  # NFC alone (Qwen 2) is reproduced; anything else is not
+    added = spec.get("added_tokens") or []
+    if any(token.get("content") not in anchors for token in added):
+        return None  # an added token with strip or word rules
+    model = spec.get("model") or {}
+    if (
+        model.get("type") != "BPE"
+        or model.get("dropout") not in (None, 0.0)
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or model.get("byte_fallback")
+    ):
+        return None
+    return _byte_level_pattern(spec.get("pre_tokenizer"))
 
 
 def _byte_level_pattern(spec: Any) -> str | None:
