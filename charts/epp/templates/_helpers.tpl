@@ -177,6 +177,42 @@ types and enums when Helm installs; these hold for any renderer).
 {{- end -}}
 
 {{/*
+Each worker's /metrics port, space-separated, worker 0 first (one port with workers: 1).
+The rule of epp.serving.workers.metrics_ports, on the configuration the chart renders:
+worker i takes the i-th port from server.metrics_port that no other port setting takes
+(gRPC, gRPC health, replicas.listen_port (9010 unless set), server.debug_port (9091 unless
+set; null: none)). tests/deploy/test_chart_workers.py holds the two to the same ports.
+*/}}
+{{- define "epp.metricsPorts" -}}
+{{- $config := fromYaml (include "epp.config" .) -}}
+{{- $server := $config.server -}}
+{{- $replicas := dict -}}
+{{- if hasKey $config "replicas" -}}
+{{- $replicas = $config.replicas -}}
+{{- end -}}
+{{- $taken := list (int64 $server.grpc_port) (int64 $server.grpc_health_port) -}}
+{{- $taken = append $taken (int64 (ternary $replicas.listen_port 9010 (hasKey $replicas "listen_port"))) -}}
+{{- if not (hasKey $server "debug_port") -}}
+{{- $taken = append $taken (int64 9091) -}}
+{{- else if not (kindIs "invalid" $server.debug_port) -}}
+{{- $taken = append $taken (int64 $server.debug_port) -}}
+{{- end -}}
+{{- $count := int .Values.workers -}}
+{{- $first := int64 $server.metrics_port -}}
+{{- $ports := list -}}
+{{- range $offset := until (add $count (len $taken) | int) -}}
+{{- $port := add $first $offset -}}
+{{- if and (lt (len $ports) $count) (not (has $port $taken)) -}}
+{{- $ports = append $ports $port -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int64 (last $ports)) 65535 -}}
+{{- fail (printf "workers %d from ports.metrics %d: past port 65535" $count $first) -}}
+{{- end -}}
+{{- join " " $ports -}}
+{{- end -}}
+
+{{/*
 The EPP's configuration file (`epp serve --config`): EppConfig keys only. extraConfig
 first, then the keys the chart manages set over it (plain `set`, so a 0 or false from
 values still wins, unlike a merge).
