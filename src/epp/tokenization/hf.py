@@ -40,7 +40,7 @@ else the cache is not used for this request). New special-token boundaries of th
 ids are stored, at least `min_segment_tokens` apart, and always the last one, so turn
 N + 1 finds turn N's rendering up to its generation prompt.
 
-`HfTokenizer` stays one class (~400 lines): the bounded head, the fast path's hand-over
+`HfTokenizer` stays one class (~440 lines): the bounded head, the fast path's hand-over
 to HF, the characters-per-token estimate and the cache's boundaries are one algorithm
 over the same encoding state; the conversation shaping and the file loading are apart.
 """
