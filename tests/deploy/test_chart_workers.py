@@ -67,6 +67,7 @@ def test_one_worker_renders_as_without_the_value(render_chart, tmp_path):
         assert config.server.workers == 1
         assert metrics_ports(config) == [9090]
     assert one.text == default.text
+    assert "Metrics:      http://epp.default.svc.cluster.local:9090/metrics\n" in one.notes
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,7 @@ def test_every_worker_port_is_named_served_and_scraped_where_the_product_listens
     assert all(len(name) <= MAX_PORT_NAME for name in ports)
     assert list(ports.values()) == expected, "a container port is not where its worker listens"
     assert scraped_ports(rendered) == expected, "not every worker's /metrics is scraped"
+    assert f"workers 1.. on ports {', '.join(map(str, expected[1:]))})" in rendered.notes
 
 
 def test_ports_past_65535_are_refused_by_chart_and_product(render_chart, tmp_path):
