@@ -2,7 +2,7 @@
 
 `PeerSet` turns `replicas.peers` into addresses (a name resolving to several addresses,
 such as a Kubernetes headless Service, stands for all of them; re-resolved every
-`resolve_s`, and a failed lookup keeps the last answer) and runs one `PeerLink` per
+`resolve_s`, and a failed lookup keeps the last answer) and runs one `PeerLink` (link.py) per
 address. Routing hands it encoded frames (`broadcast`, `send_to`) and never waits:
 
 - each link has a bounded queue; when it is full (a slow peer, or one that is down) the
@@ -15,7 +15,7 @@ address. Routing hands it encoded frames (`broadcast`, `send_to`) and never wait
 - the last `history` decision frames are kept, and a replica seen for the first time
   (a new or restarted one: replica ids are random per process) gets them before the
   live queue, so it does not start with an empty prefix index. A connection that fails
-  within `HISTORY_SETTLE_S` of sending them may not have delivered them: the next
+  within `link.HISTORY_SETTLE_S` of sending them may not have delivered them: the next
   connection to that replica sends them again;
 - a listener that announces an idle timeout in its Hello gets a `Ping` whenever the link
   has written nothing for a third of it (protocol.py);
