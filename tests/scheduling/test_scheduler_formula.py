@@ -184,6 +184,12 @@ def test_decisions_equal_the_documented_formula_on_random_fleets(seed, weights):
         )
         assert [e.name for e in decision.endpoints[1:]] == [candidates[i].name for i in rest[:2]]
 
+        # The DEBUG breakdown: best first, equal totals in candidate order.
+        shown = [row["pod"] for row in decision.breakdown(3)]
+        assert shown == [
+            candidates[i].name for i in sorted(range(len(totals)), key=lambda i: -totals[i])[:3]
+        ]
+
         # What the router does next: the chosen pod's lane grows; some requests end.
         scheduler.observe(Dispatched(req, decision.primary))
         reference.dispatched(req, decision.primary)

@@ -6,6 +6,7 @@ state of its own (`PodStateScorer`) and learns what the router did through one h
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias, runtime_checkable
@@ -148,9 +149,16 @@ class Decision:
 
     def breakdown(self, limit: int | None = None) -> list[dict[str, object]]:
         """Per-candidate factor scores, best first (for DEBUG logs and tests)."""
-        order = sorted(range(len(self.candidates)), key=lambda i: -self.totals[i])
+        # Best first, equal totals in candidate order (both are stable): only the rows shown
+        # are ordered when there is a limit.
+        indexes = range(len(self.candidates))
+        key = self.totals.__getitem__
+        if limit is None or limit < 0:
+            order = sorted(indexes, key=key, reverse=True)[:limit]
+        else:
+            order = heapq.nlargest(limit, indexes, key=key)
         rows = []
-        for i in order[:limit]:
+        for i in order:
             row: dict[str, object] = {
                 "pod": self.candidates[i].name,
                 "score": round(self.totals[i], 4),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from epp.datalayer.endpoint import Endpoint
 from epp.scheduling.types import SchedulingRequest
@@ -15,4 +16,4 @@ class HealthScorer:
     name: str = "health"
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
-        return [e.health for e in candidates]
+        return list(map(attrgetter("health"), candidates))

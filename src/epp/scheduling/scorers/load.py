@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, sub
 
 from epp.datalayer.endpoint import Endpoint
 from epp.scheduling.types import SchedulingRequest
@@ -22,4 +24,5 @@ class LoadScorer:
     name: str = "load"
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
-        return [1.0 - e.load for e in candidates]  # load is kept within [0, 1]
+        # [1.0 - e.load for e in candidates] in C-level passes; load is kept within [0, 1].
+        return list(map(sub, repeat(1.0), map(attrgetter("load"), candidates)))
