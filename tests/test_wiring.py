@@ -11,6 +11,7 @@ from helpers import config
 
 from epp.config import EndpointConfig
 from epp.datalayer.kv_events_wiring import PreciseMode
+from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.observability.metrics import EppMetrics
@@ -65,3 +66,37 @@ def test_precise_mode_hears_the_routers_decisions():
     connect(store, index, router, cfg, precise)
     assert router.hooks.before_record == [precise.precise.dispatched]
     assert router.hooks.completed == [precise.precise.completed]
+
+
+def test_a_dispatch_of_this_router_or_a_peer_wakes_the_pods_scrape_loop():
+    """The router's `shared` hook and the peers' inbox (`peer_dispatched` hook) reach
+    `MetricsScraper.wake` with the pod's name: an idle pod's loop is woken by a request."""
+    from epp.observability.replica_metrics import ReplicaMetrics
+    from epp.replicas.inbox import PeerInbox
+    from epp.replicas.protocol import Decision
+    from epp.request import IncomingRequest
+
+    cfg = config()
+    store = EndpointStore.for_config(cfg)
+    store.sync([EndpointConfig(name="a", address="10.0.0.1:8000")])
+    store.scraped(store.get("a"), PodMetrics(model="m"))
+    index = PrefixIndex.from_config(cfg.prefix)
+    metrics = EppMetrics()
+    router = Router(cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), metrics)
+    scraper = MetricsScraper(store, cfg.datalayer)
+    woken: list[str] = []
+    scraper.wake = woken.append
+    connect(store, index, router, cfg, scraper=scraper)
+
+    body = b'{"model": "m", "prompt": "hello"}'
+    router.route_now(IncomingRequest(path="/v1/completions", body=body, request_id="r"))
+    assert woken == ["a"]
+    inbox = PeerInbox(
+        "me", store, index, router.scheduler, router, ReplicaMetrics(metrics.registry),
+        block_size=cfg.prefix.block_size, max_blocks=64, max_age_s=1e12,
+    )  # fmt: skip
+    message = Decision(
+        replica="peer", pod="a", hashes=[], prompt_tokens=10, matched=0, uncached=10, at=0.0
+    )
+    assert inbox.decision(message) == "applied"
+    assert woken == ["a", "a"]

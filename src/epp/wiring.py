@@ -18,7 +18,8 @@ leaves it (2 asks `owns_entries`) and precise mode, after it, decides (3). The r
 comes last: when it releases waiting requests, the index and precise mode already
 reflect the event.
 
-The router's decisions go, through its hooks (epp.routing.types.DecisionHooks), to
+The router's decisions go, through its hooks (epp.routing.types.DecisionHooks), to the
+scraper (a dispatch to a pod, this router's or a peer's, wakes its idle scrape loop), to
 precise mode (a decision on a precise pod opens a stale-routing claim before its blocks
 are recorded; the claim is checked after the response ended) and, with
 `replicas.peers`, to the peer replicas (epp/replicas: ReplicaSync connects its hooks).
@@ -52,6 +53,11 @@ def connect(
     mode (module docstring). Whatever builds a Router calls it once: the service, the
     virtual-time and overhead benchmarks, the tests' `router_with`."""
     store.on_change(endpoint_events(index, router, config.prefix, precise, scraper))
+    if scraper is not None:
+        # A request to a pod ends its idle interval: this router's or a peer's.
+        wake = scraper.wake
+        router.hooks.shared.append(lambda dispatched, _uncached: wake(dispatched.endpoint.name))
+        router.hooks.peer_dispatched.append(wake)
     if precise is not None:
         router.hooks.before_record.append(precise.precise.dispatched)
         router.hooks.completed.append(precise.precise.completed)

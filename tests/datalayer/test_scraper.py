@@ -198,12 +198,18 @@ class Timeline(FakeTime):
     def __init__(self, at: dict[float, object]) -> None:
         super().__init__()
         self.at = dict(at)
+        self.sleeps = 0  # sleeps that ran to their end
 
     async def sleep(self, seconds: float) -> None:
-        self.now += seconds
+        end = self.now + seconds
         for when in sorted(self.at):
-            if self.now >= when - 1e-9:
+            if when - 1e-9 <= end:
+                self.now = max(self.now, when)
                 self.at.pop(when)()
+                # A sleep cancelled here (MetricsScraper.wake) ends at `when`.
+                await asyncio.sleep(0)
+        self.now = max(self.now, end)
+        self.sleeps += 1
         await asyncio.sleep(0)
 
 
@@ -215,6 +221,13 @@ async def run_scripted(config, time, fetch_s, pages, **scraper_args):
     return store, scraper, started, finished
 
 
+def dispatch(store: EndpointStore, scraper: MetricsScraper, pod, seq: list[int]) -> None:
+    """A request routed to `pod`: the store counts it and the router's hook (epp.wiring)
+    wakes the pod's scrape loop."""
+    seq.append(store.dispatched(pod))
+    scraper.wake(pod.name)
+
+
 async def test_an_idle_pod_is_scraped_slowly_until_a_request_is_dispatched_to_it():
     config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
     time = Timeline({})
@@ -224,7 +237,7 @@ async def test_an_idle_pod_is_scraped_slowly_until_a_request_is_dispatched_to_it
     # A dispatch at 0.72 (between two ticks): the pod is scraped at the next tick, 0.75.
     pod = store.get("p")
     seq: list[int] = []
-    time.at[0.72] = lambda: seq.append(store.dispatched(pod))
+    time.at[0.72] = lambda: dispatch(store, scraper, pod, seq)
     time.at[0.82] = lambda: store.completed(pod, 200, seq[0])
     await scraper.start()
     try:
@@ -326,11 +339,59 @@ async def test_a_request_that_came_and_went_between_two_ticks_ends_the_slow_inte
     store, scraper, started, finished = await run_scripted(config, time, [0.0] * 2, [IDLE] * 2)
     pod = store.get("p")
     seq: list[int] = []
-    time.at[0.21] = lambda: seq.append(store.dispatched(pod))
+    time.at[0.21] = lambda: dispatch(store, scraper, pod, seq)
     time.at[0.22] = lambda: store.completed(pod, 200, seq[0])
     await scraper.start()
     try:
         await asyncio.wait_for(finished.wait(), 5)
         assert started == pytest.approx([0.0, 0.25, 0.75])
+    finally:
+        await scraper.stop()
+
+
+async def test_an_idle_pods_loop_wakes_once_per_idle_interval_not_at_every_tick():
+    """Counted, not timed: 4 idle intervals of 0.5 s are 4 sleeps, not 40 fast ticks."""
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    _, scraper, started, finished = await run_scripted(config, time, [0.0] * 4, [IDLE] * 4)
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+        assert time.sleeps == 4
+    finally:
+        await scraper.stop()
+
+
+async def test_a_peers_dispatch_to_an_idle_pod_wakes_its_loop_at_the_next_tick():
+    """A peer's decision applied here (store.peer_dispatched, then the inbox's hook wakes
+    the loop: tests/test_wiring.py) at 0.63: scraped at the 0.65 tick, then fast while
+    the peer's request counts in the pod's load."""
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(config, time, [0.0] * 3, [IDLE] * 3)
+    pod = store.get("p")
+
+    def peer_dispatch() -> None:
+        store.peer_dispatched(pod)
+        scraper.wake("p")
+
+    time.at[0.63] = peer_dispatch
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started[:3] == pytest.approx([0.0, 0.5, 0.65])
+    finally:
+        await scraper.stop()
+
+
+async def test_waking_a_busy_pod_or_an_unknown_one_changes_nothing():
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
+    time = Timeline({0.07: lambda: scraper.wake("p"), 0.08: lambda: scraper.wake("gone")})
+    _, scraper, started, finished = await run_scripted(config, time, [0.0] * 3, [BUSY] * 3)
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
     finally:
         await scraper.stop()

@@ -9,16 +9,20 @@ bad pod never affects another.
 Each loop starts a scrape every `scrape_interval_s` on its `clock`, waiting with `sleep`
 (both injected: tests drive the loops on a fake clock). Where a fresh page does not pay it
 waits longer (`_interval`): `scrape_idle_interval_s` for an idle pod,
-`scrape_kv_events_interval_s` for a pod whose KV state comes as KV events. It still wakes
-every `scrape_interval_s` to look at the pod, so a request dispatched to an idle pod (or a
-scrape failure, or the events stopping) is scraped at the next tick. The app connects the
-store's `added`/`removed` events to `on_endpoint_change`, which starts and stops loops.
+`scrape_kv_events_interval_s` for a pod whose KV state comes as KV events. An idle pod's
+loop sleeps until its next scrape is due unless `wake(pod)` is called (the wiring calls it
+for each dispatch of this router and each peer's dispatch applied here): then it is
+scraped at the next tick of `scrape_interval_s`, as if it had ticked all along. Any other
+pod's loop wakes every `scrape_interval_s` to look at it, so a scrape failure or its KV
+events stopping is seen at the next tick. The app connects the store's `added`/`removed`
+events to `on_endpoint_change`, which starts and stops loops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
@@ -69,6 +73,8 @@ class MetricsScraper:
         self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, PageClient] = {}
+        # An idle pod's loop's sleep, while it sleeps: `wake` cancels it.
+        self._idle_sleeps: dict[str, asyncio.Future[None]] = {}
         self._running = False
         # The series read from each page: built once, not per scrape.
         self.reader = page_reader(config)
@@ -118,6 +124,13 @@ class MetricsScraper:
             client = self._clients.pop(endpoint.name, None)
             if client is not None:
                 client.close()
+
+    def wake(self, pod: str) -> None:
+        """A request went to `pod` (this router's or a peer's): if its loop sleeps through
+        an idle interval, it is scraped at the next fast tick. O(1): called per dispatch."""
+        sleeping = self._idle_sleeps.pop(pod, None)
+        if sleeping is not None:
+            sleeping.cancel()
 
     def _start_loop(self, endpoint: Endpoint) -> None:
         if endpoint.name not in self._tasks:
@@ -169,16 +182,34 @@ class MetricsScraper:
         followed = self.kv_events_followed
         if followed is not None and followed(endpoint.name):
             interval = self._events_s
+        if self._idle(endpoint, dispatched_mark):
+            interval = max(interval, self._idle_s)
+        return interval
+
+    @staticmethod
+    def _idle(endpoint: Endpoint, dispatched_mark: int) -> bool:
+        """Nothing on its page, nothing in flight, no dispatch since the scrape began."""
         page = endpoint.metrics
-        if (
-            page.running == 0
+        return (
+            page is not None
+            and page.running == 0
             and page.waiting == 0
             and endpoint.in_flight == 0
             and not endpoint.peer
             and endpoint.dispatched_total == dispatched_mark
-        ):
-            interval = max(interval, self._idle_s)
-        return interval
+        )
+
+    async def _sleep_unless_woken(self, pod: str, delay: float) -> bool:
+        """Sleep `delay`, or less if `wake(pod)` is called: whether it was."""
+        sleeping = asyncio.ensure_future(self._sleep(delay))
+        self._idle_sleeps[pod] = sleeping
+        try:
+            await asyncio.wait((sleeping,))
+        finally:
+            if self._idle_sleeps.get(pod) is sleeping:
+                del self._idle_sleeps[pod]
+            sleeping.cancel()
+        return sleeping.cancelled()
 
     async def _loop(self, endpoint: Endpoint) -> None:
         fast = self._config.scrape_interval_s
@@ -199,9 +230,19 @@ class MetricsScraper:
                 self.first_round.set()
             # Ticks of the fast interval until the pod's interval has passed since
             # this scrape's slot; the interval is asked again at each tick, so a pod
-            # that turns busy is scraped at the next one.
+            # that turns busy is scraped at the next one. An idle pod skips the ticks
+            # (it turns busy only by a dispatch, which wakes it) and, when woken, rejoins
+            # them at the next one.
             while True:
                 next_at += fast
+                interval = self._interval(endpoint, mark)
+                if next_at - began_at < interval - 1e-9 and self._idle(endpoint, mark):
+                    due = began_at + interval
+                    if not await self._sleep_unless_woken(endpoint.name, max(0.0, due - clock())):
+                        next_at = max(due, clock())
+                        break
+                    ticks = max(1, math.ceil((clock() - began_at) / fast - 1e-9))
+                    next_at = began_at + ticks * fast
                 delay = next_at - clock()
                 if delay < 0:  # fell behind (slow pod): do not burst to catch up
                     next_at = clock()

@@ -125,6 +125,8 @@ class PeerInbox:
         if age > self._max_age:
             return "late"
         self._store.peer_dispatched(endpoint, message.uncached)
+        for woken in self._router.hooks.peer_dispatched:
+            woken(endpoint.name)
         matched = min(message.matched, len(hashes))
         now = self._store.now()
         request = SchedulingRequest(

@@ -91,16 +91,20 @@ class DecisionHooks:
     (epp/wiring.py; replicas by epp/replicas). A hook runs on the routing path: it does no
     I/O, and its failure is logged and never fails a request.
 
-    - `shared`: each decision, to share with peer replicas;
+    - `shared`: each decision, to share with peer replicas (and to wake the chosen pod's
+      scrape loop: epp/wiring.py);
     - `before_record`: a decision on a pod, before its blocks are recorded in the index
       (precise mode opens a stale-routing claim);
     - `completed`: a decision of this router whose response ended (precise mode checks
       the claim; a precise pod's predicted entries live while the request is in flight);
     - `foreign_completion`: a response end seen here for a decision another replica made
-      (its route token does not start with `token_prefix`)."""
+      (its route token does not start with `token_prefix`);
+    - `peer_dispatched`: the pod of a peer replica's fresh decision, applied here by the
+      replicas' inbox (the scraper wakes the pod's loop)."""
 
     token_prefix: str = ""
     shared: list[DispatchListener] = field(default_factory=list)
     before_record: list[RecordListener] = field(default_factory=list)
     completed: list[CompletionListener] = field(default_factory=list)
     foreign_completion: ForeignCompletion | None = None
+    peer_dispatched: list[Callable[[str], None]] = field(default_factory=list)
