@@ -362,7 +362,7 @@ def test_each_layout_built_from_the_declarations_reads_a_real_batch_sent_in_it()
         partial = LAYOUTS[name]({k: v for k, v in stored.items() if k != "block_size"})
         if name == "positional":
             partial = partial[:4]
-        with pytest.raises(msgspec.ValidationError, match="block_size|at least length 5"):
+        with pytest.raises(msgspec.ValidationError, match=r"block_size|at least length 5"):
             layout.decoder.decode(enc([12.5, [partial], 7]))
 
 
