@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import yaml
@@ -133,20 +133,16 @@ class Replica:
         return total
 
 
-class Stack:
-    """Pods, EPP replicas and one Envoy on 127.0.0.1; everything stopped on exit."""
+class PodStack:
+    """Simulated pods (and whatever a subclass starts after them) on 127.0.0.1, each a
+    process logging to `work`; everything stopped on exit, also when start-up fails."""
 
-    def __init__(
-        self, work: Path, pods: int, replicas: int, share: bool, envoy: str = "default"
-    ) -> None:
+    def __init__(self, work: Path, pods: int, sim_args: Sequence[str] = SIM_ARGS) -> None:
         self.work = work
-        self.envoy_variant = envoy
         self.pod_count = pods
-        self.replica_count = replicas
-        self.share = share
+        self.sim_args = tuple(sim_args)
         self.procs: list[_Proc] = []
         self.pods: list[str] = []
-        self.replicas: list[Replica] = []
         self.envoy_url = ""
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
@@ -164,7 +160,7 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> Self:
         try:
             self._start()
         except BaseException:
@@ -180,11 +176,15 @@ class Stack:
             proc.stop()
 
     def _start(self) -> None:
+        self._start_pods()
+
+    def _start_pods(self) -> None:
+        """The pods, healthy, and `endpoints.yaml` listing them for `epp serve`."""
         self.work.mkdir(parents=True, exist_ok=True)
         for i, port in enumerate(free_ports(self.pod_count)):
             argv = [
                 sys.executable, "-m", "vllm_sim", "--host", HOST, "--port", str(port),
-                "--name", f"pod-{i}", "--model", MODEL, *SIM_ARGS,
+                "--name", f"pod-{i}", "--model", MODEL, *self.sim_args,
             ]  # fmt: skip
             self._spawn(f"pod-{i}", argv)
             self.pods.append(f"{HOST}:{port}")
@@ -195,6 +195,22 @@ class Stack:
             for i, a in enumerate(self.pods)
         ]
         (self.work / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}))
+
+
+class Stack(PodStack):
+    """Pods, EPP replicas and one Envoy on 127.0.0.1; everything stopped on exit."""
+
+    def __init__(
+        self, work: Path, pods: int, replicas: int, share: bool, envoy: str = "default"
+    ) -> None:
+        super().__init__(work, pods)
+        self.envoy_variant = envoy
+        self.replica_count = replicas
+        self.share = share
+        self.replicas: list[Replica] = []
+
+    def _start(self) -> None:
+        self._start_pods()
         ports = free_ports(3 * self.replica_count)
         self.replicas = [
             Replica(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])

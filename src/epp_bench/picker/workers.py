@@ -36,7 +36,7 @@ import yaml
 
 from epp.envoy_config import render
 from epp_bench.picker.overhead import ZERO_TIME_PODS, _cpu_seconds, _drive, _words
-from epp_bench.picker.replicas import MODEL, SIM_ARGS, _get, _Proc, _wait
+from epp_bench.picker.replicas import MODEL, SIM_ARGS, PodStack, _get, _Proc, _wait
 from epp_demo.client import run_workload, scrape_pod_metrics
 from epp_demo.workload import WorkloadSpec, generate
 from epp_harness.stack import HOST, envoy_binary, free_ports, log_tail
@@ -87,7 +87,7 @@ def metric_total(page: str, name: str, labels: str = "") -> float:
     return total
 
 
-class WorkersStack:
+class WorkersStack(PodStack):
     """Pods, one `epp serve --workers N` and one Envoy on 127.0.0.1; stopped on exit."""
 
     def __init__(
@@ -100,63 +100,14 @@ class WorkersStack:
         sim_args: tuple[str, ...] = SIM_ARGS,
         envoy_threads: int = 2,
     ) -> None:
-        self.work, self.pod_count, self.workers = work, pods, workers
-        self.sharing, self.sim_args, self.envoy_threads = sharing, sim_args, envoy_threads
-        self.procs: list[_Proc] = []
-        self.pods: list[str] = []
+        super().__init__(work, pods, sim_args)
+        self.workers, self.sharing, self.envoy_threads = workers, sharing, envoy_threads
         self.metrics_ports: list[int] = []
         self.epp: _Proc | None = None
         self.grpc_port = 0
-        self.envoy_url = ""
-
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
-        import os
-
-        log = self.work / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            )
-        proc = _Proc(name, popen, log)
-        self.procs.append(proc)
-        return proc
-
-    def __enter__(self) -> WorkersStack:
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
 
     def _start(self) -> None:
-        self.work.mkdir(parents=True, exist_ok=True)
-        for i, port in enumerate(free_ports(self.pod_count)):
-            argv = [
-                sys.executable, "-m", "vllm_sim", "--host", HOST, "--port", str(port),
-                "--name", f"pod-{i}", "--model", MODEL, *self.sim_args,
-            ]  # fmt: skip
-            self._spawn(f"pod-{i}", argv)
-            self.pods.append(f"{HOST}:{port}")
-        for address in self.pods:
-            _wait(lambda a=address: _get(f"http://{a}/health")[0] == 200, f"pod {address}")
-        endpoints = [
-            {"name": f"pod-{i}", "address": a, "metrics_url": f"http://{a}/metrics"}
-            for i, a in enumerate(self.pods)
-        ]
-        (self.work / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}))
+        self._start_pods()
         self.start_epp()
         self._start_envoy()
 
