@@ -16,7 +16,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Literal
 import yaml
 
 from epp.envoy_config import BodyMode, Mode, render
+from epp.serving.workers import free_ports as epp_free_ports
 
 HOST = "127.0.0.1"
 DEFAULT_MODEL = "sim-llama-8b"
@@ -48,21 +48,10 @@ class StackError(RuntimeError):
 
 
 def free_ports(count: int, host: str = HOST) -> list[int]:
-    """`count` distinct ports that were free a moment ago.
-
-    All sockets stay open until every port is picked, so the ports differ from each other;
-    another program may still take one before the child binds it (unavoidable, rare).
-    """
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """`count` distinct ports that were free a moment ago (the product's own picker, which
+    `epp serve --workers` uses for its loopback peer ports): another program may still take
+    one before the child binds it (unavoidable, rare)."""
+    return epp_free_ports(count, host)
 
 
 def free_port(host: str = HOST) -> int:
