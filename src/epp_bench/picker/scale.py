@@ -451,20 +451,8 @@ def live_scrape(pods: int, seconds: float) -> dict[str, dict[str, float]]:
     CPU seconds per wall second; asked = the pages per second the intervals ask for."""
     from epp_bench.picker import scrape
 
-    port_file = Path(f"/tmp/epp-bench-scale-{os.getpid()}.port")
-    port_file.unlink(missing_ok=True)
-    code = (
-        "import asyncio, pathlib, epp_bench.picker.scrape as s; "
-        f"s.FIXTURE = pathlib.Path({str(FIXTURE)!r}); asyncio.run(s.serve({str(port_file)!r}))"
-    )
-    server = subprocess.Popen([sys.executable, "-c", code])
     out: dict[str, dict[str, float]] = {}
-    try:
-        for _ in range(600):
-            if port_file.exists() and port_file.read_text():
-                break
-            time.sleep(0.05)
-        port = int(port_file.read_text())
+    with scrape.page_server(FIXTURE) as port:
         for name, pages, interval in LIVE_ARMS:
             urls = [f"http://127.0.0.1:{port}/{pages}/{i}/metrics" for i in range(pods)]
             row = scrape.live_arm(urls, interval, seconds, {}, None)
@@ -477,10 +465,6 @@ def live_scrape(pods: int, seconds: float) -> dict[str, dict[str, float]]:
                 "failures": float(row["failures"]),
             }
             _say(f"live scrape, {name}: {out[name]}")
-    finally:
-        server.terminate()
-        server.wait(10)
-        port_file.unlink(missing_ok=True)
     return out
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -375,23 +377,31 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _live(args: argparse.Namespace, before_src: Path) -> dict[str, Any]:
-    port_file = Path(f"/tmp/epp-bench-scrape-{os.getpid()}.port")
+@contextlib.contextmanager
+def page_server(fixture: Path = FIXTURE) -> Iterator[int]:
+    """`serve` in a process of its own, answering `fixture`'s page; yields its port and
+    stops it on exit."""
+    port_file = Path(f"/tmp/epp-bench-page-server-{os.getpid()}.port")
     port_file.unlink(missing_ok=True)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import asyncio, epp_bench.picker.scrape as s; "
-            f"asyncio.run(s.serve({str(port_file)!r}))",
-        ],
+    code = (
+        "import asyncio, pathlib, epp_bench.picker.scrape as s; "
+        f"s.FIXTURE = pathlib.Path({str(fixture)!r}); asyncio.run(s.serve({str(port_file)!r}))"
     )
+    server = subprocess.Popen([sys.executable, "-c", code])
     try:
         for _ in range(600):
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.05)
-        port = int(port_file.read_text())
+        yield int(port_file.read_text())
+    finally:
+        server.terminate()
+        server.wait(10)
+        port_file.unlink(missing_ok=True)
+
+
+def _live(args: argparse.Namespace, before_src: Path) -> dict[str, Any]:
+    with page_server() as port:
         busy = [f"http://127.0.0.1:{port}/busy/{i}/metrics" for i in range(args.pods)]
         clients = asyncio.run(client_costs(busy[0], args.calls * 5))
         _table("EPP CPU per GET of the whole page, in process (us)", clients)
@@ -420,10 +430,6 @@ def _live(args: argparse.Namespace, before_src: Path) -> dict[str, Any]:
                 f"(failures {row['failures']})"
             )
         return out
-    finally:
-        server.terminate()
-        server.wait(10)
-        port_file.unlink(missing_ok=True)
 
 
 def _table(title: str, rows: dict[str, float]) -> None:
