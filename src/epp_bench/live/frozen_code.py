@@ -70,9 +70,16 @@ def children_import(code: CodeInUse) -> Iterator[None]:
     if code.choice == "worktree":
         yield
         return
+    with children_import_from(code.path):
+        yield
+
+
+@contextlib.contextmanager
+def children_import_from(path: str) -> Iterator[None]:
+    """Within the block, child processes import from `path` first: they inherit
+    os.environ (LocalStack copies it at each spawn)."""
     previous = os.environ.get("PYTHONPATH")
-    # The children inherit os.environ (LocalStack copies it at each spawn).
-    os.environ["PYTHONPATH"] = code.path + (os.pathsep + previous if previous else "")
+    os.environ["PYTHONPATH"] = path + (os.pathsep + previous if previous else "")
     try:
         yield
     finally:

@@ -226,20 +226,15 @@ async def _drive(
 
 @contextlib.contextmanager
 def _children_import(code: Path | None) -> Iterator[None]:
-    """Within the block, child processes (LocalStack copies os.environ) import `epp` from
-    `code` first; None: as they would anyway."""
+    """Within the block, child processes import `epp` from `code` first; None: as they
+    would anyway."""
     if code is None:
         yield
         return
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(code)
-    try:
+    from epp_bench.live.frozen_code import children_import_from
+
+    with children_import_from(str(code)):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
 
 
 def through_envoy(
