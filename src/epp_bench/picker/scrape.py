@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 REPO = Path(__file__).resolve().parents[3]
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-0.33-metrics.txt"
 WORKER = Path(__file__).with_name("scrape_worker.py")
-# The main of issue 17's start: aiohttp and the text parser.
+# The default 'before' arm: the last revision that scraped with aiohttp and the text parser.
 DEFAULT_BEFORE = "54e3fd6"
 
 
