@@ -275,3 +275,26 @@ async def test_the_scraper_reads_a_prometheus_client_page_whole_or_filtered(
         assert b"_bucket" not in bodies[0] and b"vllm:num_requests_waiting" in bodies[0]
     else:
         assert size > len(PAGE)  # the whole page and the process collectors, uncompressed
+
+
+async def test_a_server_that_refuses_the_name_filter_is_asked_for_its_whole_page():
+    """Not every /metrics server is prometheus_client's: one that answers the `name[]`
+    query with an error gets the plain URL from then on, and its page is read."""
+
+    def answer(head: bytes) -> tuple[bytes, bool]:
+        if b"?name%5B%5D=" in head.split(b"\r\n", 1)[0]:
+            return b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", False
+        return with_length(PAGE), False
+
+    async with RawPod(answer) as pod:
+        config = DataLayerConfig(scrape_interval_s=0.02)
+        store = EndpointStore(config)
+        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
+        scraper = MetricsScraper(store, config)
+        await scraper.scrape_once(store.get("pod"))
+        await scraper.scrape_once(store.get("pod"))
+        await scraper.stop()
+    endpoint = store.get("pod")
+    assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
+    filtered = [h for h in pod.requests if b"name%5B%5D" in h.split(b"\r\n", 1)[0]]
+    assert len(filtered) == 1 and len(pod.requests) == 3  # asked once, then the plain URL

@@ -32,7 +32,7 @@ import structlog
 from epp.config import METRIC_SPEC_KEYS, DataLayerConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import MetricsFormatError, PageReader
-from epp.datalayer.page_client import MAX_PAGE_BYTES, PageClient
+from epp.datalayer.page_client import MAX_PAGE_BYTES, PageClient, Response
 from epp.datalayer.store import EndpointStore
 from epp.tls import ScrapeTls
 
@@ -73,6 +73,9 @@ class MetricsScraper:
         self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, PageClient] = {}
+        # Pods whose server answered the `name[]` query with an error: asked for the
+        # whole page (a server that is not prometheus_client's may refuse the query).
+        self._unfiltered: set[str] = set()
         # An idle pod's loop's sleep, while it sleeps: `wake` cancels it.
         self._idle_sleeps: dict[str, asyncio.Future[None]] = {}
         self._running = False
@@ -124,6 +127,7 @@ class MetricsScraper:
             client = self._clients.pop(endpoint.name, None)
             if client is not None:
                 client.close()
+            self._unfiltered.discard(endpoint.name)
 
     def wake(self, pod: str) -> None:
         """A request went to `pod` (this router's or a peer's): if its loop sleeps through
@@ -144,16 +148,30 @@ class MetricsScraper:
         if client is None or client.origin != endpoint.metrics_url:
             if client is not None:
                 client.close()
-            url = scrape_url(endpoint.metrics_url, self._filter)
+            names = () if endpoint.name in self._unfiltered else self._filter
+            url = scrape_url(endpoint.metrics_url, names)
             client = self._clients[endpoint.name] = PageClient(url, origin=endpoint.metrics_url)
         return client
+
+    async def _fetch(self, endpoint: Endpoint) -> Response:
+        """The pod's page; a pod that refuses the `name[]` query (a 4xx: a 5xx is the
+        server's own trouble) is asked again, and from then on, without it."""
+        client = self._client(endpoint)
+        tls = self.tls.context() if client.where.https else None
+        response = await client.get(self._config.scrape_timeout_s, tls)
+        refused = 400 <= response.status < 500
+        if not refused or not self._filter or endpoint.name in self._unfiltered:
+            return response
+        self._unfiltered.add(endpoint.name)
+        client.close()
+        del self._clients[endpoint.name]
+        log.info("scrape_name_filter_refused", pod=endpoint.name, status=response.status)
+        return await self._client(endpoint).get(self._config.scrape_timeout_s, tls)
 
     async def scrape_once(self, endpoint: Endpoint) -> None:
         dispatched_at_start = endpoint.dispatched_total
         try:
-            client = self._client(endpoint)
-            tls = self.tls.context() if client.where.https else None
-            response = await client.get(self._config.scrape_timeout_s, tls)
+            response = await self._fetch(endpoint)
             if response.status != 200:
                 raise MetricsFormatError(f"HTTP {response.status}")
             metrics = self.reader.parse(response.body)
