@@ -298,3 +298,42 @@ async def test_a_server_that_refuses_the_name_filter_is_asked_for_its_whole_page
     assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
     filtered = [h for h in pod.requests if b"name%5B%5D" in h.split(b"\r\n", 1)[0]]
     assert len(filtered) == 1 and len(pod.requests) == 3  # asked once, then the plain URL
+
+
+async def test_a_redirect_on_the_pods_server_is_followed_and_kept():
+    """A mounted ASGI metrics app answers /metrics with 307 -> /metrics/: the page is
+    read there, and the next scrape asks there at once. A redirect to another server
+    is a failed scrape."""
+
+    def answer(head: bytes) -> tuple[bytes, bool]:
+        target = head.split(b"\r\n", 1)[0].split(b" ")[1]
+        if target.startswith(b"/metrics/"):
+            return with_length(PAGE), False
+        moved = b"/metrics/" + target[len(b"/metrics") :]
+        return b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\n\r\n" % moved, False
+
+    async with RawPod(answer) as pod:
+        config = DataLayerConfig(scrape_interval_s=0.02)
+        store = EndpointStore(config)
+        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
+        scraper = MetricsScraper(store, config)
+        await scraper.scrape_once(store.get("pod"))
+        await scraper.scrape_once(store.get("pod"))
+        await scraper.stop()
+    endpoint = store.get("pod")
+    assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
+    targets = [h.split(b"\r\n", 1)[0].split(b" ")[1] for h in pod.requests]
+    assert [t.split(b"?")[0] for t in targets] == [b"/metrics", b"/metrics/", b"/metrics/"]
+    assert all(b"name%5B%5D=" in t for t in targets)  # the query goes along
+
+    def elsewhere(head: bytes) -> tuple[bytes, bool]:
+        return b"HTTP/1.1 302 Found\r\nLocation: http://192.0.2.1/metrics\r\n\r\n", False
+
+    async with RawPod(elsewhere) as pod:
+        store = EndpointStore(config)
+        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
+        scraper = MetricsScraper(store, config)
+        await scraper.scrape_once(store.get("pod"))
+        await scraper.stop()
+    endpoint = store.get("pod")
+    assert endpoint.metrics is None and "another server" in (endpoint.last_error or "")

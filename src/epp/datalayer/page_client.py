@@ -83,6 +83,7 @@ class Response:
     status: int
     body: bytes
     keep_alive: bool
+    location: str = ""  # a redirect's Location header
 
 
 class _Exchange(asyncio.Protocol):
@@ -108,6 +109,7 @@ class _Exchange(asyncio.Protocol):
         self.length: int | None = None  # Content-Length framing
         self.chunked = False
         self.encoding = ""
+        self.location = ""
         self.body = bytearray()
         self.chunk_left = -1  # chunked: bytes left of the current chunk (-1: a size line)
         self.trailers = False
@@ -170,7 +172,7 @@ class _Exchange(asyncio.Protocol):
         body = bytes(self.body)
         if self.encoding:
             body = _decoded(body, self.encoding, self.max_bytes)
-        self.waiter.set_result(Response(self.status, body, self.keep_alive))
+        self.waiter.set_result(Response(self.status, body, self.keep_alive, self.location))
         if not self.keep_alive:
             self.close()
 
@@ -237,6 +239,8 @@ class _Exchange(asyncio.Protocol):
                 connection = value.lower()
             elif key == b"content-encoding":
                 self.encoding = value.decode("latin-1").strip().lower()
+            elif key == b"location":
+                self.location = value.decode("latin-1")
         if self.chunked:
             self.length = None
         if status_line[0] == b"HTTP/1.0":

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 import structlog
 
@@ -37,6 +38,8 @@ from epp.datalayer.store import EndpointStore
 from epp.tls import ScrapeTls
 
 log = structlog.get_logger("epp.scraper")
+
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
 __all__ = ["MAX_PAGE_BYTES", "MetricsScraper", "page_reader", "scrape_url"]
 
@@ -159,6 +162,8 @@ class MetricsScraper:
         client = self._client(endpoint)
         tls = self.tls.context() if client.where.https else None
         response = await client.get(self._config.scrape_timeout_s, tls)
+        if response.status in _REDIRECTS and response.location:
+            response = await self._follow(endpoint, client, response.location, tls)
         refused = 400 <= response.status < 500
         if not refused or not self._filter or endpoint.name in self._unfiltered:
             return response
@@ -167,6 +172,19 @@ class MetricsScraper:
         del self._clients[endpoint.name]
         log.info("scrape_name_filter_refused", pod=endpoint.name, status=response.status)
         return await self._client(endpoint).get(self._config.scrape_timeout_s, tls)
+
+    async def _follow(
+        self, endpoint: Endpoint, client: PageClient, location: str, tls: ssl.SSLContext | None
+    ) -> Response:
+        """A redirect on the pod's own server (e.g. /metrics -> /metrics/, as a mounted
+        ASGI app answers) is followed, and its target kept for the next scrapes; one to
+        another server is an error (the pod's page is the pod's)."""
+        target = urljoin(client.url, location)
+        if urlsplit(target)[:2] != urlsplit(client.url)[:2]:
+            raise MetricsFormatError(f"redirected to another server: {target[:120]}")
+        client.close()
+        moved = self._clients[endpoint.name] = PageClient(target, origin=endpoint.metrics_url)
+        return await moved.get(self._config.scrape_timeout_s, tls)
 
     async def scrape_once(self, endpoint: Endpoint) -> None:
         dispatched_at_start = endpoint.dispatched_total
