@@ -123,13 +123,43 @@ async def test_rejection_with_retry_after_through_the_server():
     assert reply.immediate_response.status.code == 429 and headers["retry-after"] == "2"
 
 
-async def test_stream_reset_while_routing_releases_the_decision():
+async def test_a_reset_after_the_destination_was_handed_to_grpc_keeps_the_request_counted():
+    # Envoy may read the destination and reset the stream before the generator resumes
+    # (seen under load: the request was served for 4 s while the EPP had released it).
+    # Its end is the observer's to report (or a page's, or the TTL's), not the reset's.
     router = FakeRouter()
     proc = processor(router)
     gen = proc.Process(Envoy([headers_msg(eos=True, mode=DUPLEX)]), Context())
-    await anext(gen)  # the destination reply was produced ...
-    await gen.aclose()  # ... but the stream died before the end (Envoy reset)
-    assert router.completed == [("token-0", None, None)]
+    first = await anext(gen)  # the destination reply went to gRPC ...
+    assert destination(first) == ADDRESSES[0]
+    await gen.aclose()  # ... and the stream was reset before the generator resumed
+    assert router.completed == []
+
+
+class ResetOnceRouted(FakeRouter):
+    """Envoy resets the stream as the decision is made, before any reply carries it."""
+
+    consumer: asyncio.Task | None = None
+
+    async def route(self, request):
+        routed = await super().route(request)
+        assert self.consumer is not None
+        self.consumer.cancel()
+        return routed
+
+
+async def test_a_reset_before_the_destination_was_handed_to_grpc_releases_the_decision():
+    router = ResetOnceRouted()
+    out: list = []
+
+    async def consume():
+        async for reply in processor(router).Process(duplex_request(), Context()):
+            out.append(reply)
+
+    router.consumer = asyncio.ensure_future(consume())
+    with pytest.raises(asyncio.CancelledError):
+        await router.consumer
+    assert out == [] and router.completed == [("token-0", None, None)]
 
 
 async def test_observer_reports_status_and_served_address_once_at_the_end():

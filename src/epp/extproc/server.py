@@ -136,6 +136,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             chunk_bytes=self._config.stream_chunk_bytes,
             assumed_duplex=self._config.assumed_body_mode == "FULL_DUPLEX_STREAMED",
         )
+        # Whether a reply carrying the decision was handed to gRPC. From then on a reset
+        # does not say Envoy lacks the destination: Envoy may have read it and reset the
+        # stream before this generator resumed, and the request is then being served.
+        # Releasing it would under-count a busy pod (and admit more than it can run), so
+        # it stays counted until the observer reports its end, a page shows it over
+        # (ledger.reconcile) or its TTL passes.
+        handed_over = False
         finished = False
         self.streams.opened()
         try:
@@ -175,6 +182,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 if step.answer is not None:  # every answer the EPP gives itself
                     self._count_answer(stream.request_id, step.answer)
                 for reply in step.replies:
+                    handed_over = handed_over or stream.token is not None
                     yield reply
                 if step.finish:
                     # Ending with OK: Envoy marks processing complete and goes on alone.
@@ -183,8 +191,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 message = await anext(rest, None)
         finally:
             self.streams.closed()
-            if stream.token is not None and not finished:
-                # Routed, but the destination never fully reached Envoy (stream reset).
+            if stream.token is not None and not finished and not handed_over:
+                # Routed, but reset before the destination could reach Envoy.
                 self._complete(Completion(stream.token, None, None))
 
     def _stream_failed(self, stream: ExtProcStream) -> pb.ProcessingResponse | None:
