@@ -100,3 +100,24 @@ def test_a_dispatch_of_this_router_or_a_peer_wakes_the_pods_scrape_loop():
     )
     assert inbox.decision(message) == "applied"
     assert woken == ["a", "a"]
+
+
+def test_a_pod_whose_kv_events_stop_wakes_its_scrape_loop():
+    """Precise mode detaching a pod (its events stopped, or it is no longer followed)
+    reaches `MetricsScraper.wake`: the loop, sleeping through the KV-event interval, needs
+    pages at the fast one again (tests/datalayer/test_scraper.py)."""
+    cfg = config()
+    store = EndpointStore.for_config(cfg)
+    index = PrefixIndex.from_config(cfg.prefix)
+    precise = PreciseMode(cfg.kv_events, index, cfg.prefix.block_size)
+    router = Router(
+        cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), EppMetrics()
+    )
+    scraper = MetricsScraper(store, cfg.datalayer)
+    woken: list[str] = []
+    scraper.wake = woken.append
+    connect(store, index, router, cfg, precise, scraper=scraper)
+    precise.precise.attach("a", "m")
+    assert woken == []
+    precise.precise.detach("a")
+    assert woken == ["a"] and not index.is_precise("a")

@@ -59,6 +59,9 @@ def connect(
         router.hooks.shared.append(lambda dispatched, _uncached: wake(dispatched.endpoint.name))
         router.hooks.peer_dispatched.append(wake)
     if precise is not None:
+        if scraper is not None:
+            # A pod whose events stopped needs its pages at the fast interval again.
+            precise.precise.detached.append(scraper.wake)
         router.hooks.before_record.append(precise.precise.dispatched)
         router.hooks.completed.append(precise.precise.completed)
 

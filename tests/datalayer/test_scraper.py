@@ -274,16 +274,42 @@ async def test_in_flight_or_peer_work_keeps_an_idle_page_at_the_fast_interval():
 async def test_a_pod_followed_by_kv_events_is_scraped_at_its_interval_until_it_is_not():
     config = DataLayerConfig(scrape_interval_s=0.05, scrape_kv_events_interval_s=0.2)
     followed = {"p": True}
-    time = Timeline({0.45: lambda: followed.update(p=False)})
+    time = Timeline({})
     _, scraper, started, finished = await run_scripted(
         config, time, [0.0] * 4, [BUSY] * 4, kv_events_followed=followed.__getitem__
     )
+
+    def events_stop() -> None:  # precise mode detaches the pod; the wiring wakes its loop
+        followed.update(p=False)
+        scraper.wake("p")
+
+    time.at[0.45] = events_stop
     await scraper.start()
     try:
         await asyncio.wait_for(finished.wait(), 5)
         # Busy (one running) yet slow: the KV state comes as events. No longer followed
-        # at 0.45: the tick at 0.45 scrapes it, then the fast interval.
+        # at 0.45: scraped at once (the 0.45 tick), then at the fast interval.
         assert started == pytest.approx([0.0, 0.2, 0.4, 0.45, 0.5])
+        # The followed stretch slept through its intervals: no fast ticks (0.0-0.45:
+        # 2 sleeps and the cut one, instead of 9 ticks).
+        assert time.sleeps <= 4
+    finally:
+        await scraper.stop()
+
+
+async def test_a_dispatch_to_a_followed_pod_does_not_shorten_its_interval():
+    """A wake re-asks the interval: a followed pod's is still the KV-event one."""
+    config = DataLayerConfig(scrape_interval_s=0.05, scrape_kv_events_interval_s=0.2)
+    time = Timeline({})
+    store, scraper, started, finished = await run_scripted(
+        config, time, [0.0] * 3, [BUSY] * 3, kv_events_followed=lambda _: True
+    )
+    seq: list[int] = []
+    time.at[0.07] = lambda: dispatch(store, scraper, store.get("p"), seq)
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+        assert started == pytest.approx([0.0, 0.2, 0.4, 0.6])
     finally:
         await scraper.stop()
 

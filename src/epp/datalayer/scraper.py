@@ -9,13 +9,14 @@ bad pod never affects another.
 Each loop starts a scrape every `scrape_interval_s` on its `clock`, waiting with `sleep`
 (both injected: tests drive the loops on a fake clock). Where a fresh page does not pay it
 waits longer (`_interval`): `scrape_idle_interval_s` for an idle pod,
-`scrape_kv_events_interval_s` for a pod whose KV state comes as KV events. An idle pod's
-loop sleeps until its next scrape is due unless `wake(pod)` is called (the wiring calls it
-for each dispatch of this router and each peer's dispatch applied here): then it is
-scraped at the next tick of `scrape_interval_s`, as if it had ticked all along. Any other
-pod's loop wakes every `scrape_interval_s` to look at it, so a scrape failure or its KV
-events stopping is seen at the next tick. The app connects the store's `added`/`removed`
-events to `on_endpoint_change`, which starts and stops loops.
+`scrape_kv_events_interval_s` for a pod whose KV state comes as KV events. Such a pod's
+loop sleeps until its next scrape is due unless `wake(pod)` is called; the wiring calls it
+for what can shorten the interval: each dispatch of this router and each peer's dispatch
+applied here (an idle pod turns busy) and a followed pod's events stopping (precise mode
+detaches it). Woken, the loop rejoins the ticks of `scrape_interval_s` as if it had
+ticked all along, and scrapes at the first one its interval allows. A busy pod's loop
+ticks at `scrape_interval_s`. The app connects the store's `added`/`removed` events to
+`on_endpoint_change`, which starts and stops loops.
 """
 
 from __future__ import annotations
@@ -222,6 +223,13 @@ class MetricsScraper:
             interval = max(interval, self._idle_s)
         return interval
 
+    def _sleeps_through(self, endpoint: Endpoint, dispatched_mark: int) -> bool:
+        """Whether only a `wake` can shorten the pod's interval (module docstring)."""
+        if self._idle(endpoint, dispatched_mark):
+            return True
+        followed = self.kv_events_followed
+        return followed is not None and followed(endpoint.name)
+
     @staticmethod
     def _idle(endpoint: Endpoint, dispatched_mark: int) -> bool:
         """Nothing on its page, nothing in flight, no dispatch since the scrape began."""
@@ -266,13 +274,13 @@ class MetricsScraper:
                 self.first_round.set()
             # Ticks of the fast interval until the pod's interval has passed since
             # this scrape's slot; the interval is asked again at each tick, so a pod
-            # that turns busy is scraped at the next one. An idle pod skips the ticks
-            # (it turns busy only by a dispatch, which wakes it) and, when woken, rejoins
-            # them at the next one.
+            # that turns busy is scraped at the next one. A pod whose interval only a
+            # wake can shorten skips the ticks and, when woken, rejoins them at the
+            # next one.
             while True:
                 next_at += fast
                 interval = self._interval(endpoint, mark)
-                if next_at - began_at < interval - 1e-9 and self._idle(endpoint, mark):
+                if next_at - began_at < interval - 1e-9 and self._sleeps_through(endpoint, mark):
                     due = began_at + interval
                     if not await self._sleep_unless_woken(endpoint.name, max(0.0, due - clock())):
                         next_at = max(due, clock())

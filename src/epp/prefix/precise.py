@@ -43,7 +43,7 @@ pod's bit in the index: bad input for one pod never changes another pod's entrie
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -94,6 +94,9 @@ class PreciseIndex:
         self.stale = stale or PreciseStaleCheck()
         self._models: dict[str, str | None] = {}
         self._engine_block_size: dict[str, int] = {}  # the last one each pod's events showed
+        # Called with the pod after `detach`: its KV state no longer comes as events (the
+        # wiring wakes its scrape loop, which then needs pages at the fast interval).
+        self.detached: list[Callable[[str], None]] = []
 
     # -- pods -------------------------------------------------------------------------
 
@@ -112,6 +115,8 @@ class PreciseIndex:
         self.index.set_match_unit(pod, 1)
         self.stale.forget_pod(pod)
         self.index.set_precise(pod, False)
+        for listener in self.detached:
+            listener(pod)
 
     def remove_pod(self, pod: str) -> None:
         self._models.pop(pod, None)
