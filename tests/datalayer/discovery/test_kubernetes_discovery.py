@@ -12,6 +12,7 @@ check (the manifests' half compares the Role with the same list).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -58,7 +59,8 @@ FAST = WatchSettings(
     backoff_max_s=0.05,
     crd_recheck_s=0.05,
 )
-WAIT_S = 5.0
+# Generous: the discovery threads share a loaded CI machine; a pass never waits this long.
+WAIT_S = 20.0
 
 
 def allowed(seen: Seen, namespace: str = NS) -> bool:
@@ -348,7 +350,12 @@ async def test_pool_edits_selector_and_target_ports(
     standin.apply(INFERENCE_POOL, pool("pool", {"app": "next"}, [8000]), NS)
     await until(lambda: rec.last == [("c", "10.0.0.3:8000")], "c alone")
     selectors = [s.query.get("labelSelector") for s in standin.seen(POD, watch=False)]
-    assert selectors == ["app=vllm", "app=vllm,version=2", "app=next"]
+    # In this order (a watch that ended on its own may list again with the same one).
+    assert [k for k, _ in itertools.groupby(selectors)] == [
+        "app=vllm",
+        "app=vllm,version=2",
+        "app=next",
+    ]
     # And the new watch follows its pods.
     step(standin, pod("n", {"app": "next"}, "10.0.0.4"))
     await until(lambda: len(rec.last) == 2, "n")
