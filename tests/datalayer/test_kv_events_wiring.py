@@ -502,7 +502,8 @@ async def test_a_receiver_thread_ended_by_a_bug_is_told_and_replaced(
     pods: list[RunningPod],
 ) -> None:
     """A bug in the receiver thread itself: its pods are told (an error each: entries
-    dropped, a resync due); the next pod PreciseMode follows gets a new thread."""
+    dropped, a resync due) and move to a new thread, on which their events arrive again;
+    the next pod PreciseMode follows joins that thread."""
     rig = Rig()
     await rig.mode.start()
     try:
@@ -516,15 +517,21 @@ async def test_a_receiver_thread_ended_by_a_bug_is_told_and_replaced(
 
         hub._turn = broken  # type: ignore[method-assign]
         hub.wake()
-        await until(lambda: not hub.running and live_threads() == [])
+        await until(lambda: hub.failed and not hub.running and not hub._thread.is_alive())
         sub0 = rig.mode.subscriber("pod-0")
         assert sub0 is not None
         await until(lambda: sub0.state.errors >= 1)
+        # pod-0, followed before the failure, is read by a new thread: its events arrive.
+        await until(lambda: rig.mode._hub is not hub and live_threads() == ["kv-live-receiver"])
+        await until(lambda: sub0.state.connected)
+        await serve(pods[0], ids_of(5))
+        await until(lambda: rig.holds("pod-0", ids_of(5)) == 10)
+        replacement = rig.mode._hub
         rig.store.sync(
             [endpoint("pod-0", pods[0], model=MODEL), endpoint("pod-1", pods[1], model=MODEL)]
         )
         await until(lambda: rig.attached("pod-1"))
-        assert rig.mode._hub is not hub and live_threads() == ["kv-live-receiver"]
+        assert rig.mode._hub is replacement and live_threads() == ["kv-live-receiver"]
         await serve(pods[1], ids_of(7))
         await until(lambda: rig.holds("pod-1", ids_of(7)) == 10)
     finally:

@@ -229,7 +229,7 @@ def follower(name: str, port: int, sink: RecordingSink, hub: ReceiverHub, settin
         topic="t",
         mode="precise",
         settings=settings,
-        hub=hub,
+        hub=lambda: hub,
     )
 
 
@@ -256,6 +256,45 @@ async def test_every_followed_pod_is_read_by_one_thread() -> None:
         for publisher in publishers:
             await publisher.close()
         await hub.close()
+    await until(lambda: live_threads() == [], timeout=2.0)
+
+
+async def test_a_subscriber_whose_own_thread_a_bug_ended_reads_on_a_new_one() -> None:
+    """Given no hub, the subscriber makes its own; a bug ending that thread is told (an
+    error: entries dropped, a resync due) and the pod's socket moves to a new thread of
+    its own, where its batches arrive again."""
+    publisher = KvEventPublisher(KvEventsConfig(port=0), topic="t")
+    await publisher.start()
+    sink = RecordingSink()
+    sub = KvEventSubscriber(
+        "pod-0",
+        f"tcp://127.0.0.1:{publisher.pub_port}",
+        sink,
+        model="m",
+        topic="t",
+        mode="precise",
+        settings=_replace(FAST, receive_in_thread=True),
+    )
+    try:
+        await sub.start()
+        await until(lambda: sub.state.connected and sub.state.resyncs >= 1)
+        first = sub._own_hub
+        assert first is not None
+
+        def broken() -> None:
+            raise RuntimeError("hub bug")
+
+        first._turn = broken  # type: ignore[method-assign]
+        first.wake()
+        await until(lambda: first.failed and sub.state.errors >= 1)
+        await until(lambda: sub._own_hub is not first and sub.state.connected)
+        assert live_threads() == ["kv-live-receiver"]
+        applied = len(sink.applied)
+        publisher.publish(batch(5))
+        await until(lambda: sink.applied[applied:] == [5000])
+    finally:
+        await asyncio.wait_for(sub.close(), 5.0)
+        await publisher.close()
     await until(lambda: live_threads() == [], timeout=2.0)
 
 

@@ -52,7 +52,7 @@ from epp.datalayer.kv_subscriber import (
     SubscriberSettings,
     resolve_pod,
 )
-from epp.datalayer.kv_subscriber.hub import ReceiverHub
+from epp.datalayer.kv_subscriber.hub import HubClosed, ReceiverHub
 from epp.datalayer.kv_subscriber.sockets import raise_socket_limit
 from epp.prefix.kv_events import KvEvent, KvEventStats
 from epp.prefix.precise import PreciseIndex
@@ -244,8 +244,6 @@ class PreciseMode:
         if self._context is None:
             self._context = zmq.asyncio.Context()
             raise_socket_limit(self._context)
-        if self.settings.receive_in_thread and (self._hub is None or not self._hub.running):
-            self._hub = ReceiverHub()  # a hub a failure ended has closed itself
         gate = _Gate(self.precise)
         sub = KvEventSubscriber(
             name,
@@ -258,7 +256,7 @@ class PreciseMode:
             settings=self.settings,
             stats=self.stats,
             context=self._context,
-            hub=self._hub if self.settings.receive_in_thread else None,
+            hub=self._live_hub if self.settings.receive_in_thread else None,
         )
         self._follows[name] = _Follow(sub, gate, (pod, model))
         log.info(
@@ -271,6 +269,16 @@ class PreciseMode:
         )
         if self._running:
             self._schedule(sub.start())
+
+    def _live_hub(self) -> ReceiverHub:
+        """The receiver thread every subscriber hands its live socket to: a new one when
+        a bug ended the last (that one closed itself and its sockets; each of its pods
+        moves to the new one, `KvEventSubscriber._rehome`)."""
+        if self._closed:
+            raise HubClosed("precise mode is closed")
+        if self._hub is None or not self._hub.running:
+            self._hub = ReceiverHub()
+        return self._hub
 
     def _retire_now(self, name: str) -> None:
         """`name` was followed on an endpoint another pod turned out to share."""

@@ -19,8 +19,9 @@ monitor sockets, so that 1,000 followed pods cost one thread. Its invariants:
 - One owner: whoever builds the subscribers (`PreciseMode`: one hub for all its pods; a
   subscriber given none makes its own) makes the hub and closes it after its receivers;
   `close` ends the thread, the sockets still handed over and the context. A closed hub
-  refuses new sockets (`HubClosed`); so does one whose thread a bug ended (its pods were
-  told, `Failed`), which its owner then replaces.
+  refuses new sockets (`HubClosed`); so does one whose thread a bug ended (`failed`: its
+  pods were told, `Failed`), which its owner then replaces; each of its subscribers opens
+  its socket again on the replacement (`KvEventSubscriber._rehome`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class ReceiverHub:
         self._lock = threading.Lock()  # guards _commands and _stopping
         self._commands: deque[tuple[str, LiveReceiver, tuple[zmq.Socket[bytes], ...]]] = deque()
         self._stopping = False
+        self._failed = False  # a bug ended the thread (its owner makes a new hub)
         self._wake_in, self._wake_out = socket.socketpair()
         self._wake_in.setblocking(False)
         self._wake_out.setblocking(False)
@@ -83,6 +85,13 @@ class ReceiverHub:
         """Whether it takes new receivers (not closing, not ended by a failure)."""
         with self._lock:
             return not self._stopping
+
+    @property
+    def failed(self) -> bool:
+        """Whether a bug ended the thread (not its owner's `stop`): its pods' receivers
+        are dead, and each subscriber opens its socket again on the owner's new hub."""
+        with self._lock:
+            return self._failed
 
     def add(self, receiver: LiveReceiver, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:  # fmt: skip
         """Hand over a receiver's sockets (made on `context`): from here only the hub
@@ -132,6 +141,8 @@ class ReceiverHub:
                 self._turn()
         except Exception as exc:  # a bug in the hub itself: said, and every pod told
             log.error("kv_events_receiver_failed", error=repr(exc)[:200])
+            with self._lock:
+                self._failed = True
             for member in self._members.values():
                 member.receiver.failed(f"receiver thread: {exc!r}")
         finally:

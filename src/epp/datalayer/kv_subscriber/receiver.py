@@ -98,6 +98,11 @@ class LiveReceiver:
         self.full = False  # rcvhwm items wait for the loop
         self.resting_until = 0.0  # after a failure (time.monotonic)
 
+    @property
+    def hub_failed(self) -> bool:
+        """A bug ended the thread reading this pod's sockets: this receiver is dead."""
+        return self._hub.failed
+
     def start(self) -> None:
         """Open the sockets here, so that a bad endpoint raises to the caller, then hand
         them to the hub; from then on only its thread touches them."""

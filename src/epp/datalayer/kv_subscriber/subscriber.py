@@ -71,7 +71,7 @@ class KvEventSubscriber:
         settings: SubscriberSettings | None = None,
         stats: KvEventStats | None = None,
         context: zmq.asyncio.Context | None = None,
-        hub: ReceiverHub | None = None,
+        hub: Callable[[], ReceiverHub] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -96,9 +96,10 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        # settings.receive_in_thread: the live socket is read and decoded by `hub`'s
-        # thread, the caller's (shared by the pods it follows); given none, the
-        # subscriber makes its own on start and closes it on close.
+        # settings.receive_in_thread: the live socket is read and decoded by the thread
+        # of `hub()`, the caller's running hub (shared by the pods it follows; a new one
+        # once a bug ended the last); given none, the subscriber makes its own on start
+        # and closes it on close.
         self._hub = hub
         self._own_hub: ReceiverHub | None = None
         self._receiver: LiveReceiver | None = None
@@ -119,23 +120,41 @@ class KvEventSubscriber:
         if self.mode == "precise":
             self._attach()
         if self.settings.receive_in_thread:
-            hub = self._hub
-            if hub is None:
-                hub = self._own_hub = self._own_hub or ReceiverHub()
-            receiver = LiveReceiver(self.pod, hub, self.endpoint, self.topic, self.settings)
-            try:
-                receiver.start()
-            except BaseException:
-                if self._own_hub is not None:
-                    self._own_hub.stop()  # its thread ends by itself: nothing was handed
-                    self._own_hub = None
-                raise
-            self._receiver = receiver
+            self._receiver = self._new_receiver()
             run = self._run_received()
         else:
             self._open()
             run = self._run()
         self._task = asyncio.create_task(run, name=f"kv-events-{self.pod}")
+
+    def _new_receiver(self) -> LiveReceiver:
+        """This pod's live socket, handed to the running hub."""
+        if self._hub is not None:
+            hub = self._hub()
+        else:
+            if self._own_hub is not None and self._own_hub.failed:
+                self._own_hub = None  # its thread ended with its sockets closed
+            hub = self._own_hub = self._own_hub or ReceiverHub()
+        receiver = LiveReceiver(self.pod, hub, self.endpoint, self.topic, self.settings)
+        try:
+            receiver.start()
+        except BaseException:
+            if self._own_hub is not None:
+                self._own_hub.stop()  # its thread ends by itself: nothing was handed
+                self._own_hub = None
+            raise
+        return receiver
+
+    async def _rehome(self, dead: LiveReceiver) -> LiveReceiver:
+        """A bug ended the thread reading this pod (its error was told: entries dropped,
+        a resync due): the live socket is opened again on a running hub, and connects
+        afresh (its handshake starts the resync)."""
+        await dead.stop()  # the ended thread closed its sockets: returns at once
+        if self.state.connected:
+            self._on_disconnected()
+        receiver = self._receiver = self._new_receiver()
+        log.warning("kv_events_receiver_restarted", pod=self.pod)
+        return receiver
 
     async def close(self, detach: bool = True) -> None:
         """Stop and close the sockets; with `detach`, the pod goes back to approximate
@@ -266,6 +285,8 @@ class KvEventSubscriber:
         assert receiver is not None
         while True:
             try:
+                if receiver.hub_failed:
+                    receiver = await self._rehome(receiver)
                 items = await receiver.items(self._poll_timeout_ms() / 1000)
                 self._slice_started = time.perf_counter()
                 for item in items:
