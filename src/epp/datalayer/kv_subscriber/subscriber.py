@@ -8,7 +8,7 @@ messages already decoded (`_on_live`, applied in slices of `slice_ms`); then the
 decoded on the loop (`SubscriberSettings.receive_in_thread` False). Any unexpected error
 in a cycle drops the pod's entries and schedules a resync; it never ends the loop.
 
-It stays one class (~540 lines): the sequence bookkeeping (`next_seq`, `_skip_through`,
+It stays one class (~560 lines): the sequence bookkeeping (`next_seq`, `_skip_through`,
 the recent batches) and the resync standing (`resynced_at`) are read and written by the
 live path, the replay and the restart signals alike; split apart, each piece would need
 the others' internals. `__init__` (~50 lines) is the declaration of that shared state.
