@@ -46,7 +46,9 @@ def _prompt(key: int) -> str:
 
 @pytest.fixture
 def stack(tmp_path: Path):
-    with WorkersStack(tmp_path, 4, 2, sim_args=ZERO_TIME, envoy_threads=ENVOY_THREADS) as s:
+    with WorkersStack(
+        tmp_path, 4, 2, sim_args=ZERO_TIME, envoy_threads=ENVOY_THREADS, log_level="info"
+    ) as s:
         yield s
 
 
@@ -59,6 +61,13 @@ def test_both_workers_decide_behind_one_envoy_listener(stack: WorkersStack):
     decided = [a - b for a, b in zip(stack.decisions(), before, strict=True)]
     assert sum(decided) == 64
     assert all(d > 0 for d in decided), decided
+    # Both write to one stream: each routed line says which worker decided it.
+    routed = [
+        line
+        for line in map(json.loads, (stack.work / "epp.log").read_text().splitlines())
+        if line.get("event") == "request_routed"
+    ]
+    assert len(routed) >= 64 and {line["worker"] for line in routed} == {0, 1}
 
 
 def test_a_turn_decided_by_one_worker_finds_the_prefix_the_other_recorded(stack: WorkersStack):

@@ -193,3 +193,21 @@ def test_a_logger_cached_under_a_swapped_stderr_writes_to_stderr_as_it_is_now(
         logs.configure_logging("info")
         structlog.reset_defaults()
     assert json.loads(second.getvalue())["event"] == "second_line"
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_fields_go_on_every_line_under_the_lines_own(fmt: str) -> None:
+    """`epp serve --workers N`: each worker's lines say which worker wrote them."""
+    out = io.StringIO()
+    logs.configure_logging("info", stream=out, fmt=fmt, fields={"worker": 1})
+    try:
+        logger = structlog.get_logger("epp.test.fields")
+        logger.info("plain")
+        logger.info("own", worker="mine")
+    finally:
+        structlog.reset_defaults()
+    lines = out.getvalue().splitlines()
+    if fmt == "json":
+        assert [json.loads(line)["worker"] for line in lines] == [1, "mine"]
+    else:
+        assert "worker=1" in lines[0] and "worker=mine" in lines[1]

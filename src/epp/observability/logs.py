@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
 import msgspec
@@ -57,15 +57,23 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure_logging(level: str = "info", stream: TextIO | None = None, fmt: str = "json") -> None:
+def configure_logging(
+    level: str = "info",
+    stream: TextIO | None = None,
+    fmt: str = "json",
+    fields: Mapping[str, Any] | None = None,
+) -> None:
     """JSON lines (`fmt` "json") or zap-console-like text lines ("console", for
-    --zap-encoder console) to `stream` (default: stderr) at `level` (one of LEVELS)."""
+    --zap-encoder console) to `stream` (default: stderr) at `level` (one of LEVELS).
+    `fields` go on every line (a worker's index, so that N workers' lines on one stream
+    can be told apart); a line's own field of the same name wins."""
     global _trace_on
     level = level.lower()
     _trace_on = level == "trace"
     numeric = logging.DEBUG if _trace_on else getattr(logging, level.upper(), logging.INFO)
     structlog.configure(
         processors=[
+            *((_StaticFields(dict(fields)),) if fields else ()),
             structlog.processors.add_log_level,
             _trace_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -83,6 +91,20 @@ def configure_logging(level: str = "info", stream: TextIO | None = None, fmt: st
         logger_factory=structlog.WriteLoggerFactory(file=stream or _CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
+
+
+class _StaticFields:
+    """A processor adding the same fields to every line, under the line's own."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __call__(self, _logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+        for key, value in self.fields.items():
+            event.setdefault(key, value)
+        return event
 
 
 def trace_enabled() -> bool:

@@ -240,7 +240,7 @@ def worker_main(index: int, config: EppConfig, parent: int) -> None:
     from epp.app import serve_config
     from epp.observability.logs import configure_logging
 
-    configure_logging(config.log_level, fmt=config.log_format)
+    configure_logging(config.log_level, fmt=config.log_format, fields={"worker": index})
     raise SystemExit(serve_config(config))
 
 

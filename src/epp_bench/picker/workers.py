@@ -99,9 +99,11 @@ class WorkersStack(PodStack):
         sharing: bool = True,
         sim_args: tuple[str, ...] = SIM_ARGS,
         envoy_threads: int = 2,
+        log_level: str = "warning",  # the EPP's: "info" logs each decision
     ) -> None:
         super().__init__(work, pods, sim_args)
         self.workers, self.sharing, self.envoy_threads = workers, sharing, envoy_threads
+        self.log_level = log_level
         self.metrics_ports: list[int] = []
         self.epp: _Proc | None = None
         self.grpc_port = 0
@@ -125,7 +127,7 @@ class WorkersStack(PodStack):
             "--grpc-host", HOST, "--grpc-port", str(self.grpc_port),
             "--grpc-health-port", str(health),
             "--metrics-host", HOST, "--metrics-port", str(base),
-            "--workers", str(self.workers), "--log-level", "warning",
+            "--workers", str(self.workers), "--log-level", self.log_level,
         ]  # fmt: skip
         self.epp = self._spawn("epp", argv)
         for port in self.metrics_ports:
