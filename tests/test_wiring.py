@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from helpers import config
 
-from epp.config import EndpointConfig
+from epp.config import EndpointConfig, EppConfig
 from epp.datalayer.kv_events_wiring import PreciseMode
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.scraper import MetricsScraper
@@ -22,7 +22,8 @@ from epp.tokenization.estimate import ByteEstimateTokenizer
 from epp.wiring import connect
 
 
-def test_each_store_event_reaches_scraper_index_precise_mode_then_router():
+def parts() -> tuple[EppConfig, EndpointStore, PrefixIndex, PreciseMode, Router, MetricsScraper]:
+    """The real components, built but not connected."""
     cfg = config()
     store = EndpointStore.for_config(cfg)
     index = PrefixIndex.from_config(cfg.prefix)
@@ -30,7 +31,11 @@ def test_each_store_event_reaches_scraper_index_precise_mode_then_router():
     router = Router(
         cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), EppMetrics()
     )
-    scraper = MetricsScraper(store, cfg.datalayer)
+    return cfg, store, index, precise, router, MetricsScraper(store, cfg.datalayer)
+
+
+def test_each_store_event_reaches_scraper_index_precise_mode_then_router():
+    cfg, store, index, precise, router, scraper = parts()
     heard: list[tuple[str, str]] = []
 
     def record(name, real):
@@ -56,13 +61,7 @@ def test_each_store_event_reaches_scraper_index_precise_mode_then_router():
 
 
 def test_precise_mode_hears_the_routers_decisions():
-    cfg = config()
-    store = EndpointStore.for_config(cfg)
-    index = PrefixIndex.from_config(cfg.prefix)
-    precise = PreciseMode(cfg.kv_events, index, cfg.prefix.block_size)
-    router = Router(
-        cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), EppMetrics()
-    )
+    cfg, store, index, precise, router, _ = parts()
     connect(store, index, router, cfg, precise)
     assert router.hooks.before_record == [precise.precise.dispatched]
     assert router.hooks.completed == [precise.precise.completed]
@@ -106,14 +105,7 @@ def test_a_pod_whose_kv_events_stop_wakes_its_scrape_loop():
     """Precise mode detaching a pod (its events stopped, or it is no longer followed)
     reaches `MetricsScraper.wake`: the loop, sleeping through the KV-event interval, needs
     pages at the fast one again (tests/datalayer/test_scraper.py)."""
-    cfg = config()
-    store = EndpointStore.for_config(cfg)
-    index = PrefixIndex.from_config(cfg.prefix)
-    precise = PreciseMode(cfg.kv_events, index, cfg.prefix.block_size)
-    router = Router(
-        cfg, store, index, Scheduler(cfg.scheduling), ByteEstimateTokenizer(), EppMetrics()
-    )
-    scraper = MetricsScraper(store, cfg.datalayer)
+    cfg, store, index, precise, router, scraper = parts()
     woken: list[str] = []
     scraper.wake = woken.append
     connect(store, index, router, cfg, precise, scraper=scraper)

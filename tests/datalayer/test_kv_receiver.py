@@ -263,21 +263,8 @@ async def test_a_subscriber_whose_own_thread_a_bug_ended_reads_on_a_new_one() ->
     """Given no hub, the subscriber makes its own; a bug ending that thread is told (an
     error: entries dropped, a resync due) and the pod's socket moves to a new thread of
     its own, where its batches arrive again."""
-    publisher = KvEventPublisher(KvEventsConfig(port=0), topic="t")
-    await publisher.start()
-    sink = RecordingSink()
-    sub = KvEventSubscriber(
-        "pod-0",
-        f"tcp://127.0.0.1:{publisher.pub_port}",
-        sink,
-        model="m",
-        topic="t",
-        mode="precise",
-        settings=_replace(FAST, receive_in_thread=True),
-    )
+    publisher, sub, sink = await subscribed(_replace(FAST, receive_in_thread=True))
     try:
-        await sub.start()
-        await until(lambda: sub.state.connected and sub.state.resyncs >= 1)
         first = sub._own_hub
         assert first is not None
 
