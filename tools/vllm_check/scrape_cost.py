@@ -215,6 +215,13 @@ class Fetchers:
             raise RuntimeError(f"{arm}: {response.status}")
         return len(response.body), ""
 
+    async def page(self, arm: str) -> bytes:
+        """The body of one identity arm's answer."""
+        response = await self.clients[arm].get(5.0)
+        if response.status != 200:
+            raise RuntimeError(f"{arm}: {response.status}")
+        return bytes(response.body)
+
     async def close(self) -> None:
         for client in self.clients.values():
             client.close()
@@ -234,6 +241,20 @@ async def measure(
                 size, encoding = await fetchers.fetch(arm)
             probe[arm] = {"page_bytes": size, "encoding": encoding or "identity"}
             log(f"probe {arm}: {size:,} bytes {encoding or 'identity'}")
+        # Whether a filtered page gives the scraper's reader what the whole page gives it
+        # (the engine is idle: its values do not move between the two GETs).
+        from epp.config import DataLayerConfig
+        from epp.datalayer.scraper import page_reader
+
+        reader = page_reader(DataLayerConfig())
+        if "whole" in arms:
+            whole = reader.parse(await fetchers.page("whole"))
+            for arm in ("filtered", "mount_filtered"):
+                if arm in arms:
+                    same = reader.parse(await fetchers.page(arm)) == whole
+                    probe[arm]["reads_as_whole_page"] = same
+                    log(f"{arm}: the reader's fields {'equal' if same else 'DIFFER from'} "
+                        "the whole page's")  # fmt: skip
         windows = []
         groups = {"engine": pgid}
         for r, arm in schedule(arms, rounds):
