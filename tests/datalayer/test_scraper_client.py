@@ -14,10 +14,11 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
-from prometheus_client import make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, make_wsgi_app
 
 from epp.config import DataLayerConfig, EndpointConfig
 from epp.datalayer.metrics_parser import MetricsFormatError
+from epp.datalayer.name_filter import honours, mount_url, without_filter
 from epp.datalayer.page_client import PageClient, ServerDisconnectedError
 from epp.datalayer.scraper import MetricsScraper, page_reader, scrape_url
 from epp.datalayer.store import EndpointStore
@@ -277,6 +278,83 @@ async def test_the_scraper_reads_a_prometheus_client_page_whole_or_filtered(
         assert size > len(PAGE)  # the whole page and the process collectors, uncompressed
 
 
+@pytest.fixture(scope="module")
+def vllm_routes_pod():
+    """vLLM's routes (vllm/entrypoints/serve/instrumentator/metrics.py, 0.32): exactly
+    `/metrics` is prometheus-fastapi-instrumentator's route (the whole registry, the query
+    ignored), registered before prometheus_client's app mounted at `/metrics`, which
+    answers `/metrics/` and honours `name[]`. `mounted` (a flag): whether the mount
+    answers (a server without it 404s there)."""
+    registry = vllm_registry(PAGE.decode())
+    client_app = make_wsgi_app(registry)
+    state = {"mounted": True}
+    paths: list[str] = []
+    bodies: list[bytes] = []
+
+    def routes(environ, start_response):  # type: ignore[no-untyped-def]
+        path = environ["PATH_INFO"]
+        paths.append(path + ("?" + environ["QUERY_STRING"] if environ["QUERY_STRING"] else ""))
+        if path == "/metrics":
+            body = generate_latest(registry)  # the instrumentator's: no query, no gzip
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+        elif path.startswith("/metrics/") and state["mounted"]:
+            body = b"".join(client_app(environ, start_response))
+        else:
+            body = b"not found"
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+        bodies.append(body)
+        return [body]
+
+    server = make_server("127.0.0.1", 0, routes, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/metrics", state, paths, bodies
+    server.shutdown()
+    thread.join()
+
+
+@pytest.mark.parametrize("mounted", [True, False])
+async def test_a_server_that_ignores_the_filter_is_asked_on_its_mount_or_whole(
+    vllm_routes_pod, mounted
+):
+    """vLLM's /metrics ignores `name[]` (its engine renders all 53 KB each scrape): the
+    first page shows it, the mount (/metrics/) is asked, and kept where it honours the
+    query; without a mount the pod is asked for its whole page, without the query."""
+    url, state, paths, bodies = vllm_routes_pod
+    state["mounted"] = mounted
+    paths.clear()
+    bodies.clear()
+    config = DataLayerConfig(scrape_interval_s=0.02)
+    store = EndpointStore(config)
+    store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=url)])
+    scraper = MetricsScraper(store, config)
+    for _ in range(3):
+        await scraper.scrape_once(store.get("pod"))
+    await scraper.stop()
+    endpoint = store.get("pod")
+    metrics = endpoint.metrics
+    assert metrics is not None and endpoint.consecutive_failures == 0
+    metrics.start_time = None  # the fixture page has none
+    assert metrics == EXPECTED
+    routes = [p.split("?")[0] + ("?name" if "name%5B%5D=" in p else "") for p in paths]
+    if mounted:
+        assert routes == ["/metrics?name", "/metrics/?name", "/metrics/?name", "/metrics/?name"]
+        assert all(len(body) < len(PAGE) / 10 for body in bodies[1:])
+    else:
+        assert routes == ["/metrics?name", "/metrics/?name", "/metrics", "/metrics"]
+
+
+def test_a_page_honours_the_filter_when_it_holds_only_the_families_asked_for():
+    names = ("vllm:num_requests_waiting", "vllm:prompt_tokens_total")
+    only = b"# TYPE vllm:num_requests_waiting gauge\n# TYPE vllm:prompt_tokens counter\n"
+    assert honours(only, names) and honours(b"x 1\n", names)  # no TYPE lines: no telling
+    assert not honours(only + b"# TYPE vllm:other gauge\n", names)
+    assert mount_url("http://p/metrics?a=1") == "http://p/metrics/?a=1"
+    assert mount_url("http://p/metrics/") is None
+    filtered = scrape_url("http://p/m?x=1", names)
+    assert without_filter(filtered) == "http://p/m?x=1"
+
+
 async def test_a_server_that_refuses_the_name_filter_is_asked_for_its_whole_page():
     """Not every /metrics server is prometheus_client's: one that answers the `name[]`
     query with an error gets the plain URL from then on, and its page is read."""
@@ -324,7 +402,9 @@ async def test_a_redirect_on_the_pods_server_is_followed_and_kept():
     assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
     targets = [h.split(b"\r\n", 1)[0].split(b" ")[1] for h in pod.requests]
     assert [t.split(b"?")[0] for t in targets] == [b"/metrics", b"/metrics/", b"/metrics/"]
-    assert all(b"name%5B%5D=" in t for t in targets)  # the query goes along
+    # The query goes along; this server ignores it (the whole page comes back), so the
+    # kept target is asked without it from then on.
+    assert [b"name%5B%5D=" in t for t in targets] == [True, True, False]
 
     def elsewhere(head: bytes) -> tuple[bytes, bool]:
         return b"HTTP/1.1 302 Found\r\nLocation: http://192.0.2.1/metrics\r\n\r\n", False

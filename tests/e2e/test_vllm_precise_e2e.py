@@ -571,6 +571,20 @@ def test_routing_follows_what_each_engine_reported_and_its_hit_counter_agrees(st
         print(f"routing: {s.numbers['routing']}")
 
 
+def test_the_scraper_asks_each_engines_mount_for_the_series_it_reads(stack: Stack):
+    """vLLM's exact /metrics route ignores `name[]` (the instrumentator's, registered
+    before prometheus_client's app mounted at /metrics/): the EPP's first page shows it,
+    and each engine is then scraped on /metrics/ with the filter, which that app honours."""
+    lines = [
+        json.loads(line)
+        for line in (stack.rig.work / "epp.log").read_text(errors="replace").splitlines()
+        if line.startswith("{")
+    ]
+    mounted = {line["pod"] for line in lines if line.get("event") == "scrape_name_filter_mount"}
+    assert mounted == set(PODS)
+    assert not [line for line in lines if line.get("event") == "scrape_name_filter_off"]
+
+
 def test_a_killed_engine_leaves_no_entries_and_routing_recovers(stack: Stack):
     s = stack
     with logs_on_failure(s):

@@ -27,13 +27,14 @@ import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import structlog
 
 from epp.config import METRIC_SPEC_KEYS, DataLayerConfig
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import MetricsFormatError, PageReader
+from epp.datalayer.name_filter import honours, mount_url, scrape_url, without_filter
 from epp.datalayer.page_client import MAX_PAGE_BYTES, PageClient, Response
 from epp.datalayer.store import EndpointStore
 from epp.tls import ScrapeTls
@@ -48,17 +49,6 @@ __all__ = ["MAX_PAGE_BYTES", "MetricsScraper", "page_reader", "scrape_url"]
 def page_reader(config: DataLayerConfig) -> PageReader:
     """The reader of the series `config` names (validated at config load)."""
     return PageReader.from_texts(*(getattr(config, key) for key in METRIC_SPEC_KEYS))
-
-
-def scrape_url(metrics_url: str, names: tuple[str, ...]) -> str:
-    """`metrics_url` asking for the series `names` only: prometheus_client's `name[]`
-    query parameters (its exposition serves only those samples; others ignore them)."""
-    if not names:
-        return metrics_url
-    query = "&".join(f"name%5B%5D={quote(name, safe=':')}" for name in names)
-    base, hash_, fragment = metrics_url.partition("#")
-    joined = f"{base}{'&' if '?' in base else '?'}{query}"
-    return f"{joined}{hash_}{fragment}" if hash_ else joined
 
 
 class MetricsScraper:
@@ -80,6 +70,8 @@ class MetricsScraper:
         # Pods whose server answered the `name[]` query with an error: asked for the
         # whole page (a server that is not prometheus_client's may refuse the query).
         self._unfiltered: set[str] = set()
+        # Pod -> the metrics URL whose first page was checked against the filter.
+        self._filter_checked: dict[str, str] = {}
         # An idle pod's loop's sleep, while it sleeps: `wake` cancels it.
         self._idle_sleeps: dict[str, asyncio.Future[None]] = {}
         self._running = False
@@ -132,6 +124,7 @@ class MetricsScraper:
             if client is not None:
                 client.close()
             self._unfiltered.discard(endpoint.name)
+            self._filter_checked.pop(endpoint.name, None)
 
     def wake(self, pod: str) -> None:
         """A request went to `pod` (this router's or a peer's): if its loop sleeps through
@@ -158,21 +151,63 @@ class MetricsScraper:
         return client
 
     async def _fetch(self, endpoint: Endpoint) -> Response:
-        """The pod's page; a pod that refuses the `name[]` query (a 4xx: a 5xx is the
-        server's own trouble) is asked again, and from then on, without it."""
+        """The pod's page. With the `name[]` filter on: a pod that refuses the query (a
+        4xx: a 5xx is the server's own trouble) is asked again, and from then on,
+        without it; a pod whose first page shows the query ignored is asked on the mount
+        URL (`name_filter`: vLLM's /metrics/), kept if that honours it, else asked
+        without the query from then on."""
         client = self._client(endpoint)
         tls = self.tls.context() if client.where.https else None
         response = await client.get(self._config.scrape_timeout_s, tls)
         if response.status in _REDIRECTS and response.location:
             response = await self._follow(endpoint, client, response.location, tls)
-        refused = 400 <= response.status < 500
-        if not refused or not self._filter or endpoint.name in self._unfiltered:
+        name = endpoint.name
+        if not self._filter or name in self._unfiltered:
             return response
+        if 400 <= response.status < 500:
+            self._unfilter(endpoint, f"HTTP {response.status}")
+            return await self._client(endpoint).get(self._config.scrape_timeout_s, tls)
+        if response.status == 200 and self._filter_checked.get(name) != endpoint.metrics_url:
+            self._filter_checked[name] = endpoint.metrics_url
+            if not honours(response.body, self._filter):
+                return await self._filter_on_mount(endpoint, response, tls)
+        return response
+
+    async def _filter_on_mount(
+        self, endpoint: Endpoint, ignored: Response, tls: ssl.SSLContext | None
+    ) -> Response:
+        """The pod's server ignored the query: its mount URL is asked once; kept (and its
+        page returned) if it honours the query, else the pod goes unfiltered and the page
+        already fetched serves this scrape."""
+        client = self._clients[endpoint.name]
+        target = mount_url(client.url)
+        if target is not None:
+            mounted = PageClient(target, origin=endpoint.metrics_url)
+            try:
+                response = await mounted.get(self._config.scrape_timeout_s, tls)
+            except (TimeoutError, OSError, MetricsFormatError):
+                response = None
+            if response is not None and response.status == 200 and honours(response.body, self._filter):  # fmt: skip
+                client.close()
+                self._clients[endpoint.name] = mounted
+                log.info("scrape_name_filter_mount", pod=endpoint.name, url=target[:200])
+                return response
+            mounted.close()
+        self._unfilter(endpoint, "query ignored")
+        return ignored
+
+    def _unfilter(self, endpoint: Endpoint, why: str) -> None:
+        """The pod is asked for its whole page from the next request on (where a
+        redirect moved it, if one did)."""
         self._unfiltered.add(endpoint.name)
-        client.close()
-        del self._clients[endpoint.name]
-        log.info("scrape_name_filter_refused", pod=endpoint.name, status=response.status)
-        return await self._client(endpoint).get(self._config.scrape_timeout_s, tls)
+        client = self._clients.pop(endpoint.name, None)
+        if client is not None:
+            client.close()
+            if client.url != scrape_url(endpoint.metrics_url, self._filter):
+                self._clients[endpoint.name] = PageClient(
+                    without_filter(client.url), origin=endpoint.metrics_url
+                )
+        log.info("scrape_name_filter_off", pod=endpoint.name, reason=why)
 
     async def _follow(
         self, endpoint: Endpoint, client: PageClient, location: str, tls: ssl.SSLContext | None
