@@ -285,6 +285,58 @@ async def test_a_subscriber_whose_own_thread_a_bug_ended_reads_on_a_new_one() ->
     await until(lambda: live_threads() == [], timeout=2.0)
 
 
+class DetachRecordingSink(RecordingSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.detached: list[str] = []
+
+    def detach(self, pod: str) -> None:
+        self.detached.append(pod)
+
+
+async def test_an_auto_pod_no_new_thread_takes_still_falls_back_to_approximate() -> None:
+    """A bug ended the shared thread and its owner cannot make a new one (`hub()` raises,
+    e.g. out of file descriptors): the pod's events stopped, so an auto pod goes back to
+    approximate after `fallback_after_s`, as when its publisher is gone."""
+    publisher = KvEventPublisher(KvEventsConfig(port=0), topic="t")
+    await publisher.start()
+    hub = ReceiverHub()
+
+    def live_hub() -> ReceiverHub:
+        if not hub.running:
+            raise OSError("too many open files")
+        return hub
+
+    sink = DetachRecordingSink()
+    sub = KvEventSubscriber(
+        "pod-0",
+        f"tcp://127.0.0.1:{publisher.pub_port}",
+        sink,
+        model="m",
+        topic="t",
+        mode="auto",
+        settings=_replace(FAST, fallback_after_s=0.3),
+        hub=live_hub,
+    )
+    try:
+        await sub.start()
+        await until(lambda: sub.state.connected and sub.state.attached)
+
+        def broken() -> None:
+            raise RuntimeError("hub bug")
+
+        hub._turn = broken  # type: ignore[method-assign]
+        hub.wake()
+        await until(lambda: hub.failed and not hub.running)
+        await until(lambda: not sub.state.attached, timeout=5.0)
+        assert sink.detached == ["pod-0"]
+    finally:
+        await asyncio.wait_for(sub.close(), 5.0)
+        await publisher.close()
+        await hub.close()
+    await until(lambda: live_threads() == [], timeout=2.0)
+
+
 async def test_garbage_from_one_pod_never_stops_the_others() -> None:
     """Pod `bad` is a raw PUB socket sending truncated and garbage frames, pod `good` a
     vLLM-layout publisher: every good batch arrives, in order, while the garbage flows;

@@ -286,7 +286,13 @@ class KvEventSubscriber:
         while True:
             try:
                 if receiver.hub_failed:
-                    receiver = await self._rehome(receiver)
+                    try:
+                        receiver = await self._rehome(receiver)
+                    except Exception:
+                        # No thread takes the pod: its events stopped all the same, and
+                        # an auto pod still goes back to approximate in time.
+                        await self._timers()
+                        raise
                 items = await receiver.items(self._poll_timeout_ms() / 1000)
                 self._slice_started = time.perf_counter()
                 for item in items:
