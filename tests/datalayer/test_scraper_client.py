@@ -20,7 +20,7 @@ from epp.config import DataLayerConfig, EndpointConfig
 from epp.datalayer.metrics_parser import MetricsFormatError
 from epp.datalayer.name_filter import honours, mount_url, without_filter
 from epp.datalayer.page_client import PageClient, ServerDisconnectedError
-from epp.datalayer.scraper import MetricsScraper, page_reader, scrape_url
+from epp.datalayer.scraper import MOUNT_TRIES, MetricsScraper, page_reader, scrape_url
 from epp.datalayer.store import EndpointStore
 from epp_bench.picker.scrape_engine import vllm_registry
 
@@ -342,6 +342,38 @@ async def test_a_server_that_ignores_the_filter_is_asked_on_its_mount_or_whole(
         assert all(len(body) < len(PAGE) / 10 for body in bodies[1:])
     else:
         assert routes == ["/metrics?name", "/metrics/?name", "/metrics", "/metrics"]
+
+
+async def test_a_mount_that_fails_to_answer_is_asked_again_before_the_filter_goes():
+    """A passing fault on the mount check (here: the connection closed unanswered, twice)
+    must not leave the pod unfiltered for good; a mount that never answers does, after
+    MOUNT_TRIES scrapes."""
+    # What prometheus_client serves for the query: vLLM's families, only those asked for.
+    only_asked = generate_latest(vllm_registry(PAGE.decode()).restricted_registry(READER.names))
+    failures = {"left": 2}
+
+    def answer(head: bytes) -> tuple[bytes, bool]:
+        target = head.split(b"\r\n", 1)[0].split(b" ")[1]
+        if not target.startswith(b"/metrics/"):
+            return with_length(PAGE), False  # the query ignored
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            return b"", True  # closed unanswered
+        return with_length(only_asked), False
+
+    for fail, settles_on in ((2, b"/metrics/"), (10, b"/metrics")):
+        failures["left"] = fail
+        async with RawPod(answer) as pod:
+            config = DataLayerConfig(scrape_interval_s=0.02)
+            store = EndpointStore(config)
+            store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
+            scraper = MetricsScraper(store, config)
+            for _ in range(MOUNT_TRIES + 1):
+                await scraper.scrape_once(store.get("pod"))
+            await scraper.stop()
+        assert store.get("pod").consecutive_failures == 0
+        last = pod.requests[-1].split(b"\r\n", 1)[0].split(b" ")[1]
+        assert last.split(b"?")[0] == settles_on, (fail, pod.requests)
 
 
 def test_a_page_honours_the_filter_when_it_holds_only_the_families_asked_for():
