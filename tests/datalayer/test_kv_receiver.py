@@ -31,12 +31,13 @@ class RecordingSink:
         self.stats = KvEventStats()
         self.applied: list[int] = []  # first block hash of each BlockStored, in order
         self.resets = 0
+        self.attached = False
 
     def attach(self, pod: str, model: str | None) -> None:
-        pass
+        self.attached = True
 
     def detach(self, pod: str) -> None:
-        pass
+        self.attached = False
 
     def reset_pod(self, pod: str) -> None:
         self.resets += 1
@@ -203,16 +204,19 @@ async def test_close_before_any_connection_is_clean(in_thread: bool) -> None:
 
 @pytest.mark.parametrize("in_thread", [True, False])
 async def test_a_bad_endpoint_raises_on_start_and_leaves_no_thread(in_thread: bool) -> None:
+    """...nor a precise pod: no events will come to keep its entries true."""
+    sink = RecordingSink()
     sub = KvEventSubscriber(
         "pod-0",
         "nosuchtransport://127.0.0.1:1",
-        RecordingSink(),
+        sink,
         model="m",
         mode="precise",
         settings=_replace(FAST, receive_in_thread=in_thread),
     )
     with pytest.raises(zmq.ZMQError):
         await sub.start()
+    assert not sub.state.attached and not sink.attached
     await until(lambda: live_threads() == [], timeout=2.0)
     await asyncio.wait_for(sub.close(), 5.0)
 

@@ -119,12 +119,19 @@ class KvEventSubscriber:
             return
         if self.mode == "precise":
             self._attach()
-        if self.settings.receive_in_thread:
-            self._receiver = self._new_receiver()
-            run = self._run_received()
-        else:
-            self._open()
-            run = self._run()
+        try:
+            if self.settings.receive_in_thread:
+                self._receiver = self._new_receiver()
+                run = self._run_received()
+            else:
+                self._open()
+                run = self._run()
+        except BaseException:
+            # No events will come: precise entries nothing keeps true must not route.
+            if self.state.attached:
+                self._sink.detach(self.pod)
+                self.state.attached = False
+            raise
         self._task = asyncio.create_task(run, name=f"kv-events-{self.pod}")
 
     def _new_receiver(self) -> LiveReceiver:
