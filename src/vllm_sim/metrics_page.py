@@ -363,3 +363,23 @@ def render_metrics_page(
         1.0,
     )
     return page.text()
+
+
+def only_families(page: bytes, names: frozenset[str]) -> bytes:
+    """What prometheus_client serves for a `name[]` query (vLLM's app mounted at
+    /metrics/; its /metrics route ignores the query): the samples named in `names`, each
+    under its family's `# HELP` and `# TYPE` lines; families with none are left out."""
+    kept: list[bytes] = []
+    head: list[bytes] = []  # the current family's comment lines, until a sample is kept
+    for line in page.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            head = [line]
+        elif line.startswith(b"#"):
+            head.append(line)
+        elif line.strip():
+            end = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=-1)
+            if end > 0 and line[:end].decode("utf-8", "replace") in names:
+                kept.extend(head)
+                head = []
+                kept.append(line)
+    return b"".join(kept)

@@ -87,6 +87,7 @@ from vllm_sim.lora_admin import LoraAdmin
 from vllm_sim.metrics_page import (
     CONTENT_TYPE,
     LoraInfoSeries,
+    only_families,
     process_start_time,
     render_metrics_page,
 )
@@ -586,6 +587,19 @@ class SimPod:
         self._frozen_page = body if self.faults.metrics is MetricsFault.FROZEN else None
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
+    async def metrics_mounted(self, request: web.Request) -> web.StreamResponse:
+        """`/metrics/`, where vLLM mounts prometheus_client's app: the same page (and the
+        same injected failures), only the families named by `name[]` when asked."""
+        response = await self.metrics(request)
+        names = frozenset(request.query.getall("name[]", ()))
+        garbage = self.faults.metrics is MetricsFault.GARBAGE
+        if not names or garbage or not isinstance(response, web.Response):
+            return response
+        body = response.body
+        if response.status != 200 or not isinstance(body, bytes):
+            return response
+        return web.Response(body=only_families(body, names), headers={"Content-Type": CONTENT_TYPE})
+
     # -- failure injection ---------------------------------------------------------------
 
     def _note_injected(self, kind: FailureKind, request: web.Request) -> None:
@@ -707,7 +721,8 @@ def create_app(config: SimPodConfig) -> web.Application:
     app.router.add_post("/tokenize", pod.tokenize)
     app.router.add_get("/health", pod.health)
     app.router.add_post("/reset_prefix_cache", pod.reset_prefix_cache)
-    app.router.add_get("/metrics", pod.metrics)
+    app.router.add_get("/metrics", pod.metrics)  # vLLM's: the whole page, `name[]` ignored
+    app.router.add_get("/metrics/", pod.metrics_mounted)
     app.router.add_post("/v1/load_lora_adapter", pod.load_lora_adapter)
     app.router.add_post("/v1/unload_lora_adapter", pod.unload_lora_adapter)
     app.router.add_get("/sim/fail", pod.sim_fail)

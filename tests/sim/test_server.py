@@ -763,3 +763,46 @@ async def test_close_ends_requests_in_flight_promptly(
     assert time.monotonic() - began < 5.0
     assert (engine.num_running, engine.counters.finished[FinishReason.ABORT]) == (0, 1)
     resp.close()
+
+
+def _sample_names(page: bytes) -> set[str]:
+    return {
+        line.split(b"{")[0].split(b" ")[0].decode()
+        for line in page.splitlines()
+        if line and not line.startswith(b"#")
+    }
+
+
+async def test_the_metrics_mount_serves_the_families_asked_for_as_prometheus_client_does(
+    start: StartPod, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's routes: /metrics ignores `name[]`; /metrics/ (prometheus_client's app) serves
+    only the families named. The reference is prometheus_client's own restricted registry
+    over the sim's whole page; the EPP's reader reads the same fields from both pages."""
+    from prometheus_client import generate_latest
+
+    from epp.config import DataLayerConfig
+    from epp.datalayer.scraper import page_reader
+    from epp_bench.picker.scrape_engine import vllm_registry
+
+    pod = await start(model="m1")
+    await post(http, pod, "/v1/completions", {"prompt": list(range(50)), "max_tokens": 2})
+    reader = page_reader(DataLayerConfig())
+    query = [("name[]", name) for name in reader.names]
+    async with http.get(pod.url + "/metrics", params=query) as resp:
+        whole = await resp.read()
+    async with http.get(pod.url + "/metrics/", params=query) as resp:
+        assert resp.status == 200
+        mounted = await resp.read()
+    async with http.get(pod.url + "/metrics/") as resp:
+        unasked = await resp.read()
+    assert len(mounted) < len(whole) / 5 and _sample_names(unasked) == _sample_names(whole)
+    # The reference registry brings its own process collector: vLLM's families only.
+    families = "\n".join(
+        line for line in whole.decode().splitlines() if "process_" not in line.split(" ")[0:3][-1]
+    )
+    reference = generate_latest(vllm_registry(families).restricted_registry(reader.names))
+    process = {"process_start_time_seconds"}
+    assert _sample_names(mounted) - process == _sample_names(reference) - process
+    assert process <= _sample_names(mounted)  # asked for, and on the sim's page
+    assert reader.parse(mounted) == reader.parse(whole)
