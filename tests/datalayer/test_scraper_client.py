@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, make_wsgi_app
 
 from epp.config import DataLayerConfig, EndpointConfig
+from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import MetricsFormatError
 from epp.datalayer.name_filter import honours, mount_url, without_filter
 from epp.datalayer.page_client import PageClient, ServerDisconnectedError
@@ -75,6 +76,18 @@ def chunked(body: bytes, size: int = 7000) -> bytes:
         + chunks
         + b"0\r\nX-Trailer: t\r\n\r\n"
     )
+
+
+async def scraped(url: str, times: int) -> Endpoint:
+    """One pod at `url` scraped `times` times in a row by the scraper; the pod as stored."""
+    config = DataLayerConfig(scrape_interval_s=0.02)
+    store = EndpointStore(config)
+    store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=url)])
+    scraper = MetricsScraper(store, config)
+    for _ in range(times):
+        await scraper.scrape_once(store.get("pod"))
+    await scraper.stop()
+    return store.get("pod")
 
 
 async def test_a_page_with_a_length_comes_over_one_kept_alive_connection():
@@ -324,14 +337,7 @@ async def test_a_server_that_ignores_the_filter_is_asked_on_its_mount_or_whole(
     state["mounted"] = mounted
     paths.clear()
     bodies.clear()
-    config = DataLayerConfig(scrape_interval_s=0.02)
-    store = EndpointStore(config)
-    store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=url)])
-    scraper = MetricsScraper(store, config)
-    for _ in range(3):
-        await scraper.scrape_once(store.get("pod"))
-    await scraper.stop()
-    endpoint = store.get("pod")
+    endpoint = await scraped(url, 3)
     metrics = endpoint.metrics
     assert metrics is not None and endpoint.consecutive_failures == 0
     metrics.start_time = None  # the fixture page has none
@@ -364,14 +370,8 @@ async def test_a_mount_that_fails_to_answer_is_asked_again_before_the_filter_goe
     for fail, settles_on in ((2, b"/metrics/"), (10, b"/metrics")):
         failures["left"] = fail
         async with RawPod(answer) as pod:
-            config = DataLayerConfig(scrape_interval_s=0.02)
-            store = EndpointStore(config)
-            store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
-            scraper = MetricsScraper(store, config)
-            for _ in range(MOUNT_TRIES + 1):
-                await scraper.scrape_once(store.get("pod"))
-            await scraper.stop()
-        assert store.get("pod").consecutive_failures == 0
+            endpoint = await scraped(pod.url, MOUNT_TRIES + 1)
+        assert endpoint.consecutive_failures == 0
         last = pod.requests[-1].split(b"\r\n", 1)[0].split(b" ")[1]
         assert last.split(b"?")[0] == settles_on, (fail, pod.requests)
 
@@ -397,14 +397,7 @@ async def test_a_server_that_refuses_the_name_filter_is_asked_for_its_whole_page
         return with_length(PAGE), False
 
     async with RawPod(answer) as pod:
-        config = DataLayerConfig(scrape_interval_s=0.02)
-        store = EndpointStore(config)
-        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
-        scraper = MetricsScraper(store, config)
-        await scraper.scrape_once(store.get("pod"))
-        await scraper.scrape_once(store.get("pod"))
-        await scraper.stop()
-    endpoint = store.get("pod")
+        endpoint = await scraped(pod.url, 2)
     assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
     filtered = [h for h in pod.requests if b"name%5B%5D" in h.split(b"\r\n", 1)[0]]
     assert len(filtered) == 1 and len(pod.requests) == 3  # asked once, then the plain URL
@@ -423,14 +416,7 @@ async def test_a_redirect_on_the_pods_server_is_followed_and_kept():
         return b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\n\r\n" % moved, False
 
     async with RawPod(answer) as pod:
-        config = DataLayerConfig(scrape_interval_s=0.02)
-        store = EndpointStore(config)
-        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
-        scraper = MetricsScraper(store, config)
-        await scraper.scrape_once(store.get("pod"))
-        await scraper.scrape_once(store.get("pod"))
-        await scraper.stop()
-    endpoint = store.get("pod")
+        endpoint = await scraped(pod.url, 2)
     assert endpoint.metrics == EXPECTED and endpoint.consecutive_failures == 0
     targets = [h.split(b"\r\n", 1)[0].split(b" ")[1] for h in pod.requests]
     assert [t.split(b"?")[0] for t in targets] == [b"/metrics", b"/metrics/", b"/metrics/"]
@@ -442,10 +428,5 @@ async def test_a_redirect_on_the_pods_server_is_followed_and_kept():
         return b"HTTP/1.1 302 Found\r\nLocation: http://192.0.2.1/metrics\r\n\r\n", False
 
     async with RawPod(elsewhere) as pod:
-        store = EndpointStore(config)
-        store.sync([EndpointConfig(name="pod", address="127.0.0.1:1", metrics_url=pod.url)])
-        scraper = MetricsScraper(store, config)
-        await scraper.scrape_once(store.get("pod"))
-        await scraper.stop()
-    endpoint = store.get("pod")
+        endpoint = await scraped(pod.url, 1)
     assert endpoint.metrics is None and "another server" in (endpoint.last_error or "")

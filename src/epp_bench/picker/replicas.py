@@ -145,6 +145,21 @@ class PodStack:
         self.pods: list[str] = []
         self.envoy_url = ""
 
+    def _run_envoy(self, config: str, listen: int, threads: int) -> None:
+        """Envoy on `config` (listening on `listen`), once it routes a request."""
+        path = self.work / "envoy.yaml"
+        path.write_text(config)
+        argv = [
+            envoy_binary(), "-c", str(path), "--disable-hot-restart",
+            "--concurrency", str(threads), "--log-level", "warning",
+        ]  # fmt: skip
+        envoy = self._spawn("envoy", argv)
+        self.envoy_url = f"http://{HOST}:{listen}"
+        try:
+            _wait(lambda: _get(f"{self.envoy_url}/v1/models")[0] == 200, "Envoy routing")
+        except RuntimeError:
+            raise RuntimeError(f"Envoy did not route:\n{log_tail(envoy.log)}") from None
+
     def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
         log = self.work / f"{name}.log"
         with open(log, "wb") as out:
@@ -267,18 +282,7 @@ class Stack(PodStack):
             )
             if self.envoy_variant == "bare":
                 config = bare_envoy(config)
-        path = self.work / "envoy.yaml"
-        path.write_text(config)
-        argv = [
-            envoy_binary(), "-c", str(path), "--disable-hot-restart",
-            "--concurrency", "1", "--log-level", "warning",
-        ]  # fmt: skip
-        envoy = self._spawn("envoy", argv)
-        self.envoy_url = f"http://{HOST}:{listen}"
-        try:
-            _wait(lambda: _get(f"{self.envoy_url}/v1/models")[0] == 200, "Envoy routing")
-        except RuntimeError:
-            raise RuntimeError(f"Envoy did not route:\n{log_tail(envoy.log)}") from None
+        self._run_envoy(config, listen, threads=1)
         if self.replica_count > 1:
             # gRPC readiness follows /ready within 0.25 s, so a first health check can
             # fail: start the load once Envoy sees every replica healthy.

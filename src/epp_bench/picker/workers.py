@@ -39,7 +39,7 @@ from epp_bench.picker.overhead import ZERO_TIME_PODS, _cpu_seconds, _drive, _wor
 from epp_bench.picker.replicas import MODEL, SIM_ARGS, PodStack, _get, _Proc, _wait
 from epp_demo.client import run_workload, scrape_pod_metrics
 from epp_demo.workload import WorkloadSpec, generate
-from epp_harness.stack import HOST, envoy_binary, free_ports, log_tail
+from epp_harness.stack import HOST, free_ports
 from epp_harness.stats import percentile, prefix_hit_rate
 
 
@@ -142,18 +142,7 @@ class WorkersStack(PodStack):
             epp_port=self.grpc_port,
             pods=self.pods,
         )
-        path = self.work / "envoy.yaml"
-        path.write_text(config)
-        argv = [
-            envoy_binary(), "-c", str(path), "--disable-hot-restart",
-            "--concurrency", str(self.envoy_threads), "--log-level", "warning",
-        ]  # fmt: skip
-        envoy = self._spawn("envoy", argv)
-        self.envoy_url = f"http://{HOST}:{listen}"
-        try:
-            _wait(lambda: _get(f"{self.envoy_url}/v1/models")[0] == 200, "Envoy routing")
-        except RuntimeError:
-            raise RuntimeError(f"Envoy did not route:\n{log_tail(envoy.log)}") from None
+        self._run_envoy(config, listen, threads=self.envoy_threads)
 
     def worker_metric(self, name: str, labels: str = "") -> list[float]:
         """Each worker's value of `name`, from its own /metrics port."""
