@@ -156,16 +156,12 @@ async def test_a_loop_scrapes_once_per_interval_and_does_not_burst_after_a_slow_
     store.sync([EndpointConfig(name="p", address="127.0.0.1:9")])
     scraper = MetricsScraper(store, config, clock=time, sleep=time.sleep)
     started, finished = scripted(scraper, store, time, [0.01, 0.01, 0.12, 0.01])
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert scraper.first_round.is_set()
-        # 0.10 + 0.12 ends at 0.22, past the 0.15 slot: the next starts at once, and the
-        # rhythm restarts from there (no catch-up scrape for the missed slot).
-        assert started == pytest.approx([0.0, 0.05, 0.10, 0.22, 0.27])
-        assert store.get("p").metrics_at == pytest.approx(0.23)
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert scraper.first_round.is_set()
+    # 0.10 + 0.12 ends at 0.22, past the 0.15 slot: the next starts at once, and the
+    # rhythm restarts from there (no catch-up scrape for the missed slot).
+    assert started == pytest.approx([0.0, 0.05, 0.10, 0.22, 0.27])
+    assert store.get("p").metrics_at == pytest.approx(0.23)
 
 
 async def test_a_bug_while_scraping_is_a_failed_scrape_and_the_loop_goes_on():
@@ -177,15 +173,11 @@ async def test_a_bug_while_scraping_is_a_failed_scrape_and_the_loop_goes_on():
     failures = []
     store.on_change(lambda event, e: failures.append(e.last_error) if e.last_error else None)
     started, finished = scripted(scraper, store, time, [RuntimeError("bug"), 0.01])
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert failures == ["internal: RuntimeError('bug')"]
-        assert started == pytest.approx([0.0, 0.05, 0.10])
-        pod = store.get("p")
-        assert pod.consecutive_failures == 0 and pod.metrics_at == pytest.approx(0.06)
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert failures == ["internal: RuntimeError('bug')"]
+    assert started == pytest.approx([0.0, 0.05, 0.10])
+    pod = store.get("p")
+    assert pod.consecutive_failures == 0 and pod.metrics_at == pytest.approx(0.06)
 
 
 IDLE = PodMetrics(model="m")  # nothing running, nothing waiting
@@ -221,6 +213,15 @@ async def run_scripted(config, time, fetch_s, pages, **scraper_args):
     return store, scraper, started, finished
 
 
+async def run_through(scraper: MetricsScraper, finished: asyncio.Event) -> None:
+    """Run the scraper's loops until the script's pages are used up, then stop them."""
+    await scraper.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 5)
+    finally:
+        await scraper.stop()
+
+
 def dispatch(store: EndpointStore, scraper: MetricsScraper, pod, seq: list[int]) -> None:
     """A request routed to `pod`: the store counts it and the router's hook (epp.wiring)
     wakes the pod's scrape loop."""
@@ -239,13 +240,9 @@ async def test_an_idle_pod_is_scraped_slowly_until_a_request_is_dispatched_to_it
     seq: list[int] = []
     time.at[0.72] = lambda: dispatch(store, scraper, pod, seq)
     time.at[0.82] = lambda: store.completed(pod, 200, seq[0])
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        # Busy pages: the fast interval; an idle one once the request completed: slow.
-        assert started == pytest.approx([0.0, 0.5, 0.75, 0.8, 0.85, 1.35])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    # Busy pages: the fast interval; an idle one once the request completed: slow.
+    assert started == pytest.approx([0.0, 0.5, 0.75, 0.8, 0.85, 1.35])
 
 
 async def test_in_flight_or_peer_work_keeps_an_idle_page_at_the_fast_interval():
@@ -254,21 +251,13 @@ async def test_in_flight_or_peer_work_keeps_an_idle_page_at_the_fast_interval():
     store, scraper, started, finished = await run_scripted(config, time, [0.0] * 3, [IDLE] * 3)
     pod = store.get("p")
     store.dispatched(pod)  # in flight before the first page, still open after it
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
     time = Timeline({})
     store, scraper, started, finished = await run_scripted(config, time, [0.0] * 2, [IDLE] * 2)
     store.peer_dispatched(store.get("p"))
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started[:2] == pytest.approx([0.0, 0.05])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started[:2] == pytest.approx([0.0, 0.05])
 
 
 async def test_a_pod_followed_by_kv_events_is_scraped_at_its_interval_until_it_is_not():
@@ -284,17 +273,13 @@ async def test_a_pod_followed_by_kv_events_is_scraped_at_its_interval_until_it_i
         scraper.wake("p")
 
     time.at[0.45] = events_stop
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        # Busy (one running) yet slow: the KV state comes as events. No longer followed
-        # at 0.45: scraped at once (the 0.45 tick), then at the fast interval.
-        assert started == pytest.approx([0.0, 0.2, 0.4, 0.45, 0.5])
-        # The followed stretch slept through its intervals: no fast ticks (0.0-0.45:
-        # 2 sleeps and the cut one, instead of 9 ticks).
-        assert time.sleeps <= 4
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    # Busy (one running) yet slow: the KV state comes as events. No longer followed
+    # at 0.45: scraped at once (the 0.45 tick), then at the fast interval.
+    assert started == pytest.approx([0.0, 0.2, 0.4, 0.45, 0.5])
+    # The followed stretch slept through its intervals: no fast ticks (0.0-0.45:
+    # 2 sleeps and the cut one, instead of 9 ticks).
+    assert time.sleeps <= 4
 
 
 async def test_a_dispatch_to_a_followed_pod_does_not_shorten_its_interval():
@@ -306,12 +291,8 @@ async def test_a_dispatch_to_a_followed_pod_does_not_shorten_its_interval():
     )
     seq: list[int] = []
     time.at[0.07] = lambda: dispatch(store, scraper, store.get("p"), seq)
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.2, 0.4, 0.6])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.2, 0.4, 0.6])
 
 
 async def test_a_failed_scrape_of_an_idle_pod_is_retried_at_the_fast_interval():
@@ -329,12 +310,8 @@ async def test_a_failed_scrape_of_an_idle_pod_is_retried_at_the_fast_interval():
             store.scrape_failed(endpoint, f"OSError: {exc}")
 
     scraper.scrape_once = failing_then_scripted
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.5, 0.55, 1.05])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.5, 0.55, 1.05])
 
 
 async def test_a_slow_interval_never_lets_a_page_go_stale():
@@ -349,12 +326,8 @@ async def test_a_slow_interval_never_lets_a_page_go_stale():
     _, scraper, started, finished = await run_scripted(
         config, time, [0.0] * 2, [IDLE, BUSY], kv_events_followed=lambda _: True
     )
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.2, 0.4])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.2, 0.4])
 
 
 async def test_a_request_that_came_and_went_between_two_ticks_ends_the_slow_interval():
@@ -367,12 +340,8 @@ async def test_a_request_that_came_and_went_between_two_ticks_ends_the_slow_inte
     seq: list[int] = []
     time.at[0.21] = lambda: dispatch(store, scraper, pod, seq)
     time.at[0.22] = lambda: store.completed(pod, 200, seq[0])
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.25, 0.75])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.25, 0.75])
 
 
 async def test_an_idle_pods_loop_wakes_once_per_idle_interval_not_at_every_tick():
@@ -380,13 +349,9 @@ async def test_an_idle_pods_loop_wakes_once_per_idle_interval_not_at_every_tick(
     config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
     time = Timeline({})
     _, scraper, started, finished = await run_scripted(config, time, [0.0] * 4, [IDLE] * 4)
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
-        assert time.sleeps == 4
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert time.sleeps == 4
 
 
 async def test_a_peers_dispatch_to_an_idle_pod_wakes_its_loop_at_the_next_tick():
@@ -403,21 +368,13 @@ async def test_a_peers_dispatch_to_an_idle_pod_wakes_its_loop_at_the_next_tick()
         scraper.wake("p")
 
     time.at[0.63] = peer_dispatch
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started[:3] == pytest.approx([0.0, 0.5, 0.65])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started[:3] == pytest.approx([0.0, 0.5, 0.65])
 
 
 async def test_waking_a_busy_pod_or_an_unknown_one_changes_nothing():
     config = DataLayerConfig(scrape_interval_s=0.05, scrape_idle_interval_s=0.5)
     time = Timeline({0.07: lambda: scraper.wake("p"), 0.08: lambda: scraper.wake("gone")})
     _, scraper, started, finished = await run_scripted(config, time, [0.0] * 3, [BUSY] * 3)
-    await scraper.start()
-    try:
-        await asyncio.wait_for(finished.wait(), 5)
-        assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
-    finally:
-        await scraper.stop()
+    await run_through(scraper, finished)
+    assert started == pytest.approx([0.0, 0.05, 0.1, 0.15])
