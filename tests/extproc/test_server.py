@@ -124,9 +124,9 @@ async def test_rejection_with_retry_after_through_the_server():
 
 
 async def test_a_reset_after_the_destination_was_handed_to_grpc_keeps_the_request_counted():
-    # Envoy may read the destination and reset the stream before the generator resumes
-    # (seen under load: the request was served for 4 s while the EPP had released it).
-    # Its end is the observer's to report (or a page's, or the TTL's), not the reset's.
+    # Envoy may read the destination and reset the stream before the generator resumes:
+    # the request is then being served, and releasing it would under-count its pod. Its
+    # end is the observer's to report (or a page's, or the TTL's), not the reset's.
     router = FakeRouter()
     proc = processor(router)
     gen = proc.Process(Envoy([headers_msg(eos=True, mode=DUPLEX)]), Context())
