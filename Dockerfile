@@ -23,8 +23,15 @@ RUN python -m venv --without-pip /opt/venv \
     && python -m pip --python /opt/venv/bin/python install --no-cache-dir --disable-pip-version-check --require-hashes --no-deps -r requirements/image.lock
 # .dockerignore lets in only the locks, these files and src/epp (the wheel holds the
 # router package and none of the harness packages beside it).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src/epp ./src/epp
+# gcc builds the compiled prefix kernels (src/epp/prefix/_kernels.c) into the wheel: only
+# this stage has it, the runtime stage gets the built module. Debian moves these versions
+# with its security updates, so they are not pinned (the base image's digest is).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # The wheel is built with the locked build requirements (no build isolation, which would
 # fetch unpinned setuptools) and installed without dependencies: the lock has them all.
 RUN python -m pip install --no-cache-dir --disable-pip-version-check --require-hashes --no-deps -r requirements/image-build.lock \

@@ -43,6 +43,7 @@ from epp.leader import LeaderElectionError, LeaderElector, LeaseTimings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
+from epp.prefix.kernels import KERNELS
 from epp.replicas import ReplicaSync
 from epp.replicas.auth import SecretError
 from epp.routing import Router
@@ -221,6 +222,7 @@ class EppService:
             metrics=format_host_port(server.metrics_host, self.metrics_port),
             endpoints=len(self.store),
             weights=self.scheduler.weights,
+            kernels=KERNELS,  # compiled or pure-Python prefix kernels (epp.prefix.kernels)
         )
 
     async def _start_sources(self) -> None:

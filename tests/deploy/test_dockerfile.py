@@ -100,6 +100,11 @@ def run_commands(stage: list[tuple[str, str]]) -> list[list[str]]:
     return commands
 
 
+def is_system_package_step(argv: list[str]) -> bool:
+    """The builder's Debian packages (apt-get, and the removal of its lists)."""
+    return argv[0] == "apt-get" or argv[:3] == ["rm", "-rf", "/var/lib/apt/lists/*"]
+
+
 def pip_verb(argv: list[str]) -> str | None:
     """`install`, `wheel`, `uninstall`... for a `<python> -m pip [--python P] <verb>`."""
     if len(argv) < 4 or Path(argv[0]).name != "python" or argv[1:3] != ["-m", "pip"]:
@@ -265,6 +270,21 @@ def test_builder_installs_only_hashed_packages_and_the_wheel():
     assert runtime_install[3:5] == ["--python", "/opt/venv/bin/python"], "into the virtualenv"
 
 
+def test_builder_installs_only_the_compiler_from_debian():
+    """The compiled prefix kernels need gcc and libc's headers in the builder; nothing
+    else comes from Debian, and its package lists do not stay in a layer."""
+    builder, _ = stages()
+    system = [argv for argv in run_commands(builder) if is_system_package_step(argv)]
+    assert system == [
+        ["apt-get", "update"],
+        ["apt-get", "install", "-y", "--no-install-recommends", "gcc", "libc6-dev"],
+        ["rm", "-rf", "/var/lib/apt/lists/*"],
+    ]
+    commands = run_commands(builder)
+    wheel = next(i for i, argv in enumerate(commands) if pip_verb(argv) == "wheel")
+    assert commands.index(system[1]) < wheel, "gcc is there before the wheel is built"
+
+
 def test_final_stage_is_the_virtualenv_only():
     _, runtime = stages()
     args = dict(runtime)
@@ -329,6 +349,7 @@ def test_dockerignore_admits_only_the_build_inputs():
             "requirements/image.lock",
             "requirements/image-build.lock",
             "pyproject.toml",
+            "setup.py",
             "README.md",
             "src/epp",
         }
@@ -415,7 +436,7 @@ def build_context(workdir: Path) -> None:
     """The builder's WORKDIR after its COPY instructions: what `docker build .` sends,
     as .dockerignore admits it (no byte code, no egg-info)."""
     builder, _ = stages()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
     for instruction, args in builder:
         if instruction != "COPY" or "--from" in args:
             continue
@@ -452,6 +473,8 @@ def test_runtime_venv_as_the_dockerfile_builds_it(tmp_path):
     python = python_312()
     if python is None:
         pytest.skip("no Python 3.12 here: the lock's markers and wheels are for the image's")
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc here: the builder installs it to compile the prefix kernels")
     builder, runtime = stages()
     root = tmp_path / "root"
     workdir = root / "src"
@@ -477,6 +500,8 @@ def test_runtime_venv_as_the_dockerfile_builds_it(tmp_path):
 
     timings = []
     for argv in run_commands(builder):
+        if is_system_package_step(argv):
+            continue  # this machine's gcc stands for the packages it installs (checked below)
         started = time.monotonic()
         step = subprocess.run(
             translate(argv), cwd=workdir, capture_output=True, text=True, timeout=600
@@ -504,8 +529,15 @@ def test_runtime_venv_as_the_dockerfile_builds_it(tmp_path):
     (site,) = venv.glob("lib/python3.*/site-packages")
     assert list((site / "epp" / "__pycache__").glob("*.pyc"))
 
+    # The wheel carries the compiled prefix kernels (built with the builder's gcc).
+    assert list((site / "epp" / "prefix").glob("_kernels.*.so")), "the kernels were not built"
+
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "EPP_KERNELS")
+        },
         "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
         "PYTHONDONTWRITEBYTECODE": "1",
     }

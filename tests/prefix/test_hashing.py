@@ -15,12 +15,12 @@ def ids(n: int, start: int = 0) -> array:
     return array("I", range(start, start + n))
 
 
-def test_only_full_blocks_are_hashed():
+def test_only_full_blocks_are_hashed(kernels_used):
     assert len(block_hashes(ids(47), 16, 1)) == 2
     assert block_hashes(ids(15), 16, 1) == []
 
 
-def test_hashes_are_chained_prefix_stable_and_position_dependent():
+def test_hashes_are_chained_prefix_stable_and_position_dependent(kernels_used):
     seed = chain_seed("m")
     short, long = block_hashes(ids(32), 16, seed), block_hashes(ids(64), 16, seed)
     assert long[:2] == short
@@ -95,7 +95,7 @@ def test_chain_seed_is_xxh64_of_model_adapter_and_salt_joined_by_nul():
     assert chain_seed("é") == _xxh64("é\x00\x00".encode())
 
 
-def test_block_i_is_xxh64_of_its_token_bytes_seeded_with_block_i_minus_1():
+def test_block_i_is_xxh64_of_its_token_bytes_seeded_with_block_i_minus_1(kernels_used):
     seed = chain_seed("m")
     tokens = ids(40)
     expected, prev = [], seed
@@ -112,14 +112,14 @@ def test_block_i_is_xxh64_of_its_token_bytes_seeded_with_block_i_minus_1():
 
 
 @pytest.mark.parametrize(("max_blocks", "count"), [(None, 6), (7, 6), (6, 6), (2, 2), (1, 1)])
-def test_max_blocks_keeps_the_first_blocks_of_the_chain(max_blocks, count):
+def test_max_blocks_keeps_the_first_blocks_of_the_chain(max_blocks, count, kernels_used):
     tokens = ids(100)
     full = block_hashes(tokens, 16, 5)
     assert block_hashes(tokens, 16, 5, max_blocks) == full[:count]
 
 
 @pytest.mark.parametrize("max_blocks", [0, -1, -100])
-def test_no_blocks_for_a_zero_or_negative_cap(max_blocks):
+def test_no_blocks_for_a_zero_or_negative_cap(max_blocks, kernels_used):
     assert block_hashes(ids(100), 16, 5, max_blocks) == []
 
 

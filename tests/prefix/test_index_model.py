@@ -316,7 +316,7 @@ def check_pod(ours: PrefixIndex, model: ModelIndex, name: str, step: int) -> Non
 
 
 @pytest.mark.parametrize(("seed", "pod_count"), [(1, 6), (2, 6), (3, 70)])
-def test_random_operations_answer_as_the_model(seed, pod_count):
+def test_random_operations_answer_as_the_model(seed, pod_count, kernels_used):
     rng = random.Random(seed)
     pods = [f"pod-{i}" for i in range(pod_count)]
     prefixes = make_prefixes(rng, 60)

@@ -18,12 +18,28 @@ from array import array
 from collections.abc import Callable, Sequence
 
 from epp.prefix.hashing import BlockHash
+from epp.prefix.kernels import COMPILED
 from epp.prefix.pod_blocks import PodBlocks
 
 
 def record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHash]) -> None:
     """The pod holds these blocks: new ones are queued (tail first), held ones marked;
     then the pod is brought back within its capacity."""
+    log = slot.log
+    if COMPILED is not None and type(log) is array:
+        # None: a hash that is not a 64-bit unsigned int; nothing changed, the twin runs.
+        added = COMPILED.record_new(bits, hashes, slot.hold, slot.mark, slot.both)
+        if added is not None:
+            log.frombytes(added)
+            slot.count += len(added) >> 3
+            evict(bits, slot)
+            return
+    python_record(bits, slot, hashes)
+
+
+def python_record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHash]) -> None:
+    """`record` in pure Python (the twin of the compiled `record_new`,
+    epp.prefix.kernels)."""
     holders_of = bits.get
     hold, mark, both = slot.hold, slot.mark, slot.both
     append = slot.log.append

@@ -16,6 +16,8 @@ from typing import NewType, cast
 
 import xxhash
 
+from epp.prefix.kernels import COMPILED
+
 BlockHash = NewType("BlockHash", int)
 
 
@@ -33,11 +35,18 @@ def block_hashes(
     all of them, or the first `max_blocks`."""
     if tokens.typecode != "I":
         raise TypeError("tokens must be an array('I') of token ids")
-    raw = memoryview(tokens).cast("B")
-    step = block_size * tokens.itemsize
     full = len(tokens) // block_size
     if max_blocks is not None:
         full = min(full, max(0, max_blocks))
+    step = block_size * tokens.itemsize
+    if COMPILED is not None:
+        return cast("list[BlockHash]", COMPILED.xxh64_chain(tokens, step, seed, full))
+    return python_block_hashes(memoryview(tokens).cast("B"), step, seed, full)
+
+
+def python_block_hashes(raw: memoryview, step: int, seed: int, full: int) -> list[BlockHash]:
+    """The pure-Python twin of the compiled `xxh64_chain` (epp.prefix.kernels): the first
+    `full` blocks of `step` bytes of `raw`, chained."""
     digest = xxhash.xxh64_intdigest
     out: list[int] = []
     append = out.append

@@ -23,6 +23,7 @@ import heapq
 from collections.abc import Sequence
 
 from epp.prefix.hashing import BlockHash
+from epp.prefix.kernels import COMPILED
 
 
 class Holders:
@@ -73,10 +74,24 @@ class Holders:
         bits, and a pod that drops out keeps the depth it reached."""
         if not hashes:
             return {}
-        holders_of = self.bits.get
-        active = holders_of(hashes[0], 0) & self.hold_all
+        active = self.bits.get(hashes[0], 0) & self.hold_all
         if not active:
             return {}
+        if COMPILED is None:
+            return self.python_match(hashes, active)
+        names = self.names
+        matched: dict[str, int] = {}
+        for depth, reached in COMPILED.walk(self.bits, hashes, active):
+            while reached:
+                low = reached & -reached
+                matched[names[low.bit_length() >> 1]] = depth
+                reached ^= low
+        return matched
+
+    def python_match(self, hashes: Sequence[BlockHash], active: int) -> dict[str, int]:
+        """`match` in pure Python (the twin of the compiled `walk`, epp.prefix.kernels),
+        from the hold bits `active` of the pods holding the first block."""
+        holders_of = self.bits.get
         names = self.names
         matched: dict[str, int] = {}
         depth = 0

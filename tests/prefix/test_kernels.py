@@ -1,0 +1,165 @@
+"""The compiled prefix kernels (src/epp/prefix/_kernels.c) against their pure-Python
+twins, the reference: the same inputs give the same outputs and leave the same state."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sysconfig
+from array import array
+
+import pytest
+import xxhash
+
+from epp.prefix import approximate, kernels
+from epp.prefix.hashing import block_hashes, python_block_hashes
+from epp.prefix.holders import Holders
+from epp.prefix.pod_blocks import PodBlocks
+
+compiled = kernels.COMPILED
+needs_compiled = pytest.mark.skipif(compiled is None, reason="compiled kernels not built")
+
+
+def test_the_kernels_are_built_where_a_c_compiler_is():
+    """pip builds the extension when it can (setup.py: optional): a machine with a C
+    compiler and Python's headers that ends up without it has a broken build."""
+    if os.environ.get("EPP_KERNELS", "").lower() == "python":
+        pytest.skip("EPP_KERNELS=python: the pure-Python kernels were asked for")
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if not (shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") and headers):
+        pytest.skip("no C compiler or Python headers here: pure Python is expected")
+    assert compiled is not None
+    assert kernels.KERNELS == "compiled"
+
+
+@needs_compiled
+def test_xxh64_equals_the_xxhash_library_on_every_length_and_seed():
+    rng = random.Random(1)
+    seeds = [0, 1, 2**63, 2**64 - 1, *(rng.getrandbits(64) for _ in range(20))]
+    for length in range(0, 140):
+        data = rng.randbytes(length)
+        for seed in rng.sample(seeds, 4):
+            assert compiled.xxh64(data, seed) == xxhash.xxh64_intdigest(data, seed), (length, seed)
+    assert compiled.xxh64(b"", 0) == 0xEF46DB3751D8E999  # the spec's empty-input value
+
+
+@needs_compiled
+def test_the_chain_equals_the_python_twin():
+    rng = random.Random(2)
+    for _ in range(300):
+        tokens = array("I", (rng.getrandbits(32) for _ in range(rng.randrange(0, 300))))
+        block_size = rng.choice((1, 2, 3, 7, 16, 64))
+        seed = rng.getrandbits(64)
+        full = len(tokens) // block_size
+        blocks = rng.randrange(0, full + 1)
+        step = block_size * 4
+        expected = python_block_hashes(memoryview(tokens).cast("B"), step, seed, blocks)
+        assert compiled.xxh64_chain(tokens, step, seed, blocks) == expected
+
+
+@needs_compiled
+def test_the_chain_refuses_more_blocks_than_the_data_holds():
+    with pytest.raises(ValueError, match="exceeds the data"):
+        compiled.xxh64_chain(array("I", range(16)), 64, 0, 2)
+    with pytest.raises(ValueError, match="exceeds the data"):
+        compiled.xxh64_chain(b"", 0, 0, 0)
+    with pytest.raises(TypeError):
+        compiled.xxh64_chain("text", 4, 0, 1)
+
+
+def random_holders(rng: random.Random, pods: int, keys: list[int]) -> Holders:
+    """Holders whose blocks are held by random pods, some marked, several blocks sharing
+    one int object as the index's do."""
+    holders = Holders()
+    ids = [holders.add_pod(f"pod-{i}") for i in range(pods)]
+    if pods > 2 and rng.random() < 0.5:
+        holders.remove_pod(ids[1])  # a freed id: its bit is in hold_all, on no block
+    shared = {pod_id: 1 << (2 * pod_id) for pod_id in ids}
+    for key in keys:
+        mask = 0
+        for pod_id in rng.sample(ids, rng.randrange(0, min(pods, 4) + 1)):
+            if pod_id == 1 and holders.names[1] is None:
+                continue
+            bit = shared[pod_id] if rng.random() < 0.5 else 1 << (2 * pod_id)
+            mask |= bit if rng.random() < 0.7 else bit | bit << 1
+        if mask:
+            holders.bits[key] = mask  # type: ignore[index]
+    return holders
+
+
+@needs_compiled
+@pytest.mark.parametrize("pods", [1, 3, 8, 40, 300])
+def test_the_walk_answers_as_the_python_match(pods, monkeypatch):
+    rng = random.Random(pods)
+    keys = [rng.getrandbits(64) for _ in range(60)]
+    for _ in range(200):
+        holders = random_holders(rng, pods, keys)
+        # Long shared runs: a path most pods follow, then drop out of one by one.
+        path = rng.sample(keys, rng.randrange(1, 40))
+        live = sum(1 << (2 * i) for i, name in enumerate(holders.names) if name is not None)
+        for depth, key in enumerate(path):
+            if rng.random() < 0.8:
+                holders.bits[key] = live  # type: ignore[index]
+            elif depth and rng.random() < 0.5:
+                holders.bits.pop(key, None)  # type: ignore[call-overload]
+        with monkeypatch.context() as patch:
+            patch.setattr("epp.prefix.holders.COMPILED", None)
+            expected = holders.match(path)  # type: ignore[arg-type]
+        got = holders.match(path)  # type: ignore[arg-type]
+        assert got == expected
+        assert list(got) == list(expected)  # the same order, pod by pod
+
+
+@needs_compiled
+def test_the_walk_raises_what_a_key_lookup_raises():
+    with pytest.raises(TypeError):
+        compiled.walk({1: 1}, [[1]], 1)  # an unhashable key
+    with pytest.raises(TypeError):
+        compiled.walk([], [1], 1)
+
+
+def _twin_states(rng: random.Random, capacity: int) -> tuple[dict, PodBlocks, dict, PodBlocks]:
+    bits: dict = {}
+    slot = PodBlocks(pod_id=rng.randrange(0, 5), capacity=capacity)
+    other = 1 << (2 * (slot.pod_id + 1))
+    for _ in range(rng.randrange(0, 30)):  # other pods' blocks, some marked
+        bits[rng.getrandbits(64)] = other | (other << 1 if rng.random() < 0.5 else 0)
+    copy = PodBlocks(pod_id=slot.pod_id, capacity=capacity)
+    return bits, slot, dict(bits), copy
+
+
+@needs_compiled
+@pytest.mark.parametrize("capacity", [5, 40, 10_000])
+def test_record_leaves_the_state_the_python_twin_leaves(capacity):
+    rng = random.Random(capacity)
+    for _ in range(40):
+        bits_c, slot_c, bits_p, slot_p = _twin_states(rng, capacity)
+        keys = [*bits_c, *(rng.getrandbits(64) for _ in range(80))]
+        for _ in range(30):
+            prefix = rng.sample(keys, rng.randrange(0, 25))
+            approximate.record(bits_c, slot_c, prefix)
+            approximate.python_record(bits_p, slot_p, prefix)
+            assert bits_c == bits_p
+            assert list(slot_c.log[slot_c.log_pos :]) == list(slot_p.log[slot_p.log_pos :])
+            assert (slot_c.count, slot_c.log_pos) == (slot_p.count, slot_p.log_pos)
+            assert type(slot_c.log) is array
+
+
+@needs_compiled
+def test_a_hash_that_is_no_uint64_changes_nothing_and_the_twin_records_it():
+    bits: dict = {5: 1 << 4}
+    assert compiled.record_new(bits, [7, -3, 9], 1, 2, 3) is None
+    assert compiled.record_new(bits, [7, 2**64, 9], 1, 2, 3) is None
+    assert compiled.record_new(bits, [7, 9.0, 9], 1, 2, 3) is None
+    assert bits == {5: 1 << 4}
+    slot = PodBlocks(pod_id=0, capacity=100)
+    approximate.record(bits, slot, [7, -3])  # type: ignore[list-item]
+    assert bits == {5: 1 << 4, 7: 1, -3: 1}
+    assert list(slot.log) == [-3, 7] and slot.count == 2
+
+
+@needs_compiled
+def test_the_compiled_chain_is_what_block_hashes_returns():
+    tokens = array("I", range(100))
+    assert block_hashes(tokens, 16, 3) == compiled.xxh64_chain(tokens, 64, 3, 6)
