@@ -77,3 +77,27 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
     result = yield  # the fixtures are torn down first, whatever this finds
     _check(item)
     return result
+
+
+# ---- kernels_used: once with the compiled kernels, once with their pure-Python twins ---------
+def _kernel_users() -> dict[str, tuple[Any, ...]]:
+    """The modules that chose an implementation at import (epp.kernels), per extension."""
+    from epp.prefix import approximate, hashing, holders
+    from epp.scheduling import picker, scheduler
+    from epp.scheduling.scorers import prefill
+
+    return {"PREFIX": (approximate, hashing, holders), "SCHEDULING": (picker, scheduler, prefill)}
+
+
+@pytest.fixture(params=["compiled", "python"])
+def kernels_used(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test taking it runs once with the compiled kernels and once with the twins."""
+    from epp import kernels
+
+    for extension, users in _kernel_users().items():
+        module = getattr(kernels, extension)
+        if request.param == "compiled" and module is None:
+            pytest.skip(f"the compiled {extension.lower()} kernels are not built (no C compiler)")
+        for user in users:
+            monkeypatch.setattr(user, "COMPILED", module if request.param == "compiled" else None)
+    return str(request.param)

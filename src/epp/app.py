@@ -39,11 +39,11 @@ from epp.extproc.server import (
     build_grpc_server,
     build_health_server,
 )
+from epp.kernels import KERNELS
 from epp.leader import LeaderElectionError, LeaderElector, LeaseTimings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
-from epp.prefix.kernels import KERNELS
 from epp.replicas import ReplicaSync
 from epp.replicas.auth import SecretError
 from epp.routing import Router
@@ -222,7 +222,7 @@ class EppService:
             metrics=format_host_port(server.metrics_host, self.metrics_port),
             endpoints=len(self.store),
             weights=self.scheduler.weights,
-            kernels=KERNELS,  # compiled or pure-Python prefix kernels (epp.prefix.kernels)
+            kernels=KERNELS,  # compiled or pure-Python hot loops (epp.kernels)
         )
 
     async def _start_sources(self) -> None:

@@ -47,7 +47,7 @@ from upstream_args import (
 )
 
 from epp.datalayer.kubernetes_resources import INFERENCE_POOL, LEASE, POD
-from epp.prefix.kernels import KERNELS
+from epp.kernels import KERNELS
 from vllm_sim.server import SimPodConfig, start_pod
 
 pytestmark = pytest.mark.e2e
@@ -217,7 +217,7 @@ async def test_conformance_manifest_args(standin, sim_pod, tmp_path):
         lines = epp.lines()
     started = next(line for line in lines if line.get("event") == "epp_started")
     assert started["grpc_health"].endswith(":9003") and started["grpc"].endswith(":9002")
-    # The serving process says which prefix kernels it runs: this test's own choice.
+    # The serving process says which kernels it runs: this test's own choice.
     assert started["kernels"] == KERNELS
     assert not [line for line in lines if line.get("event") == "upstream_flags_ignored"]
 

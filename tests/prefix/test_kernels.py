@@ -12,12 +12,13 @@ from array import array
 import pytest
 import xxhash
 
-from epp.prefix import approximate, kernels
+from epp import kernels
+from epp.prefix import approximate
 from epp.prefix.hashing import block_hashes, python_block_hashes
 from epp.prefix.holders import Holders
 from epp.prefix.pod_blocks import PodBlocks
 
-compiled = kernels.COMPILED
+compiled = kernels.PREFIX
 needs_compiled = pytest.mark.skipif(compiled is None, reason="compiled kernels not built")
 
 

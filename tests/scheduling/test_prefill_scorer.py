@@ -46,7 +46,7 @@ def scorer_with(lanes: dict, cost: PrefillCost = COST) -> PrefillScorer:
     return scorer
 
 
-def test_idle_pods_without_a_match_tie_at_one():
+def test_idle_pods_without_a_match_tie_at_one(kernels_used):
     assert PrefillScorer(COST).score(request(), [pod("a"), pod("b"), pod("c")]) == [1.0] * 3
 
 
@@ -61,7 +61,9 @@ def test_idle_pods_without_a_match_tie_at_one():
         (-5.0, "hot"),  # a lane that ended in the past is free, not "5 s early"
     ],
 )
-def test_full_prefix_match_wins_until_its_queued_prefill_outweighs_the_hit(hot_lane_s, winner):
+def test_full_prefix_match_wins_until_its_queued_prefill_outweighs_the_hit(
+    hot_lane_s, winner, kernels_used
+):
     hot, idle = pod("hot"), pod("idle")
     scorer = scorer_with({hot: hot_lane_s, idle: 0.0})
     hot_score, idle_score = scorer.score(request({"hot": 256}), [hot, idle])
@@ -74,14 +76,14 @@ def test_full_prefix_match_wins_until_its_queued_prefill_outweighs_the_hit(hot_l
     assert scores[loser] == pytest.approx(expected)
 
 
-def test_the_last_prompt_token_is_never_counted_as_cached():
+def test_the_last_prompt_token_is_never_counted_as_cached(kernels_used):
     # 32 tokens, both blocks held: 31 cached, 1 computed (it produces the first token).
     assert COST.seconds(32, 2, 16) == pytest.approx(0.010 + 0.000217 + 31 * 0.0000077)
     assert COST.seconds(0, 0, 16) == pytest.approx(0.010)
     assert COST.seconds(40, 99, 16) == COST.seconds(40, 3, 16)  # a match beyond the prompt
 
 
-def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one():
+def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one(kernels_used):
     rng = random.Random(7)
     for _ in range(300):
         prompt = rng.randrange(0, 20_000)
@@ -96,7 +98,7 @@ def test_scores_stay_in_unit_interval_and_the_best_pod_gets_one():
         assert zero.score(request(match, prompt), idle) == [1.0] * len(idle)
 
 
-def test_on_by_default_at_half_the_weight_and_off_with_the_spec_weights():
+def test_on_by_default_at_half_the_weight_and_off_with_the_spec_weights(kernels_used):
     assert "prefill" in BUILTIN_SCORERS
     assert Scheduler(SchedulingConfig()).weights["prefill"] == 0.5
     assert {n: w * 0.5 for n, w in SPEC_WEIGHTS.items()} | {"prefill": 0.5} == DEFAULT_WEIGHTS
@@ -104,7 +106,9 @@ def test_on_by_default_at_half_the_weight_and_off_with_the_spec_weights():
 
 
 @pytest.mark.parametrize(("hot_lane_s", "winner"), [(1.0, "hot"), (3.0, "idle")])
-def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s, winner):
+def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(
+    hot_lane_s, winner, kernels_used
+):
     # Composite: the cache factor (0.30) still favours the hot pod, so it loses only once
     # its expected TTFT is ~2.5x the idle pod's (~2.2 s of queued prefill here).
     scheduler = Scheduler(SchedulingConfig(weights=DEFAULT_WEIGHTS), rng=random.Random(0))
@@ -118,7 +122,7 @@ def test_weighted_with_the_halved_defaults_the_cache_hit_holds_longer(hot_lane_s
     assert decision.factor("prefill") == pytest.approx(expected)
 
 
-def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one():
+def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one(kernels_used):
     """Seen on two real vLLM servers: a cache-hot pod running its 4 slots with one more
     waiting beat a pod with a free slot (0.86 vs 0.29), because the estimate saw only
     queued prefill. A full pod's new request waits for (on pod - slots + 1) completions,
@@ -147,7 +151,7 @@ def test_a_pod_with_every_running_slot_taken_prices_the_wait_for_one():
     assert scheduler.schedule(request({"full": 230}), [full, free]).primary is full
 
 
-def test_slot_wait_takes_the_pods_then_the_pools_mean_then_its_oldest_request():
+def test_slot_wait_takes_the_pods_then_the_pools_mean_then_its_oldest_request(kernels_used):
     from epp.datalayer.endpoint import Dispatch
     from epp.scheduling.scorers.prefill import slot_wait
 
@@ -166,7 +170,7 @@ def test_slot_wait_takes_the_pods_then_the_pools_mean_then_its_oldest_request():
     assert slot_wait(e, NOW, service_s=4.0, pool_service_s=3.0) == pytest.approx(5 * 4.0 / 8)
 
 
-def test_dispatch_queues_the_prefill_on_the_pods_lane_first_come_first_served():
+def test_dispatch_queues_the_prefill_on_the_pods_lane_first_come_first_served(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     assert scorer.score(request(), [a]) == [1.0]  # a pod never seen: an idle lane
     scorer.observe(Dispatched(request({"a": 0}), a))
@@ -181,7 +185,7 @@ def test_dispatch_queues_the_prefill_on_the_pods_lane_first_come_first_served():
     assert scorer.state(a).lane_end == pytest.approx(NOW + 60.0 + OWN_HOT)
 
 
-def test_completions_with_a_response_move_the_mean_request_time():
+def test_completions_with_a_response_move_the_mean_request_time(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     for status, seconds in ((None, 9.0), (503, 9.0), (200, None)):
         scorer.observe(Completed(a, status, seconds))
@@ -192,7 +196,7 @@ def test_completions_with_a_response_move_the_mean_request_time():
     assert scorer.state(a).service_s == pytest.approx(2.0 + 0.1 * (12.0 - 2.0))
 
 
-def test_a_removed_pod_starts_afresh():
+def test_a_removed_pod_starts_afresh(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     scorer.observe(Dispatched(request(), a))
     scorer.observe(Completed(a, 200, 1.0))
@@ -201,12 +205,12 @@ def test_a_removed_pod_starts_afresh():
     scorer.observe(Removed(pod("never-seen")))  # nothing to forget: no error
 
 
-def test_a_one_token_prompt_computes_its_token_whatever_the_match():
+def test_a_one_token_prompt_computes_its_token_whatever_the_match(kernels_used):
     assert COST.seconds(1, 1, 16) == pytest.approx(0.010 + 0.000217)
     assert COST.seconds(0, 1, 16) == pytest.approx(0.010)
 
 
-def test_slot_wait_uses_the_age_of_a_young_oldest_request_as_it_is():
+def test_slot_wait_uses_the_age_of_a_young_oldest_request_as_it_is(kernels_used):
     from epp.datalayer.endpoint import Dispatch
     from epp.scheduling.scorers.prefill import slot_wait
 
@@ -219,7 +223,7 @@ def test_slot_wait_uses_the_age_of_a_young_oldest_request_as_it_is():
     assert slot_wait(e, NOW) == pytest.approx(5 * 0.5 / 8)
 
 
-def test_a_peers_dispatch_extends_the_lane_up_to_its_limit_only():
+def test_a_peers_dispatch_extends_the_lane_up_to_its_limit_only(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     scorer.observe(Dispatched(request(), a, lane_limit=NOW + 0.5))  # OWN_COLD is ~0.9 s
     assert scorer.state(a).lane_end == pytest.approx(NOW + 0.5)
@@ -229,7 +233,7 @@ def test_a_peers_dispatch_extends_the_lane_up_to_its_limit_only():
     assert scorer.state(a).lane_end == pytest.approx(NOW + 0.5 + OWN_HOT)
 
 
-def test_a_500_answer_does_not_move_the_mean_request_time():
+def test_a_500_answer_does_not_move_the_mean_request_time(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     scorer.observe(Completed(a, 500, 9.0))
     assert scorer.state(a).service_s is None
@@ -237,7 +241,7 @@ def test_a_500_answer_does_not_move_the_mean_request_time():
     assert scorer.state(a).service_s == 3.0
 
 
-def test_a_full_pod_without_request_times_of_its_own_is_priced_with_the_pools_mean():
+def test_a_full_pod_without_request_times_of_its_own_is_priced_with_the_pools_mean(kernels_used):
     # Three pods, every slot taken and one request waiting (two completions ahead of a new
     # one), none with a request in flight from this EPP: each waits 2 x service / 4 slots,
     # with its own mean request time, else the mean of the others' (2 s and 4 s: 3 s).
@@ -253,7 +257,9 @@ def test_a_full_pod_without_request_times_of_its_own_is_priced_with_the_pools_me
     assert scorer.score(request(), pods) == [pytest.approx(best / (w + OWN_COLD)) for w in waits]
 
 
-def test_a_pod_whose_slots_are_exactly_full_makes_a_new_request_wait_for_one_completion():
+def test_a_pod_whose_slots_are_exactly_full_makes_a_new_request_wait_for_one_completion(
+    kernels_used,
+):
     from epp.scheduling.scorers.prefill import slot_wait
 
     e = pod("a")
@@ -266,13 +272,13 @@ def test_a_pod_whose_slots_are_exactly_full_makes_a_new_request_wait_for_one_com
     assert slot_wait(e, NOW, service_s=2.0) == 0.0
 
 
-def test_a_dispatch_to_a_pod_without_a_match_is_priced_cold():
+def test_a_dispatch_to_a_pod_without_a_match_is_priced_cold(kernels_used):
     scorer, a = PrefillScorer(COST), pod("a")
     scorer.observe(Dispatched(request({"b": 256}), a))  # only another pod holds the prompt
     assert scorer.state(a).lane_end == pytest.approx(NOW + OWN_COLD)
 
 
-def test_the_scorer_prices_a_full_pod_without_request_times_by_its_oldest_request():
+def test_the_scorer_prices_a_full_pod_without_request_times_by_its_oldest_request(kernels_used):
     from epp.datalayer.endpoint import Dispatch
 
     full, free = pod("full"), pod("free")
@@ -290,7 +296,7 @@ def test_the_scorer_prices_a_full_pod_without_request_times_by_its_oldest_reques
     ]
 
 
-def test_the_one_pass_score_is_exactly_the_documented_formula():
+def test_the_one_pass_score_is_exactly_the_documented_formula(kernels_used):
     """The scoring loop inlines PrefillCost.seconds and slot_wait's max for speed: over
     random pods (lanes drained or not, slots configured or not, full or not, request times
     known or not, matches past the prompt) every score equals, to the last bit, the module

@@ -137,7 +137,7 @@ def random_request(rng: random.Random, pods: list[Endpoint], n: int, now: float)
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("weights", ["default", "spec", "uneven"])
-def test_decisions_equal_the_documented_formula_on_random_fleets(seed, weights):
+def test_decisions_equal_the_documented_formula_on_random_fleets(seed, weights, kernels_used):
     rng = random.Random(seed)
     chosen_weights = {
         "default": None,

@@ -17,8 +17,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 
+from epp.kernels import PREFIX as COMPILED
 from epp.prefix.hashing import BlockHash
-from epp.prefix.kernels import COMPILED
 from epp.prefix.pod_blocks import PodBlocks
 
 
@@ -39,7 +39,7 @@ def record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHa
 
 def python_record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHash]) -> None:
     """`record` in pure Python (the twin of the compiled `record_new`,
-    epp.prefix.kernels)."""
+    epp.kernels)."""
     holders_of = bits.get
     hold, mark, both = slot.hold, slot.mark, slot.both
     append = slot.log.append

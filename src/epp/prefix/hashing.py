@@ -16,7 +16,7 @@ from typing import NewType, cast
 
 import xxhash
 
-from epp.prefix.kernels import COMPILED
+from epp.kernels import PREFIX as COMPILED
 
 BlockHash = NewType("BlockHash", int)
 
@@ -45,7 +45,7 @@ def block_hashes(
 
 
 def python_block_hashes(raw: memoryview, step: int, seed: int, full: int) -> list[BlockHash]:
-    """The pure-Python twin of the compiled `xxh64_chain` (epp.prefix.kernels): the first
+    """The pure-Python twin of the compiled `xxh64_chain` (epp.kernels): the first
     `full` blocks of `step` bytes of `raw`, chained."""
     digest = xxhash.xxh64_intdigest
     out: list[int] = []

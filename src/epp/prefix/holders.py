@@ -22,8 +22,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from epp.kernels import PREFIX as COMPILED
 from epp.prefix.hashing import BlockHash
-from epp.prefix.kernels import COMPILED
 
 
 class Holders:
@@ -89,7 +89,7 @@ class Holders:
         return matched
 
     def python_match(self, hashes: Sequence[BlockHash], active: int) -> dict[str, int]:
-        """`match` in pure Python (the twin of the compiled `walk`, epp.prefix.kernels),
+        """`match` in pure Python (the twin of the compiled `walk`, epp.kernels),
         from the hold bits `active` of the pods holding the first block."""
         holders_of = self.bits.get
         names = self.names

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import le, sub
 
+from epp.kernels import SCHEDULING as COMPILED
+
 
 class MaxScorePicker:
     def __init__(self, rng: random.Random | None = None, tie_epsilon: float = 1e-9) -> None:
@@ -33,10 +35,10 @@ class MaxScorePicker:
         (lower wins) orders candidates whose scores are equal."""
         if not totals:
             return []
-        best = max(totals)
-        # [i for i, t in enumerate(totals) if best - t <= eps], as C-level passes.
-        gaps = map(sub, repeat(best), totals)
-        tied = list(compress(range(len(totals)), map(le, gaps, repeat(self._eps))))
+        if COMPILED is not None and type(totals) is list:
+            tied = COMPILED.tied(totals, self._eps)
+        else:
+            tied = python_tied(totals, self._eps)
         if tiebreak is not None and len(tied) > 1:
             least = min(tiebreak[i] for i in tied)
             tied = [i for i in tied if tiebreak[i] == least]
@@ -47,3 +49,12 @@ class MaxScorePicker:
         # Among exactly equal scores they come in candidate order.
         rest = [i for i in range(len(totals)) if i != primary]
         return [primary, *heapq.nlargest(count - 1, rest, key=totals.__getitem__)]
+
+
+def python_tied(totals: Sequence[float], eps: float) -> list[int]:
+    """The indexes within `eps` of the best total, in order (the pure-Python twin of the
+    compiled `tied`, epp.kernels): [i for i, t in enumerate(totals) if max - t <= eps]
+    as C-level passes."""
+    best = max(totals)
+    gaps = map(sub, repeat(best), totals)
+    return list(compress(range(len(totals)), map(le, gaps, repeat(eps))))

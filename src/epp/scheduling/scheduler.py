@@ -8,6 +8,7 @@ from typing import Any, overload
 
 from epp.config import SchedulingConfig
 from epp.datalayer.endpoint import Endpoint
+from epp.kernels import SCHEDULING as COMPILED
 from epp.scheduling.filters import (
     BalanceFilter,
     HealthFilter,
@@ -94,7 +95,10 @@ class Scheduler:
                 scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
             factors[scorer.name] = scores
             columns.append(scores)
-        totals = self._weighted_sum(*self._profile_weights, *columns)
+        if COMPILED is not None:
+            totals = COMPILED.weighted_sum(self._profile_weights, columns)
+        else:
+            totals = self._weighted_sum(*self._profile_weights, *columns)
         # Equal scores: the pod with the fewest requests in flight from this EPP wins, then
         # the one given the least work so far (uncached prompt tokens); see picker.py. Read
         # only for the tied candidates, so computed on demand.
@@ -114,6 +118,7 @@ class Scheduler:
 
 def weighted_sum(count: int) -> Callable[..., list[float]]:
     """A function of `count` weights then `count` score lists returning, per candidate,
+    (the pure-Python twin of the compiled `weighted_sum`, epp.kernels)
     w0 * s0 + w1 * s1 + ... added left to right (the same float operations in the same
     order as adding one weighted list at a time), in one comprehension over the pods: a
     decision at 1,000 pods spent a fifth of its time in one list pass per scorer. The

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 from epp.config import PrefillEstimateConfig
 from epp.datalayer.endpoint import Endpoint
+from epp.kernels import SCHEDULING as COMPILED
 from epp.scheduling.types import Completed, Dispatched, PodEvent, Removed, SchedulingRequest
 
 # Weight of each completed request in a pod's mean request time.
@@ -170,6 +171,22 @@ class PrefillScorer:
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
         if not candidates:
             return []
+        if COMPILED is not None and type(candidates) is list:
+            cost = self.cost
+            scores = COMPILED.prefill(
+                candidates, self._pods, request.prefix_match, request.now, _FRESH.lane_end,
+                cost.overhead_s, cost.per_token_s, cost.per_cached_token_s,
+                request.prompt_tokens, request.block_size,
+            )  # fmt: skip
+            if scores is not None:  # None: a pod with configured slots (slot_wait)
+                return scores
+        return self.python_score(request, candidates)
+
+    def python_score(
+        self, request: SchedulingRequest, candidates: Sequence[Endpoint]
+    ) -> list[float]:
+        """`score` in pure Python (the twin of the compiled `prefill`, epp.kernels; the
+        only path for pods with configured running slots)."""
         matched = request.prefix_match.get
         prompt_tokens = request.prompt_tokens
         block_size = request.block_size

@@ -1,0 +1,240 @@
+/* Compiled kernels of the scheduler's per-candidate passes (see epp/kernels.py).
+ *
+ * Each function does exactly what its pure-Python twin does, with the same float
+ * operations in the same order (built with -ffp-contract=off: no fused multiply-add), so
+ * the scores are bit-identical; tests/scheduling/test_kernels.py compares them. Nothing
+ * here keeps state between calls.
+ *
+ *   weighted_sum  w0 * s0 + w1 * s1 + ... per candidate (epp.scheduling.scheduler)
+ *   tied          the candidates within eps of the best total (MaxScorePicker.pick)
+ *   prefill       the prefill scorer's pass (PrefillScorer.score), for candidates none
+ *                 of which has configured running slots (the slot wait stays in Python)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *str_lane_end, *str_name, *str_configured_slots;
+
+/* The float of a list item (an int or a float, as Python's arithmetic takes it). */
+static inline int as_double(PyObject *item, double *out) {
+    if (PyFloat_CheckExact(item)) {
+        *out = PyFloat_AS_DOUBLE(item);
+        return 0;
+    }
+    *out = PyFloat_AsDouble(item);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* weighted_sum(weights, columns) -> list[float]: per candidate i,
+ * weights[0] * columns[0][i] + weights[1] * columns[1][i] + ..., added left to right.
+ * Every column (any sequence) must have the length of the first. */
+static PyObject *k_weighted_sum(PyObject *self, PyObject *args) {
+    PyObject *weights, *columns;
+    if (!PyArg_ParseTuple(args, "OO", &weights, &columns)) return NULL;
+    PyObject *w = PySequence_Fast(weights, "weights must be a sequence");
+    if (w == NULL) return NULL;
+    PyObject *c = PySequence_Fast(columns, "columns must be a sequence");
+    if (c == NULL) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    double *wv = NULL;
+    PyObject **cols = NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(w);
+    if (k < 1 || k != PySequence_Fast_GET_SIZE(c)) {
+        PyErr_SetString(PyExc_ValueError, "one weight per column, at least one");
+        goto done;
+    }
+    wv = PyMem_Malloc(sizeof(double) * k);
+    cols = PyMem_Calloc(k, sizeof(PyObject *));
+    if (wv == NULL || cols == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t n = -1;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (as_double(PySequence_Fast_GET_ITEM(w, j), &wv[j]) < 0) goto done;
+        cols[j] = PySequence_Fast(PySequence_Fast_GET_ITEM(c, j), "a column must be a sequence");
+        if (cols[j] == NULL) goto done;
+        if (n < 0) n = PySequence_Fast_GET_SIZE(cols[j]);
+        else if (PySequence_Fast_GET_SIZE(cols[j]) != n) {
+            PyErr_SetString(PyExc_ValueError, "columns of different lengths");
+            goto done;
+        }
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x, acc;
+        if (as_double(PySequence_Fast_GET_ITEM(cols[0], i), &x) < 0) goto fail;
+        acc = wv[0] * x;
+        for (Py_ssize_t j = 1; j < k; j++) {
+            if (as_double(PySequence_Fast_GET_ITEM(cols[j], i), &x) < 0) goto fail;
+            acc = acc + wv[j] * x;
+        }
+        PyObject *value = PyFloat_FromDouble(acc);
+        if (value == NULL) goto fail;
+        PyList_SET_ITEM(out, i, value);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    if (cols != NULL)
+        for (Py_ssize_t j = 0; j < k; j++) Py_XDECREF(cols[j]);
+    PyMem_Free(wv);
+    PyMem_Free(cols);
+    Py_DECREF(w);
+    Py_DECREF(c);
+    return out;
+}
+
+/* tied(totals, eps) -> list[int]: the indexes i with max(totals) - totals[i] <= eps, in
+ * order (max as Python's: the first of equals, a NaN never replaces a number). */
+static PyObject *k_tied(PyObject *self, PyObject *args) {
+    PyObject *totals;
+    double eps;
+    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &totals, &eps)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(totals);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "no totals");
+        return NULL;
+    }
+    double *values = PyMem_Malloc(sizeof(double) * n);
+    if (values == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (as_double(PyList_GET_ITEM(totals, i), &values[i]) < 0) {
+            PyMem_Free(values);
+            return NULL;
+        }
+    }
+    double best = values[0];
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (values[i] > best) best = values[i];
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyMem_Free(values);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (best - values[i] <= eps) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(out, index) < 0) {
+                Py_XDECREF(index);
+                Py_DECREF(out);
+                PyMem_Free(values);
+                return NULL;
+            }
+            Py_DECREF(index);
+        }
+    }
+    PyMem_Free(values);
+    return out;
+}
+
+/* prefill(candidates, pods, matched, now, fresh_lane_end, overhead, per_token,
+ *         per_cached, prompt_tokens, block_size) -> list[float] | None
+ * The prefill scorer's pass: per candidate e, wait = max(pods[e].lane_end - now, 0)
+ * (fresh_lane_end for a pod without state), cached = min(prompt_tokens - 1 (0 for a
+ * prompt of at most one token), matched[e.name] * block_size), ttft = wait + (overhead +
+ * (prompt_tokens - cached) * per_token + cached * per_cached); then min(ttft) / ttft
+ * (1.0 where ttft is not positive). None, having read nothing it changes, when a
+ * candidate has configured running slots: its slot wait is the Python twin's. */
+static PyObject *k_prefill(PyObject *self, PyObject *args) {
+    PyObject *candidates, *pods, *matched;
+    double now, fresh_lane, overhead, per_token, per_cached;
+    long long prompt_tokens, block_size;
+    if (!PyArg_ParseTuple(args, "O!O!O!dddddLL", &PyList_Type, &candidates, &PyDict_Type, &pods,
+                          &PyDict_Type, &matched, &now, &fresh_lane, &overhead, &per_token,
+                          &per_cached, &prompt_tokens, &block_size))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(candidates);
+    if (n == 0) return PyList_New(0);
+    double *ttft = PyMem_Malloc(sizeof(double) * n);
+    if (ttft == NULL) return PyErr_NoMemory();
+    long long most_cached = prompt_tokens > 1 ? prompt_tokens - 1 : 0;
+    double cold = overhead + (double)prompt_tokens * per_token + 0.0 * per_cached;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(candidates, i);
+        PyObject *slots = PyObject_GetAttr(e, str_configured_slots);
+        if (slots == NULL) goto fail;
+        int has_slots = PyObject_IsTrue(slots);
+        Py_DECREF(slots);
+        if (has_slots < 0) goto fail;
+        if (has_slots) {
+            PyMem_Free(ttft);
+            Py_RETURN_NONE;
+        }
+        double lane_end = fresh_lane;
+        PyObject *state = PyDict_GetItemWithError(pods, e);
+        if (state == NULL && PyErr_Occurred()) goto fail;
+        if (state != NULL) {
+            PyObject *lane = PyObject_GetAttr(state, str_lane_end);
+            if (lane == NULL) goto fail;
+            int rc = as_double(lane, &lane_end);
+            Py_DECREF(lane);
+            if (rc < 0) goto fail;
+        }
+        double lane = lane_end - now;
+        double wait = lane > 0.0 ? lane : 0.0;
+        PyObject *name = PyObject_GetAttr(e, str_name);
+        if (name == NULL) goto fail;
+        PyObject *blocks = PyDict_GetItemWithError(matched, name);
+        Py_DECREF(name);
+        if (blocks == NULL && PyErr_Occurred()) goto fail;
+        long long count = 0;
+        if (blocks != NULL) {
+            count = PyLong_AsLongLong(blocks);
+            if (count == -1 && PyErr_Occurred()) goto fail;
+        }
+        if (count) {
+            long long cached = count * block_size;
+            if (cached > most_cached) cached = most_cached;
+            ttft[i] = wait + (overhead + (double)(prompt_tokens - cached) * per_token +
+                              (double)cached * per_cached);
+        } else {
+            ttft[i] = wait + cold;
+        }
+    }
+    double best = ttft[0];
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (ttft[i] < best) best = ttft[i];
+    PyObject *out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyFloat_FromDouble(ttft[i] > 0.0 ? best / ttft[i] : 1.0);
+        if (value == NULL) {
+            Py_DECREF(out);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    PyMem_Free(ttft);
+    return out;
+fail:
+    PyMem_Free(ttft);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"weighted_sum", k_weighted_sum, METH_VARARGS,
+     "weighted_sum(weights, columns) -> list[float]"},
+    {"tied", k_tied, METH_VARARGS, "tied(totals, eps) -> list[int]"},
+    {"prefill", k_prefill, METH_VARARGS,
+     "prefill(candidates, pods, matched, now, fresh_lane_end, overhead, per_token, "
+     "per_cached, prompt_tokens, block_size) -> list[float] | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kernels", "Compiled kernels of the scheduler.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) {
+    str_lane_end = PyUnicode_InternFromString("lane_end");
+    str_name = PyUnicode_InternFromString("name");
+    str_configured_slots = PyUnicode_InternFromString("configured_slots");
+    if (str_lane_end == NULL || str_name == NULL || str_configured_slots == NULL) return NULL;
+    return PyModule_Create(&module);
+}
