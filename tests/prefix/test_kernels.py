@@ -3,9 +3,11 @@ twins, the reference: the same inputs give the same outputs and leave the same s
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import shutil
+import sys
 import sysconfig
 from array import array
 
@@ -65,6 +67,8 @@ def test_the_chain_refuses_more_blocks_than_the_data_holds():
         compiled.xxh64_chain(array("I", range(16)), 64, 0, 2)
     with pytest.raises(ValueError, match="exceeds the data"):
         compiled.xxh64_chain(b"", 0, 0, 0)
+    with pytest.raises(ValueError, match="exceeds the data"):
+        compiled.xxh64_chain(b"\0" * 8, 4, 0, -1)
     with pytest.raises(TypeError):
         compiled.xxh64_chain("text", 4, 0, 1)
 
@@ -110,6 +114,66 @@ def test_the_walk_answers_as_the_python_match(pods, monkeypatch):
         got = holders.match(path)  # type: ignore[arg-type]
         assert got == expected
         assert list(got) == list(expected)  # the same order, pod by pod
+
+
+@needs_compiled
+def test_the_walk_stops_when_no_pod_is_left():
+    """Events name the pods that dropped out at each depth; once none is left the walk
+    ends, with no trailing empty event."""
+    bits = {1: 0b101, 2: 0b1, 3: 0b101}
+    assert compiled.walk(bits, [1, 2, 3, 1], 0b101) == [(1, 0b100), (4, 0b1)]
+    assert compiled.walk(bits, [1, 9, 1, 1], 0b101) == [(1, 0b101)]
+    assert compiled.walk(bits, [1, 2, 9, 3], 0b101) == [(1, 0b100), (2, 0b1)]
+
+
+@needs_compiled
+def test_the_kernels_keep_no_reference_and_no_buffer_after_a_call():
+    """Every path, errors included, gives back what it took. A leaked reference keeps an
+    argument alive (its refcount grows) or an object the caller never sees (the count of
+    allocated blocks grows, as CPython's own leak hunt measures it); a buffer not released
+    locks the array."""
+    args = Args()
+    for _ in range(200):  # warm up free lists and anything cached on first use
+        calls(args)
+    gc.collect()
+    refs = args.refcounts()
+    blocks = sys.getallocatedblocks()
+    for _ in range(2000):
+        calls(args)
+    gc.collect()
+    assert sys.getallocatedblocks() - blocks < 200  # one leak per call: >= 2000
+    assert args.refcounts() == refs
+    args.tokens.append(0)  # BufferError if an export was left behind
+
+
+class Args:
+    def __init__(self) -> None:
+        self.tokens = array("I", range(64))
+        self.active = (1 << 100) | 0b101  # not a cached small int: its refcount is its own
+        self.hashes = [1, 2, 3]
+        self.unfit = [1, 2, -1]
+        self.unhashable = [1, [2]]
+        self.bits = {1: self.active, 2: self.active, 3: 0b1}
+
+    def refcounts(self) -> list[int]:
+        return [sys.getrefcount(x) for x in vars(self).values()]
+
+
+def calls(a: Args) -> None:
+    compiled.xxh64(a.tokens, 1)
+    compiled.xxh64_chain(a.tokens, 64, 1, 4)
+    for bad in ((a.tokens, 64, 1, 5), (a.tokens, 64, "seed", 1)):
+        with pytest.raises((ValueError, TypeError)):
+            compiled.xxh64_chain(*bad)
+    assert compiled.walk(a.bits, a.hashes, a.active) == [(2, a.active ^ 0b1), (3, 0b1)]
+    assert compiled.walk(a.bits, a.hashes[:2], a.active) == [(2, a.active)]
+    assert compiled.walk({1: a.active}, a.hashes, a.active) == [(1, a.active)]
+    with pytest.raises(TypeError):
+        compiled.walk(a.bits, a.unhashable, a.active)
+    compiled.record_new({1: a.active, 2: 0b1000, 3: 0b1}, a.hashes, 0b1, 0b10, 0b11)
+    assert compiled.record_new({}, a.unfit, 0b1, 0b10, 0b11) is None
+    with pytest.raises(TypeError):
+        compiled.record_new({2: "x"}, a.hashes, 0b1, 0b10, 0b11)
 
 
 @needs_compiled
