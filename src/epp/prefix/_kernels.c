@@ -5,7 +5,7 @@
  * per-iteration cost. Nothing here keeps state between calls.
  *
  *   xxh64_chain  the chained xxHash64 of full token blocks (epp.prefix.hashing)
- *   walk         the holders walk of a lookup (epp.prefix.holders.Holders.match)
+ *   walk, match  the holders walk of a lookup (epp.prefix.holders.Holders.match)
  *   record_new   approximate mode's record loop (epp.prefix.approximate.record)
  *
  * XXH64 is written here from its specification (github.com/Cyan4973/xxHash,
@@ -222,6 +222,106 @@ fail:
     return NULL;
 }
 
+/* matched[names[i]] = depth for every pod i whose hold bit (bit 2i) is set in `mask`,
+ * lowest first, as Holders.python_match does. */
+static int add_reached(PyObject *matched, PyObject *names, PyObject *mask, Py_ssize_t depth) {
+    PyObject *length = PyObject_CallMethod(mask, "bit_length", NULL);
+    if (length == NULL) return -1;
+    Py_ssize_t nbits = PyLong_AsSsize_t(length);
+    Py_DECREF(length);
+    if (nbits < 0) return -1;
+    PyObject *raw = PyObject_CallMethod(mask, "to_bytes", "ns", (nbits + 7) / 8, "little");
+    if (raw == NULL) return -1;
+    PyObject *at = PyLong_FromSsize_t(depth);
+    if (at == NULL) {
+        Py_DECREF(raw);
+        return -1;
+    }
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
+    Py_ssize_t size = PyBytes_GET_SIZE(raw), count = PyList_GET_SIZE(names);
+    int rc = 0;
+    for (Py_ssize_t j = 0; j < size && rc == 0; j++) {
+        for (int k = 0; k < 8 && rc == 0; k++) {
+            if (!(bytes[j] >> k & 1)) continue;
+            Py_ssize_t pod = (j * 8 + k) >> 1;
+            if (pod >= count) {
+                PyErr_SetString(PyExc_IndexError, "list index out of range");
+                rc = -1;
+            } else {
+                rc = PyDict_SetItem(matched, PyList_GET_ITEM(names, pod), at);
+            }
+        }
+    }
+    Py_DECREF(at);
+    Py_DECREF(raw);
+    return rc;
+}
+
+/* match(bits, hashes, active, names) -> dict[str, int]: Holders.match from the hold bits
+ * `active` of the pods holding hashes[0]: the walk, each pod named with its depth. */
+static PyObject *k_match(PyObject *self, PyObject *args) {
+    PyObject *bits, *hashes, *active, *names;
+    if (!PyArg_ParseTuple(args, "O!OOO!", &PyDict_Type, &bits, &hashes, &active, &PyList_Type,
+                          &names))
+        return NULL;
+    PyObject *walk_args = PyTuple_Pack(3, bits, hashes, active);
+    if (walk_args == NULL) return NULL;
+    PyObject *events = k_walk(self, walk_args);
+    Py_DECREF(walk_args);
+    if (events == NULL) return NULL;
+    PyObject *matched = PyDict_New();
+    if (matched == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *event = PyList_GET_ITEM(events, i);
+        Py_ssize_t depth = PyLong_AsSsize_t(PyTuple_GET_ITEM(event, 0));
+        if (depth < 0 && PyErr_Occurred()) goto fail;
+        if (add_reached(matched, names, PyTuple_GET_ITEM(event, 1), depth) < 0) goto fail;
+    }
+    Py_DECREF(events);
+    return matched;
+fail:
+    Py_XDECREF(matched);
+    Py_DECREF(events);
+    return NULL;
+}
+
+/* What record does with a block whose value is `mask` (not NULL): *update gets the new
+ * value (a new reference) or NULL for none, *add whether the pod newly holds it. */
+static int decide(PyObject *mask, PyObject *hold, PyObject *mark, PyObject *both,
+                  PyObject **update, int *add) {
+    *update = NULL;
+    *add = 0;
+    int eq = PyObject_RichCompareBool(mask, both, Py_EQ);
+    if (eq < 0) return -1;
+    if (eq) return 0; /* held and marked already */
+    eq = PyObject_RichCompareBool(mask, hold, Py_EQ);
+    if (eq < 0) return -1;
+    if (eq) {
+        *update = Py_NewRef(both);
+        return 0;
+    }
+    PyObject *held = PyNumber_And(mask, hold);
+    if (held == NULL) return -1;
+    int is_held = PyObject_IsTrue(held);
+    Py_DECREF(held);
+    if (is_held < 0) return -1;
+    if (!is_held) { /* only other pods hold it */
+        *update = PyNumber_Or(mask, hold);
+        *add = 1;
+        return *update == NULL ? -1 : 0;
+    }
+    PyObject *marked = PyNumber_And(mask, mark);
+    if (marked == NULL) return -1;
+    int is_marked = PyObject_IsTrue(marked);
+    Py_DECREF(marked);
+    if (is_marked < 0) return -1;
+    if (!is_marked) {
+        *update = PyNumber_Or(mask, mark);
+        if (*update == NULL) return -1;
+    }
+    return 0;
+}
+
 /* record_new(bits, hashes, hold, mark, both) -> bytes | None: approximate mode's record
  * loop over `hashes` tail first. A block nobody holds gets `hold`; one this pod holds gets
  * its mark; one only others hold gets this pod's hold bit. Returns the blocks this pod did
@@ -254,6 +354,12 @@ static PyObject *k_record_new(PyObject *self, PyObject *args) {
     }
     uint64_t *out = (uint64_t *)PyBytes_AS_STRING(added);
     Py_ssize_t count = 0;
+    /* The previous block's old value and what it became: a run of blocks sharing one value
+     * object takes one decision, and their new values share one object too (so the next
+     * walk and record over them are identity checks). Strong references: a freed value's
+     * address may be reused by a new int. */
+    PyObject *run_mask = NULL, *run_update = NULL;
+    int run_add = 0;
     for (Py_ssize_t i = n - 1; i >= 0; i--) {
         PyObject *block = items[i];
         PyObject *mask = PyDict_GetItemWithError(bits, block);
@@ -265,36 +371,14 @@ static PyObject *k_record_new(PyObject *self, PyObject *args) {
             add = 1;
         } else if (mask == both) {
             continue;
+        } else if (mask == run_mask) {
+            update = Py_XNewRef(run_update);
+            add = run_add;
         } else {
-            int eq = PyObject_RichCompareBool(mask, both, Py_EQ);
-            if (eq < 0) goto fail;
-            if (eq) continue;
-            eq = PyObject_RichCompareBool(mask, hold, Py_EQ);
-            if (eq < 0) goto fail;
-            if (eq) {
-                update = Py_NewRef(both);
-            } else {
-                PyObject *held = PyNumber_And(mask, hold);
-                if (held == NULL) goto fail;
-                int is_held = PyObject_IsTrue(held);
-                Py_DECREF(held);
-                if (is_held < 0) goto fail;
-                if (is_held) {
-                    PyObject *marked = PyNumber_And(mask, mark);
-                    if (marked == NULL) goto fail;
-                    int is_marked = PyObject_IsTrue(marked);
-                    Py_DECREF(marked);
-                    if (is_marked < 0) goto fail;
-                    if (!is_marked) {
-                        update = PyNumber_Or(mask, mark);
-                        if (update == NULL) goto fail;
-                    }
-                } else {
-                    update = PyNumber_Or(mask, hold);
-                    if (update == NULL) goto fail;
-                    add = 1;
-                }
-            }
+            if (decide(mask, hold, mark, both, &update, &add) < 0) goto fail;
+            Py_XSETREF(run_mask, Py_NewRef(mask));
+            Py_XSETREF(run_update, Py_XNewRef(update));
+            run_add = add;
         }
         if (update != NULL) {
             int rc = PyDict_SetItem(bits, block, update);
@@ -303,10 +387,14 @@ static PyObject *k_record_new(PyObject *self, PyObject *args) {
         }
         if (add) out[count++] = (uint64_t)PyLong_AsUnsignedLongLong(block);
     }
+    Py_XDECREF(run_mask);
+    Py_XDECREF(run_update);
     Py_DECREF(seq);
     if (_PyBytes_Resize(&added, count * 8) < 0) return NULL;
     return added;
 fail:
+    Py_XDECREF(run_mask);
+    Py_XDECREF(run_update);
     Py_DECREF(seq);
     Py_DECREF(added);
     return NULL;
@@ -320,6 +408,7 @@ static PyMethodDef methods[] = {
     {"xxh64_chain", k_xxh64_chain, METH_VARARGS,
      "xxh64_chain(data, block_bytes, seed, blocks) -> list[int]"},
     {"walk", k_walk, METH_VARARGS, "walk(bits, hashes, active) -> list[tuple[int, int]]"},
+    {"match", k_match, METH_VARARGS, "match(bits, hashes, active, names) -> dict[str, int]"},
     {"record_new", k_record_new, METH_VARARGS,
      "record_new(bits, hashes, hold, mark, both) -> bytes | None"},
     {NULL, NULL, 0, NULL},
@@ -327,6 +416,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kernels", "Compiled kernels of the prefix index.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -79,14 +79,7 @@ class Holders:
             return {}
         if COMPILED is None:
             return self.python_match(hashes, active)
-        names = self.names
-        matched: dict[str, int] = {}
-        for depth, reached in COMPILED.walk(self.bits, hashes, active):
-            while reached:
-                low = reached & -reached
-                matched[names[low.bit_length() >> 1]] = depth
-                reached ^= low
-        return matched
+        return COMPILED.match(self.bits, hashes, active, self.names)
 
     def python_match(self, hashes: Sequence[BlockHash], active: int) -> dict[str, int]:
         """`match` in pure Python (the twin of the compiled `walk`, epp.kernels),
