@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+
+from epp.observability.loop_metrics import LoopCounter
 
 log = structlog.get_logger("epp.answers")
 
@@ -47,14 +49,14 @@ class Answers:
         per_second: float = DEFAULT_PER_SECOND,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.total = Counter(
+        self.total = LoopCounter(
             "epp_answers_total",
             "Requests the EPP answered itself instead of routing them (ImmediateResponse),"
             " by HTTP status and reason (the x-request-dropped-reason header).",
             ["status", "reason"],
             registry=registry,
         )
-        self.suppressed = Counter(
+        self.suppressed = LoopCounter(
             "epp_answer_logs_suppressed_total",
             "request_answered log lines dropped by the per-reason rate limit (the answers"
             " are still counted in epp_answers_total).",

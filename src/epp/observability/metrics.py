@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,7 @@ from epp.observability.kv_events import KvEventsCollector
 from epp.observability.labels import DEFAULT_LIMIT, BoundedLabel, BoundedMetric
 from epp.observability.logs import trace, trace_enabled
 from epp.observability.loop_lag import LoopLagMonitor
+from epp.observability.loop_metrics import LoopCounter, LoopHistogram
 from epp.observability.stale import StaleCacheTracker
 from epp.observability.tasks import register_task_gauge
 from epp.observability.upstream import UpstreamMetrics
@@ -197,7 +198,7 @@ class EppMetrics:
         self.models = BoundedLabel(client_label_limit, known=self._pod_models)
         self.adapters = BoundedLabel(client_label_limit, known=self._pod_adapters)
         self.decisions = BoundedMetric(
-            Counter(
+            LoopCounter(
                 "epp_routing_decisions_total",
                 "Requests handled, by model (bounded: unknown models beyond a limit are"
                 " 'other') and result.",
@@ -206,38 +207,38 @@ class EppMetrics:
             ),
             model=self.models,
         )
-        self.cache_match = Histogram(
+        self.cache_match = LoopHistogram(
             "epp_cache_match_ratio",
             "Cache match ratio of the chosen pod.",
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.best_possible_match = Histogram(
+        self.best_possible_match = LoopHistogram(
             "epp_best_cache_match_ratio",
             "Best cache match among all known pods: tells 'no reuse possible' from 'reuse lost'.",
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.composite = Histogram(
+        self.composite = LoopHistogram(
             "epp_composite_score",
             "Composite score of the chosen pod.",
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.latency_us = Histogram(
+        self.latency_us = LoopHistogram(
             "epp_scoring_latency_us",
             "Parse + hash + lookup + score + pick, in microseconds.",
             buckets=LATENCY_US_BUCKETS,
             registry=r,
         )
-        self.candidates = Histogram(
+        self.candidates = LoopHistogram(
             "epp_candidate_pods",
             "Pods left after filtering.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=r,
         )
         self.adapter_loads = BoundedMetric(
-            Counter(
+            LoopCounter(
                 "epp_adapter_loads_triggered_total",
                 "Requests sent to a pod without their LoRA adapter loaded (adapter bounded"
                 " like model).",
@@ -246,7 +247,7 @@ class EppMetrics:
             ),
             adapter=self.adapters,
         )
-        self.fallback_served = Counter(
+        self.fallback_served = LoopCounter(
             "epp_fallback_served_total",
             "Requests a fallback endpoint served (primary failed).",
             registry=r,
@@ -254,13 +255,13 @@ class EppMetrics:
         self.prefix_nodes = Gauge(
             "epp_prefix_tree_nodes", "Distinct prefixes in the index.", registry=r
         )
-        self.streams_failed = Counter(
+        self.streams_failed = LoopCounter(
             "epp_stream_errors_total",
             "ext_proc streams that ended in an internal error.",
             registry=r,
         )
 
-        self.scrape_failures = Counter(
+        self.scrape_failures = LoopCounter(
             "epp_scrape_failures_total",
             "Failed scrapes of pod metrics pages, by reason: timeout, connection,"
             " http-status, bad-page, too-large, internal, other.",

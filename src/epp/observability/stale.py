@@ -58,10 +58,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoint import Endpoint
 from epp.datalayer.metrics_parser import PodMetrics
+from epp.observability.loop_metrics import LoopCounter
 
 DEFAULT_REQUIRED = 0.5
 DEFAULT_MAX_PENDING = 10_000
@@ -163,7 +164,7 @@ class StaleCacheTracker:
         required: float = DEFAULT_REQUIRED,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        self.stale = Counter(
+        self.stale = LoopCounter(
             "epp_stale_cache_routing_total",
             "Routing decisions whose predicted prefix-cache hit the pod did not have."
             " Approximate pods: less than half of the predicted tokens showed up in the"
@@ -172,7 +173,7 @@ class StaleCacheTracker:
             " (a BlockStored event). See docs/metrics.md.",
             registry=registry,
         )
-        self.checked = Counter(
+        self.checked = LoopCounter(
             "epp_stale_cache_checked_total",
             "Routing decisions with a predicted prefix-cache hit that were checked (stale"
             " or not): against the pod's vllm:prefix_cache_hits_total, or its KV events.",
