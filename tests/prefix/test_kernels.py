@@ -228,3 +228,49 @@ def test_a_hash_that_is_no_uint64_changes_nothing_and_the_twin_records_it():
 def test_the_compiled_chain_is_what_block_hashes_returns():
     tokens = array("I", range(100))
     assert block_hashes(tokens, 16, 3) == compiled.xxh64_chain(tokens, 64, 3, 6)
+
+
+USE_AFTER_FREE = """
+import sys
+from epp.prefix import _kernels as k
+hashes = []
+class Key:  # a key whose hash empties the list being walked and reuses its memory
+    def __hash__(self):
+        hashes.clear()
+        [bytearray(64) for _ in range(10000)]
+        return 12345
+    def __eq__(self, other):
+        return self is other
+class Mask(int):  # a value whose comparison does the same to the list being recorded
+    def __eq__(self, other):
+        hashes.clear()
+        [bytearray(64) for _ in range(10000)]
+        return False
+    __hash__ = int.__hash__
+key = Key()
+if sys.argv[1] == "walk":
+    hashes.extend([1, key, *range(2, 5002)])
+    bits = {1: 1, key: 1, **{i: 1 for i in range(2, 5002)}}
+    k.walk(bits, hashes, 1)
+else:
+    hashes.extend([*range(2, 5002), 1])
+    k.record_new({1: Mask(9)}, hashes, 1, 2, 3)
+print("ok")
+"""
+
+
+@needs_compiled
+@pytest.mark.parametrize("kernel", ["walk", "record"])
+def test_a_hash_list_emptied_during_the_call_does_not_crash_the_process(kernel, tmp_path):
+    """The kernels walk a copy of `hashes`: Python code run by a key's hash or a value's
+    comparison cannot free what they read (before the copy: a segfault, or objects read
+    from freed memory)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(USE_AFTER_FREE)
+    done = subprocess.run(
+        [sys.executable, str(script), kernel], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -158,7 +158,8 @@ static int add_event(PyObject *events, Py_ssize_t depth, PyObject *mask) {
 static PyObject *k_walk(PyObject *self, PyObject *args) {
     PyObject *bits, *hashes, *active;
     if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &bits, &hashes, &active)) return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence");
+    /* A tuple copy: a key whose __hash__ or __eq__ runs Python code cannot resize it. */
+    PyObject *seq = PySequence_Tuple(hashes);
     if (seq == NULL) return NULL;
     PyObject *events = PyList_New(0);
     if (events == NULL) {
@@ -331,7 +332,8 @@ static PyObject *k_record_new(PyObject *self, PyObject *args) {
     PyObject *bits, *hashes, *hold, *mark, *both;
     if (!PyArg_ParseTuple(args, "O!OOOO", &PyDict_Type, &bits, &hashes, &hold, &mark, &both))
         return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence");
+    /* A tuple copy: a key whose __hash__ or __eq__ runs Python code cannot resize it. */
+    PyObject *seq = PySequence_Tuple(hashes);
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
