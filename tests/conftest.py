@@ -83,10 +83,13 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 def _kernel_users() -> dict[str, tuple[Any, ...]]:
     """The modules that chose an implementation at import (epp.kernels), per extension."""
     from epp.prefix import approximate, hashing, holders
-    from epp.scheduling import picker, scheduler
-    from epp.scheduling.scorers import prefill
+    from epp.scheduling import filters, picker, scheduler
+    from epp.scheduling.scorers import prefill, queue
 
-    return {"PREFIX": (approximate, hashing, holders), "SCHEDULING": (picker, scheduler, prefill)}
+    return {
+        "PREFIX": (approximate, hashing, holders),
+        "SCHEDULING": (filters, picker, scheduler, prefill, queue),
+    }
 
 
 @pytest.fixture(params=["compiled", "python"])

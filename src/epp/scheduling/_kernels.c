@@ -9,11 +9,15 @@
  *   tied          the candidates within eps of the best total (MaxScorePicker.pick)
  *   prefill       the prefill scorer's pass (PrefillScorer.score), for candidates none
  *                 of which has configured running slots (the slot wait stays in Python)
+ *   outside_unit  the range check of a scorer's scores (Scheduler.schedule)
+ *   queue_scores  the queue scorer (QueueScorer.score)
+ *   model_filter, health_filter   ModelFilter and HealthFilter
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static PyObject *str_lane_end, *str_name, *str_configured_slots;
+static PyObject *str_lane_end, *str_name, *str_configured_slots, *str_queue_depth, *str_model,
+    *str_panic, *str_excluded;
 
 /* The float of a list item (an int or a float, as Python's arithmetic takes it). */
 static inline int as_double(PyObject *item, double *out) {
@@ -217,10 +221,133 @@ fail:
     return NULL;
 }
 
+/* outside_unit(scores) -> bool | None: `min(scores) < 0.0 or max(scores) > 1.0` with
+ * Python's min and max (the first of equals; a NaN never replaces a number, and a NaN
+ * first stays), for a non-empty list of floats; None for anything else (the twin runs). */
+static PyObject *k_outside_unit(PyObject *self, PyObject *scores) {
+    if (!PyList_CheckExact(scores) || PyList_GET_SIZE(scores) == 0) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(scores);
+    double low = 0.0, high = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(scores, i);
+        if (!PyFloat_CheckExact(item)) Py_RETURN_NONE;
+        double v = PyFloat_AS_DOUBLE(item);
+        if (i == 0) {
+            low = high = v;
+        } else {
+            if (v < low) low = v;
+            if (v > high) high = v;
+        }
+    }
+    return PyBool_FromLong(low < 0.0 || high > 1.0);
+}
+
+/* The float of attribute `name` of `obj` (Python's float(), as arithmetic takes it). */
+static int attr_double(PyObject *obj, PyObject *name, double *out) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) return -1;
+    int rc = as_double(value, out);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* queue_scores(candidates, max_queue) -> list[float]: per candidate,
+ * 1.0 - min(e.queue_depth / max_queue, 1.0) (the queue scorer). */
+static PyObject *k_queue_scores(PyObject *self, PyObject *args) {
+    PyObject *candidates;
+    double max_queue;
+    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &candidates, &max_queue)) return NULL;
+    if (max_queue == 0.0) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(candidates);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double depth;
+        if (attr_double(PyList_GET_ITEM(candidates, i), str_queue_depth, &depth) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        double q = depth / max_queue;
+        PyObject *value = PyFloat_FromDouble(1.0 - (q > 1.0 ? 1.0 : q));
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
+/* keep(candidates, test): the candidates for which test(e) is 1, in order. */
+static PyObject *keep(PyObject *candidates, int (*test)(PyObject *, void *), void *arg) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    /* The size is read at each step: a test's attribute hook may shrink the list. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(candidates); i++) {
+        PyObject *e = PyList_GET_ITEM(candidates, i);
+        Py_INCREF(e); /* a test's attribute hook may drop the list's reference */
+        int kept = test(e, arg);
+        int rc = kept > 0 ? PyList_Append(out, e) : kept;
+        Py_DECREF(e);
+        if (rc < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static int serves_model(PyObject *e, void *wanted) {
+    PyObject *model = PyObject_GetAttr(e, str_model);
+    if (model == NULL) return -1;
+    int rc = model == Py_None ? 1 : PyObject_RichCompareBool(model, (PyObject *)wanted, Py_EQ);
+    Py_DECREF(model);
+    return rc;
+}
+
+static int routable(PyObject *e, void *unused) {
+    PyObject *panic = PyObject_GetAttr(e, str_panic);
+    if (panic == NULL) return -1;
+    int rc = PyObject_IsTrue(panic);
+    Py_DECREF(panic);
+    if (rc != 0) return rc;
+    PyObject *excluded = PyObject_GetAttr(e, str_excluded);
+    if (excluded == NULL) return -1;
+    rc = PyObject_IsTrue(excluded);
+    Py_DECREF(excluded);
+    return rc < 0 ? rc : !rc;
+}
+
+/* model_filter(candidates, wanted) -> list: [e for e in candidates
+ *     if e.model is None or e.model == wanted] (ModelFilter). */
+static PyObject *k_model_filter(PyObject *self, PyObject *args) {
+    PyObject *candidates, *wanted;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &candidates, &wanted)) return NULL;
+    return keep(candidates, serves_model, wanted);
+}
+
+/* health_filter(candidates) -> list: [e for e in candidates if e.panic or not e.excluded]
+ * (HealthFilter). */
+static PyObject *k_health_filter(PyObject *self, PyObject *candidates) {
+    if (!PyList_Check(candidates)) {
+        PyErr_SetString(PyExc_TypeError, "candidates must be a list");
+        return NULL;
+    }
+    return keep(candidates, routable, NULL);
+}
+
 static PyMethodDef methods[] = {
     {"weighted_sum", k_weighted_sum, METH_VARARGS,
      "weighted_sum(weights, columns) -> list[float]"},
     {"tied", k_tied, METH_VARARGS, "tied(totals, eps) -> list[int]"},
+    {"outside_unit", k_outside_unit, METH_O, "outside_unit(scores) -> bool | None"},
+    {"queue_scores", k_queue_scores, METH_VARARGS,
+     "queue_scores(candidates, max_queue) -> list[float]"},
+    {"model_filter", k_model_filter, METH_VARARGS, "model_filter(candidates, wanted) -> list"},
+    {"health_filter", k_health_filter, METH_O, "health_filter(candidates) -> list"},
     {"prefill", k_prefill, METH_VARARGS,
      "prefill(candidates, pods, matched, now, fresh_lane_end, overhead, per_token, "
      "per_cached, prompt_tokens, block_size) -> list[float] | None"},
@@ -236,6 +363,12 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     str_lane_end = PyUnicode_InternFromString("lane_end");
     str_name = PyUnicode_InternFromString("name");
     str_configured_slots = PyUnicode_InternFromString("configured_slots");
-    if (str_lane_end == NULL || str_name == NULL || str_configured_slots == NULL) return NULL;
+    str_queue_depth = PyUnicode_InternFromString("queue_depth");
+    str_model = PyUnicode_InternFromString("model");
+    str_panic = PyUnicode_InternFromString("panic");
+    str_excluded = PyUnicode_InternFromString("excluded");
+    if (str_lane_end == NULL || str_name == NULL || str_configured_slots == NULL ||
+        str_queue_depth == NULL || str_model == NULL || str_panic == NULL || str_excluded == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -8,6 +8,7 @@ from itertools import compress, repeat
 from operator import attrgetter, lt
 
 from epp.datalayer.endpoint import Endpoint
+from epp.kernels import SCHEDULING as COMPILED
 from epp.scheduling.types import SchedulingRequest
 
 
@@ -39,7 +40,9 @@ class ModelFilter:
         wanted = request.base_model
         if wanted is None:
             return candidates
-        return [e for e in candidates if e.model is None or e.model == wanted]
+        if COMPILED is not None:
+            return COMPILED.model_filter(candidates, wanted)
+        return [e for e in candidates if e.model is None or e.model == wanted]  # the twin
 
 
 @dataclass(slots=True)
@@ -55,7 +58,9 @@ class HealthFilter:
     reject_reason: str = "rejected-no-healthy-endpoints"
 
     def filter(self, request: SchedulingRequest, candidates: list[Endpoint]) -> list[Endpoint]:
-        return [e for e in candidates if e.panic or not e.excluded]
+        if COMPILED is not None:
+            return COMPILED.health_filter(candidates)
+        return [e for e in candidates if e.panic or not e.excluded]  # the twin
 
 
 @dataclass(slots=True)

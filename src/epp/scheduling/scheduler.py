@@ -91,7 +91,7 @@ class Scheduler:
                 raise ValueError(f"scorer {scorer.name!r} returned {len(scores)} scores")
             # Scores outside [0, 1] (a custom scorer's bug) are clamped, not trusted; the
             # check is two C-level passes, the copy only happens when needed.
-            if scores and (min(scores) < 0.0 or max(scores) > 1.0):
+            if scores and _outside_unit(scores):
                 scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
             factors[scorer.name] = scores
             columns.append(scores)
@@ -114,6 +114,13 @@ class Scheduler:
             chosen_index=chosen[0],
             filtered_out=removed,
         )
+
+
+def _outside_unit(scores: list[float]) -> bool:
+    outside = COMPILED.outside_unit(scores) if COMPILED is not None else None
+    if outside is None:  # the twin (and any list the kernel leaves to it: not all floats)
+        return min(scores) < 0.0 or max(scores) > 1.0
+    return outside
 
 
 def weighted_sum(count: int) -> Callable[..., list[float]]:

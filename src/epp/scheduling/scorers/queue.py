@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epp.datalayer.endpoint import Endpoint
+from epp.kernels import SCHEDULING as COMPILED
 from epp.scheduling.types import SchedulingRequest
 
 
@@ -22,5 +23,7 @@ class QueueScorer:
 
     def score(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> list[float]:
         max_queue = float(self.max_queue)
-        # min(q, 1.0) inlined: no call per candidate, one pass.
+        if COMPILED is not None and type(candidates) is list:
+            return COMPILED.queue_scores(candidates, max_queue)
+        # The twin of the compiled `queue_scores` (epp.kernels): min(q, 1.0) inlined.
         return [1.0 - (1.0 if (q := e.queue_depth / max_queue) > 1.0 else q) for e in candidates]
