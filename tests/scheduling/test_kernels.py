@@ -3,8 +3,10 @@ pure-Python twins, the reference: the same inputs give the same scores to the la
 
 from __future__ import annotations
 
+import gc
 import math
 import random
+import sys
 
 import pytest
 from helpers import endpoint
@@ -129,3 +131,129 @@ def test_the_prefill_pass_raises_on_a_broken_candidate():
         compiled.prefill([NoName()], {}, {}, 0.0, 0.0, 0.01, 0.0002, 0.00001, 10, 16)
     with pytest.raises(TypeError):
         compiled.prefill([endpoint("a")], {}, {"a": "many"}, 0.0, 0.0, 0.1, 0.1, 0.1, 10, 16)
+
+
+def test_the_weighted_sum_refuses_a_later_column_longer_than_the_first():
+    # The twin's zip(strict=True) refuses both ways; a shorter-only check reads past a list.
+    with pytest.raises(ValueError, match="different lengths"):
+        compiled.weighted_sum((0.5, 0.5), [[1.0], [1.0, 0.0]])
+    with pytest.raises(ValueError):
+        weighted_sum(2)(0.5, 0.5, [1.0], [1.0, 0.0])
+
+
+def test_the_weighted_sum_is_the_twins_on_signed_zeros_and_non_finite_values():
+    """A custom scorer may return any float: -0.0 stays -0.0 (no 0.0 + ... start), and
+    inf and NaN go through the same operations in the same order."""
+    rng = random.Random(4)
+    odd = [0.0, -0.0, -1.0, 1.0, math.inf, -math.inf, math.nan, 1e308, -5e-324]
+    for _ in range(2000):
+        k = rng.randrange(1, 5)
+        n = rng.randrange(1, 6)
+        weights = tuple(rng.choice(odd) for _ in range(k))
+        columns = [[rng.choice(odd) for _ in range(n)] for _ in range(k)]
+        expected = weighted_sum(k)(*weights, *columns)
+        assert bits(compiled.weighted_sum(weights, columns)) == bits(expected), (weights, columns)
+
+
+def test_the_prefill_pass_is_the_twins_on_odd_inputs():
+    """Outside what the router sends, the kernel still does what the twin does: a clock
+    before the fresh lane end, NaN or infinite lane ends and costs (a NaN ttft must not
+    replace the minimum: min() keeps the first), negative block counts (truthy, so not
+    cold), a cached-token cost that makes the cold formula's 0 * per_cached a NaN."""
+    rng = random.Random(5)
+    names = [f"p{i}" for i in range(6)]
+    odd = [0.0, -0.0, 1.0, -2.0, math.inf, -math.inf, math.nan, 1e-9]
+    for _ in range(1500):
+        fleet = [endpoint(name, port=9000 + i) for i, name in enumerate(names)]
+        cost = PrefillCost(*(rng.choice([*odd, 0.01, 0.0002]) for _ in range(3)))
+        scorer = PrefillScorer(cost)
+        request = random_request(rng, names)
+        request.now = rng.choice([-5.0, 0.0, 3.0, math.nan])
+        for name in rng.sample(names, rng.randrange(0, 4)):
+            request.prefix_match[name] = rng.choice([-3, -1, 0, 1, 2])
+        for e in fleet:
+            if rng.random() < 0.6:
+                scorer.state(e).lane_end = rng.choice([*odd, request.now + 1.0])
+        got = compiled.prefill(
+            fleet, scorer._pods, request.prefix_match, request.now, _FRESH.lane_end,
+            cost.overhead_s, cost.per_token_s, cost.per_cached_token_s,
+            request.prompt_tokens, request.block_size,
+        )  # fmt: skip
+        assert got is not None
+        assert bits(got) == bits(scorer.python_score(request, fleet)), (cost, request)
+
+
+class LeakArgs:
+    """Arguments whose refcounts are their own (no cached small ints or interned strs)."""
+
+    def __init__(self) -> None:
+        self.weights = (0.25 + 1e-9, 0.75 + 1e-9)
+        self.column = [0.5 + 1e-9, 1.5 + 1e-9, 2.5 + 1e-9]
+        self.other = (1.0 + 1e-9, 2.0 + 1e-9, 3.0 + 1e-9)
+        self.totals = [1.0 + 1e-9, 3.0 + 1e-9, 3.0 + 2e-9]
+        self.fleet = [endpoint("leak-a"), endpoint("leak-b", port=9001)]
+        self.pods = {
+            self.fleet[0]: PrefillScorer(PrefillCost(0.01, 0.0002, 0.00001)).state(self.fleet[0])
+        }
+        self.pods[self.fleet[0]].lane_end = 7.0 + 1e-9
+        self.fleet[1].name = "".join(["leak-", "b"])  # not interned
+        self.matched = {"leak-a": 3000, "leak-b": 4000}
+        self.slotted = [endpoint("leak-c"), endpoint("leak-d")]
+        self.slotted[1].configured_slots = 4
+        self.bad_column = [0.5 + 1e-9, 1.0 + 1e-9, "x"]  # fails on the last candidate
+        self.bad_matched = {"leak-b": "many"}
+        self.ties = [2.0 + 1e-9] * 300  # indexes past the small-int cache: each a new int
+        # What the prefill pass reads, as objects of their own.
+        self.lane_end = self.pods[self.fleet[0]].lane_end
+        self.names = [e.name for e in self.fleet]
+        self.fleet[0].configured_slots = float("0.0")  # falsy: no slots
+        self.slotted[1].configured_slots = 10**20
+        self.slots = [self.fleet[0].configured_slots, self.slotted[1].configured_slots]
+
+    def refcounts(self) -> list[int]:
+        return [
+            sys.getrefcount(x)
+            for value in vars(self).values()
+            for x in (value, *(value if isinstance(value, list | tuple) else ()))
+        ]
+
+
+def leak_calls(a: LeakArgs) -> None:
+    costs = (0.0, 0.01, 0.0002, 0.00001)
+    assert len(compiled.weighted_sum(a.weights, [a.column, a.other])) == 3
+    with pytest.raises(ValueError):
+        compiled.weighted_sum(a.weights, [a.column, a.other[:2]])
+    with pytest.raises(TypeError):
+        compiled.weighted_sum(a.weights, [a.column, a.bad_column])
+    with pytest.raises(TypeError):
+        compiled.weighted_sum(a.weights, [a.column, 5])
+    with pytest.raises(TypeError):
+        compiled.weighted_sum(a.weights, 5)
+    assert compiled.tied(a.totals, 1e-6) == [1, 2]
+    assert len(compiled.tied(a.ties, 0.0)) == 300
+    with pytest.raises(TypeError):
+        compiled.tied([*a.totals, "x"], 0.1)
+    assert len(compiled.prefill(a.fleet, a.pods, a.matched, 5.0, *costs, 9000, 16)) == 2
+    assert compiled.prefill(a.slotted, a.pods, a.matched, 5.0, *costs, 9000, 16) is None
+    with pytest.raises(TypeError):
+        compiled.prefill(a.fleet, a.pods, a.bad_matched, 5.0, *costs, 9000, 16)
+    with pytest.raises(AttributeError):
+        compiled.prefill([*a.fleet, object()], a.pods, a.matched, 5.0, *costs, 9000, 16)
+
+
+def test_the_kernels_keep_no_reference_after_a_call():
+    """Every path, errors included, gives back what it took: a leaked reference shows in
+    an argument's refcount, a leaked new object in the count of allocated blocks."""
+    args = LeakArgs()
+    for _ in range(200):  # warm up free lists
+        leak_calls(args)
+    gc.collect()
+    refs = args.refcounts()
+    blocks = sys.getallocatedblocks()
+    nones = sys.getrefcount(None)
+    for _ in range(2000):
+        leak_calls(args)
+    gc.collect()
+    assert sys.getallocatedblocks() - blocks < 200  # one leak per call: >= 2000
+    assert args.refcounts() == refs
+    assert abs(sys.getrefcount(None) - nones) < 1000  # None returned without its reference
