@@ -154,6 +154,13 @@ class Args:
         self.unfit = [1, 2, -1]
         self.unhashable = [1, [2]]
         self.bits = {1: self.active, 2: self.active, 3: 0b1}
+        self.names = [f"pod-{i}" for i in range(51)]
+        self.short_names = self.names[:2]  # no name for the pod of bit 100: IndexError
+        # Depths and bit lengths past the small-int cache: each a new int.
+        self.deep = (1 << 600) | 0b1
+        self.deep_path = [7] * 300
+        self.deep_names = [f"pod-{i}" for i in range(301)]
+        self.run_value = 1 << 200  # the run cache holds it when the next block fails
 
     def refcounts(self) -> list[int]:
         return [sys.getrefcount(x) for x in vars(self).values()]
@@ -170,10 +177,19 @@ def calls(a: Args) -> None:
     assert compiled.walk({1: a.active}, a.hashes, a.active) == [(1, a.active)]
     with pytest.raises(TypeError):
         compiled.walk(a.bits, a.unhashable, a.active)
+    matched = compiled.match(a.bits, a.hashes, a.active, a.names)
+    assert matched == {"pod-0": 3, "pod-1": 2, "pod-50": 2}
+    with pytest.raises(IndexError):
+        compiled.match(a.bits, a.hashes, a.active, a.short_names)
+    with pytest.raises(TypeError):
+        compiled.match(a.bits, a.unhashable, a.active, a.names)
+    assert len(compiled.match({7: a.deep}, a.deep_path, a.deep, a.deep_names)) == 2
     compiled.record_new({1: a.active, 2: 0b1000, 3: 0b1}, a.hashes, 0b1, 0b10, 0b11)
     assert compiled.record_new({}, a.unfit, 0b1, 0b10, 0b11) is None
     with pytest.raises(TypeError):
         compiled.record_new({2: "x"}, a.hashes, 0b1, 0b10, 0b11)
+    with pytest.raises(TypeError):
+        compiled.record_new({3: a.run_value, 2: "x"}, a.hashes, 0b1, 0b10, 0b11)
 
 
 @needs_compiled
@@ -274,3 +290,43 @@ def test_a_hash_list_emptied_during_the_call_does_not_crash_the_process(kernel, 
         [sys.executable, str(script), kernel], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@needs_compiled
+def test_match_refuses_a_hold_bit_past_the_names_as_the_twin_does():
+    """A pod id with no name slot is an IndexError in both (a bounds check off by one
+    reads past the list)."""
+    holders = Holders()
+    for i in range(3):
+        holders.add_pod(f"pod-{i}")
+    for bit in (1 << 6, 1 << 7, 1 << 200):
+        for call in (holders.python_match, lambda h, a: compiled.match({}, h, a, holders.names)):
+            with pytest.raises(IndexError):
+                call([1, 2], bit | 1)
+    assert compiled.match({}, [1], 1 << 4, holders.names) == {"pod-2": 0}
+
+
+@needs_compiled
+def test_record_gives_a_run_of_blocks_sharing_a_value_one_new_value_object():
+    """Blocks that shared one value object before record share one new value object after
+    it (one decision per run), so the next walk and record over them are identity checks;
+    each case of the decision, with ints past the small-int cache."""
+    hold, mark = 1 << 300, 1 << 301
+    both, other = hold | mark, 1 << 400
+    for before in (hold, other, other | hold, other | both):
+        shared = before + 0  # one object (a big int: every result is a new object)
+        hashes = list(range(1, 7))
+        bits = {h: shared for h in hashes}
+        bits[4] = before + 0  # an equal value, another object: a run of its own
+        expected = {h: approximate_value(before, hold, mark) for h in hashes}
+        compiled.record_new(bits, hashes, hold, mark, both)
+        assert bits == expected
+        assert len({id(bits[h]) for h in (1, 2, 3)}) == 1, before
+        assert len({id(bits[h]) for h in (5, 6)}) == 1, before
+
+
+def approximate_value(mask: int, hold: int, mark: int) -> int:
+    """What approximate record makes of a block whose value is `mask`."""
+    if not mask & hold:
+        return mask | hold
+    return mask | mark
