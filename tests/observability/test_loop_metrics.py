@@ -8,7 +8,15 @@ import math
 import random
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    enable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from epp.observability.loop_metrics import LoopCounter, LoopHistogram
@@ -18,6 +26,7 @@ BUCKETS = [
     (1, 8, 64, 512, 4096, 32768),
     (-5.0, 0.0, 5.0),  # a negative first bound: no _sum sample
     (0.5,),
+    (0.0, 1.0),  # a first bound of 0: a _sum sample (the rule is >= 0)
 ]
 
 
@@ -98,7 +107,31 @@ def test_misuse_is_refused_as_prometheus_client_refuses_it():
     assert negative == refusal(lambda: c_theirs.labels("x").inc(-1))
     with pytest.raises(TypeError, match="exemplars"):
         h_ours.labels("m").observe(1.0, {"trace_id": "1"})
+    with pytest.raises(TypeError, match="exemplars"):
+        c_ours.labels("m").inc(1.0, {"trace_id": "1"})
     # A child's value as prometheus_client's (tests read it this way).
     child = c_ours.labels("y")
     child.inc(3)
     assert child._value.get() == 3.0
+
+
+def test_the_created_series_follow_prometheus_clients_switch():
+    """disable_created_metrics() (or PROMETHEUS_DISABLE_CREATED_SERIES) drops _created
+    from prometheus_client's pages: from ours too, and enabling brings it back."""
+
+    def fill(registry, histogram, counter):
+        histogram("h", "h", buckets=(1.0,), registry=registry).observe(0.5)
+        counter("c", "c", registry=registry).inc()
+
+    was_on = prometheus_metrics._use_created
+    try:
+        disable_created_metrics()
+        theirs, ours = pages(fill)
+        assert theirs == ours
+        assert "_created" not in ours[0] + ours[1]
+        enable_created_metrics()
+        theirs, ours = pages(fill)
+        assert theirs == ours
+        assert "h_created" in ours[0] and "c_created" in ours[0]
+    finally:
+        (enable_created_metrics if was_on else disable_created_metrics)()
