@@ -61,16 +61,41 @@ def test_the_filters_and_the_queue_scorer_are_the_twins(size, monkeypatch):
             assert [v.hex() for v in got] == [v.hex() for v in expected]
 
 
-def test_the_range_check_is_pythons_min_and_max():
+def test_the_range_check_flags_a_score_outside_the_unit_interval_or_nan():
     rng = random.Random(4)
     pool = [0.0, -0.0, 1.0, 0.5, -1e-300, 1.0000000000000002, math.nan, math.inf, -math.inf]
     for _ in range(3000):
-        scores = [rng.choice(pool) for _ in range(rng.randrange(1, 6))]
-        assert compiled.outside_unit(scores) == (min(scores) < 0.0 or max(scores) > 1.0), scores
-    # Anything but a non-empty list of floats is left to the twin.
-    assert compiled.outside_unit([]) is None
+        scores = [rng.choice(pool) for _ in range(rng.randrange(0, 6))]
+        expected = any(not 0.0 <= s <= 1.0 for s in scores)  # the twin's rule
+        assert compiled.outside_unit(scores) == expected, scores
+    # Anything but a list of floats is left to the twin.
     assert compiled.outside_unit([0.5, 1]) is None
     assert compiled.outside_unit((0.5,)) is None
+
+
+@pytest.mark.parametrize("kernels_used", ["compiled", "python"], indirect=True)
+def test_a_scorer_that_returns_nan_scores_zero_and_the_pick_still_happens(kernels_used):
+    """A custom scorer's NaN is clamped to 0, like a negative score: before, a NaN first
+    total made the picker's tie list empty and the decision raised IndexError."""
+    from epp.config import SchedulingConfig
+    from epp.scheduling.registry import ScorerRegistry
+    from epp.scheduling.scheduler import Scheduler
+
+    class Broken:
+        name = "broken"
+
+        def score(self, request, candidates):
+            return [math.nan] + [0.5] * (len(candidates) - 1)
+
+    registry = ScorerRegistry()
+    registry.register("broken", lambda config: Broken())
+    weights = {"cache": 0.5, "load": 0.1, "queue": 0.1, "health": 0.05, "adapter": 0.05}
+    config = SchedulingConfig(weights={**weights, "broken": 0.2})
+    scheduler = Scheduler(config, registry)
+    pods = [endpoint(f"p{i}", port=9000 + i) for i in range(3)]
+    decision = scheduler.schedule(request("m"), pods)
+    assert decision.factors["broken"] == [0.0, 0.5, 0.5]
+    assert decision.primary.name in ("p1", "p2")
 
 
 def test_the_filter_kernels_raise_on_broken_candidates():

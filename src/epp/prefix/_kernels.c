@@ -226,6 +226,7 @@ fail:
 /* matched[names[i]] = depth for every pod i whose hold bit (bit 2i) is set in `mask`,
  * lowest first, as Holders.python_match does. */
 static int add_reached(PyObject *matched, PyObject *names, PyObject *mask, Py_ssize_t depth) {
+    /* `names` is the caller's tuple copy: a name's __hash__ cannot resize it. */
     PyObject *length = PyObject_CallMethod(mask, "bit_length", NULL);
     if (length == NULL) return -1;
     Py_ssize_t nbits = PyLong_AsSsize_t(length);
@@ -233,13 +234,18 @@ static int add_reached(PyObject *matched, PyObject *names, PyObject *mask, Py_ss
     if (nbits < 0) return -1;
     PyObject *raw = PyObject_CallMethod(mask, "to_bytes", "ns", (nbits + 7) / 8, "little");
     if (raw == NULL) return -1;
+    if (!PyBytes_Check(raw)) { /* an int subclass's own to_bytes */
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_TypeError, "a hold mask's to_bytes() must return bytes");
+        return -1;
+    }
     PyObject *at = PyLong_FromSsize_t(depth);
     if (at == NULL) {
         Py_DECREF(raw);
         return -1;
     }
     const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
-    Py_ssize_t size = PyBytes_GET_SIZE(raw), count = PyList_GET_SIZE(names);
+    Py_ssize_t size = PyBytes_GET_SIZE(raw), count = PyTuple_GET_SIZE(names);
     int rc = 0;
     for (Py_ssize_t j = 0; j < size && rc == 0; j++) {
         for (int k = 0; k < 8 && rc == 0; k++) {
@@ -249,7 +255,7 @@ static int add_reached(PyObject *matched, PyObject *names, PyObject *mask, Py_ss
                 PyErr_SetString(PyExc_IndexError, "list index out of range");
                 rc = -1;
             } else {
-                rc = PyDict_SetItem(matched, PyList_GET_ITEM(names, pod), at);
+                rc = PyDict_SetItem(matched, PyTuple_GET_ITEM(names, pod), at);
             }
         }
     }
@@ -270,17 +276,22 @@ static PyObject *k_match(PyObject *self, PyObject *args) {
     PyObject *events = k_walk(self, walk_args);
     Py_DECREF(walk_args);
     if (events == NULL) return NULL;
+    PyObject *named = NULL;
     PyObject *matched = PyDict_New();
     if (matched == NULL) goto fail;
+    named = PyList_AsTuple(names);
+    if (named == NULL) goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *event = PyList_GET_ITEM(events, i);
         Py_ssize_t depth = PyLong_AsSsize_t(PyTuple_GET_ITEM(event, 0));
         if (depth < 0 && PyErr_Occurred()) goto fail;
-        if (add_reached(matched, names, PyTuple_GET_ITEM(event, 1), depth) < 0) goto fail;
+        if (add_reached(matched, named, PyTuple_GET_ITEM(event, 1), depth) < 0) goto fail;
     }
+    Py_DECREF(named);
     Py_DECREF(events);
     return matched;
 fail:
+    Py_XDECREF(named);
     Py_XDECREF(matched);
     Py_DECREF(events);
     return NULL;

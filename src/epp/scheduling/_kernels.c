@@ -35,9 +35,9 @@ static inline int as_double(PyObject *item, double *out) {
 static PyObject *k_weighted_sum(PyObject *self, PyObject *args) {
     PyObject *weights, *columns;
     if (!PyArg_ParseTuple(args, "OO", &weights, &columns)) return NULL;
-    PyObject *w = PySequence_Fast(weights, "weights must be a sequence");
+    PyObject *w = PySequence_Tuple(weights); /* copies: a __float__ hook cannot resize them */
     if (w == NULL) return NULL;
-    PyObject *c = PySequence_Fast(columns, "columns must be a sequence");
+    PyObject *c = PySequence_Tuple(columns);
     if (c == NULL) {
         Py_DECREF(w);
         return NULL;
@@ -59,7 +59,7 @@ static PyObject *k_weighted_sum(PyObject *self, PyObject *args) {
     Py_ssize_t n = -1;
     for (Py_ssize_t j = 0; j < k; j++) {
         if (as_double(PySequence_Fast_GET_ITEM(w, j), &wv[j]) < 0) goto done;
-        cols[j] = PySequence_Fast(PySequence_Fast_GET_ITEM(c, j), "a column must be a sequence");
+        cols[j] = PySequence_Tuple(PySequence_Fast_GET_ITEM(c, j));
         if (cols[j] == NULL) goto done;
         if (n < 0) n = PySequence_Fast_GET_SIZE(cols[j]);
         else if (PySequence_Fast_GET_SIZE(cols[j]) != n) {
@@ -105,14 +105,21 @@ static PyObject *k_tied(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "no totals");
         return NULL;
     }
+    PyObject *copy = PyList_AsTuple(totals); /* a __float__ hook cannot resize it */
+    if (copy == NULL) return NULL;
     double *values = PyMem_Malloc(sizeof(double) * n);
-    if (values == NULL) return PyErr_NoMemory();
+    if (values == NULL) {
+        Py_DECREF(copy);
+        return PyErr_NoMemory();
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (as_double(PyList_GET_ITEM(totals, i), &values[i]) < 0) {
+        if (as_double(PyTuple_GET_ITEM(copy, i), &values[i]) < 0) {
+            Py_DECREF(copy);
             PyMem_Free(values);
             return NULL;
         }
     }
+    Py_DECREF(copy);
     double best = values[0];
     for (Py_ssize_t i = 1; i < n; i++)
         if (values[i] > best) best = values[i];
@@ -143,8 +150,9 @@ static PyObject *k_tied(PyObject *self, PyObject *args) {
  * (fresh_lane_end for a pod without state), cached = min(prompt_tokens - 1 (0 for a
  * prompt of at most one token), matched[e.name] * block_size), ttft = wait + (overhead +
  * (prompt_tokens - cached) * per_token + cached * per_cached); then min(ttft) / ttft
- * (1.0 where ttft is not positive). None, having read nothing it changes, when a
- * candidate has configured running slots: its slot wait is the Python twin's. */
+ * (1.0 where ttft is not positive). None, having changed nothing, when a candidate has
+ * configured running slots (its slot wait is the Python twin's) or a match so large that
+ * matched * block_size overflows 64 bits (the twin's ints do not). */
 static PyObject *k_prefill(PyObject *self, PyObject *args) {
     PyObject *candidates, *pods, *matched;
     double now, fresh_lane, overhead, per_token, per_cached;
@@ -155,21 +163,24 @@ static PyObject *k_prefill(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(candidates);
     if (n == 0) return PyList_New(0);
+    /* A copy holding each candidate: an attribute hook cannot free what is read. */
+    PyObject *pods_seen = PyList_AsTuple(candidates);
+    if (pods_seen == NULL) return NULL;
     double *ttft = PyMem_Malloc(sizeof(double) * n);
-    if (ttft == NULL) return PyErr_NoMemory();
+    if (ttft == NULL) {
+        Py_DECREF(pods_seen);
+        return PyErr_NoMemory();
+    }
     long long most_cached = prompt_tokens > 1 ? prompt_tokens - 1 : 0;
     double cold = overhead + (double)prompt_tokens * per_token + 0.0 * per_cached;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = PyList_GET_ITEM(candidates, i);
+        PyObject *e = PyTuple_GET_ITEM(pods_seen, i);
         PyObject *slots = PyObject_GetAttr(e, str_configured_slots);
         if (slots == NULL) goto fail;
         int has_slots = PyObject_IsTrue(slots);
         Py_DECREF(slots);
         if (has_slots < 0) goto fail;
-        if (has_slots) {
-            PyMem_Free(ttft);
-            Py_RETURN_NONE;
-        }
+        if (has_slots) goto twin;
         double lane_end = fresh_lane;
         PyObject *state = PyDict_GetItemWithError(pods, e);
         if (state == NULL && PyErr_Occurred()) goto fail;
@@ -193,7 +204,8 @@ static PyObject *k_prefill(PyObject *self, PyObject *args) {
             if (count == -1 && PyErr_Occurred()) goto fail;
         }
         if (count) {
-            long long cached = count * block_size;
+            long long cached;
+            if (__builtin_mul_overflow(count, block_size, &cached)) goto twin; /* exact ints */
             if (cached > most_cached) cached = most_cached;
             ttft[i] = wait + (overhead + (double)(prompt_tokens - cached) * per_token +
                               (double)cached * per_cached);
@@ -215,31 +227,31 @@ static PyObject *k_prefill(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(out, i, value);
     }
     PyMem_Free(ttft);
+    Py_DECREF(pods_seen);
     return out;
+twin:
+    PyMem_Free(ttft);
+    Py_DECREF(pods_seen);
+    Py_RETURN_NONE;
 fail:
     PyMem_Free(ttft);
+    Py_DECREF(pods_seen);
     return NULL;
 }
 
-/* outside_unit(scores) -> bool | None: `min(scores) < 0.0 or max(scores) > 1.0` with
- * Python's min and max (the first of equals; a NaN never replaces a number, and a NaN
- * first stays), for a non-empty list of floats; None for anything else (the twin runs). */
+/* outside_unit(scores) -> bool | None: whether a score is outside [0, 1] or NaN, for a
+ * list of floats (exact floats run no Python code); None for anything else (the twin). */
 static PyObject *k_outside_unit(PyObject *self, PyObject *scores) {
-    if (!PyList_CheckExact(scores) || PyList_GET_SIZE(scores) == 0) Py_RETURN_NONE;
+    if (!PyList_CheckExact(scores)) Py_RETURN_NONE;
     Py_ssize_t n = PyList_GET_SIZE(scores);
-    double low = 0.0, high = 0.0;
+    int outside = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(scores, i);
         if (!PyFloat_CheckExact(item)) Py_RETURN_NONE;
         double v = PyFloat_AS_DOUBLE(item);
-        if (i == 0) {
-            low = high = v;
-        } else {
-            if (v < low) low = v;
-            if (v > high) high = v;
-        }
+        if (!(v >= 0.0 && v <= 1.0)) outside = 1;
     }
-    return PyBool_FromLong(low < 0.0 || high > 1.0);
+    return PyBool_FromLong(outside);
 }
 
 /* The float of attribute `name` of `obj` (Python's float(), as arithmetic takes it). */
@@ -261,23 +273,31 @@ static PyObject *k_queue_scores(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(candidates);
+    PyObject *pods_seen = PyList_AsTuple(candidates); /* hooks cannot free what is read */
+    if (pods_seen == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(pods_seen);
     PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
+    if (out == NULL) {
+        Py_DECREF(pods_seen);
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         double depth;
-        if (attr_double(PyList_GET_ITEM(candidates, i), str_queue_depth, &depth) < 0) {
+        if (attr_double(PyTuple_GET_ITEM(pods_seen, i), str_queue_depth, &depth) < 0) {
+            Py_DECREF(pods_seen);
             Py_DECREF(out);
             return NULL;
         }
         double q = depth / max_queue;
         PyObject *value = PyFloat_FromDouble(1.0 - (q > 1.0 ? 1.0 : q));
         if (value == NULL) {
+            Py_DECREF(pods_seen);
             Py_DECREF(out);
             return NULL;
         }
         PyList_SET_ITEM(out, i, value);
     }
+    Py_DECREF(pods_seen);
     return out;
 }
 

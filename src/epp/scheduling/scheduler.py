@@ -90,9 +90,9 @@ class Scheduler:
             if len(scores) != len(candidates):
                 raise ValueError(f"scorer {scorer.name!r} returned {len(scores)} scores")
             # Scores outside [0, 1] (a custom scorer's bug) are clamped, not trusted; the
-            # check is two C-level passes, the copy only happens when needed.
-            if scores and _outside_unit(scores):
-                scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
+            # copy only happens when needed.
+            if scores and _outside_unit(scores):  # NaN counts as 0: it would tie nothing
+                scores = [0.0 if not s >= 0.0 else 1.0 if s > 1.0 else s for s in scores]
             factors[scorer.name] = scores
             columns.append(scores)
         if COMPILED is not None:
@@ -117,9 +117,10 @@ class Scheduler:
 
 
 def _outside_unit(scores: list[float]) -> bool:
+    """A score outside [0, 1], or NaN (a custom scorer's bug): the scores are clamped."""
     outside = COMPILED.outside_unit(scores) if COMPILED is not None else None
     if outside is None:  # the twin (and any list the kernel leaves to it: not all floats)
-        return min(scores) < 0.0 or max(scores) > 1.0
+        return any(not 0.0 <= s <= 1.0 for s in scores)
     return outside
 
 
