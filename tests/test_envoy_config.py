@@ -81,12 +81,28 @@ def _epp_config(**kwargs) -> dict:
     )
 
 
-def test_routing_filter_skips_the_response_and_an_observer_reports_it():
+def test_the_routing_filter_skips_the_response_and_the_access_log_reports_it():
     hcm = _epp_config()["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    routing, observer, router = hcm["typed_config"]["http_filters"]
+    routing, router = hcm["typed_config"]["http_filters"]  # no observer filter by default
     mode = routing["typed_config"]["processing_mode"]
     assert (mode["response_header_mode"], mode["response_trailer_mode"]) == ("SKIP", "SKIP")
     assert router["name"] == "envoy.filters.http.router"
+    (access_log,) = hcm["typed_config"]["access_log"]
+    logged = access_log["typed_config"]
+    assert logged["@type"].endswith("grpc.v3.HttpGrpcAccessLogConfig")
+    common = logged["common_config"]
+    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": "epp"}}
+    assert common["transport_api_version"] == "V3"
+    # Entries wait at most 5 ms in Envoy: the request stays counted in flight till then.
+    assert common["buffer_flush_interval"] == "0.005s"
+    assert logged["additional_request_headers_to_log"] == ["x-epp-route-token"]
+
+
+def test_with_completions_observer_an_observer_filter_reports_the_end_instead():
+    config = _epp_config(completions="observer")
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    assert "access_log" not in hcm["typed_config"]
+    _routing, observer, _router = hcm["typed_config"]["http_filters"]
     seen = observer["typed_config"]
     assert seen["observability_mode"] and seen["failure_mode_allow"]
     assert seen["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
@@ -97,6 +113,17 @@ def test_routing_filter_skips_the_response_and_an_observer_reports_it():
     assert seen["processing_mode"]["response_header_mode"] == "SEND"
     assert seen["processing_mode"]["response_body_mode"] == "NONE"
     assert "upstream.address" in seen["response_attributes"]
+
+
+def test_the_cli_chooses_how_completions_are_reported(capsys):
+    for flag, observer in ((None, False), ("access-log", False), ("observer", True)):
+        args = ["--pod", "127.0.0.1:8001"] + ([] if flag is None else ["--completions", flag])
+        assert envoy_config_main(args) == 0
+        hcm = yaml.safe_load(capsys.readouterr().out)["static_resources"]["listeners"][0]
+        names = [
+            f["name"] for f in hcm["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        ]
+        assert ("epp-observer" in names) is observer, flag
 
 
 @pytest.mark.parametrize("pod_cluster", ["override_host", "original_dst"])

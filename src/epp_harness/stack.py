@@ -31,7 +31,7 @@ from typing import Literal
 
 import yaml
 
-from epp.envoy_config import BodyMode, Mode, render
+from epp.envoy_config import BodyMode, Completions, Mode, render
 from epp.serving.workers import free_ports as epp_free_ports
 
 HOST = "127.0.0.1"
@@ -161,7 +161,8 @@ class LocalStack:
 
     The EPP serves its default transport, TLS with a self-signed certificate, and Envoy
     dials it so (`epp envoy-config`'s default); `epp_plaintext=True` runs both in
-    plaintext (`epp serve --plaintext`, `--epp-plaintext`).
+    plaintext (`epp serve --plaintext`, `--epp-plaintext`). Envoy reports how requests
+    ended over its gRPC access log, or with `completions="observer"` the observer filter.
     """
 
     def __init__(
@@ -182,6 +183,7 @@ class LocalStack:
         log_level: str = "info",
         kv_events: bool = False,
         epp_plaintext: bool = False,
+        completions: Completions = "access_log",
     ) -> None:
         if pods < 1:
             raise ValueError(f"pods must be at least 1, got {pods}")
@@ -189,6 +191,7 @@ class LocalStack:
             raise ValueError(f"unknown mode {mode!r}")
         self.mode: Mode = mode
         self.body_mode: BodyMode = body_mode
+        self.completions: Completions = completions
         self.pod_count = pods
         self.sim_args = list(sim_args)
         self.epp_args = list(epp_args)
@@ -430,6 +433,7 @@ class LocalStack:
             pods=[p.address for p in self.pods],
             body_mode=self.body_mode,
             epp_plaintext=self.epp_plaintext,
+            completions=self.completions,
         )
         config_path = self.work_dir / "envoy.yaml"
         config_path.write_text(config)

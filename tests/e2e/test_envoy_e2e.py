@@ -281,3 +281,42 @@ def test_in_flight_counts_a_streaming_response_until_its_end(tmp_path):
         assert rest.rstrip().endswith(b"data: [DONE]")
         assert in_flight_at == {2: 1, 20: 1}  # counted past the headers and along the body
         wait_for(lambda: epp_debug(stack)[0]["in_flight"] == 0, what="completion")
+
+
+def epp_samples(stack: LocalStack, name: str) -> float:
+    """The sum of a series' samples on the EPP's /metrics page (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(stack.epp_metrics_url, timeout=5) as resp:
+        page = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def test_the_access_log_reports_each_end_with_its_bytes(tmp_path):
+    """The default Envoy configuration has no observer filter: Envoy's gRPC access log
+    tells the EPP how each request ended. What only a completion report carries reaches
+    the EPP: the response's bytes (the page reconciliation that also ends a request
+    knows none), and the request leaves the in-flight count."""
+    with LocalStack(pods=2, work_dir=tmp_path) as stack:
+        config = (tmp_path / "envoy.yaml").read_text()  # what the stack gave Envoy
+        assert "epp-observer" not in config and "envoy.access_loggers.http_grpc" in config
+        wait_for(lambda: all(pod["in_flight"] == 0 for pod in epp_debug(stack)), what="start")
+        # The stack's own start-up request is on the page already.
+        count = epp_samples(stack, "llm_d_epp_response_size_bytes_count")
+        total = epp_samples(stack, "llm_d_epp_response_size_bytes_sum")
+        sizes = []
+        for topic in ("tides", "glaciers", "volcanoes"):
+            status, _, body = chat(stack, [system_prompt(topic)], max_tokens=3)
+            assert status == 200
+            sizes.append(len(body))
+        wait_for(
+            lambda: epp_samples(stack, "llm_d_epp_response_size_bytes_count") == count + 3,
+            what="three completions reported by the access log",
+        )
+        assert epp_samples(stack, "llm_d_epp_response_size_bytes_sum") == total + sum(sizes)
+        wait_for(lambda: all(pod["in_flight"] == 0 for pod in epp_debug(stack)), what="ends")

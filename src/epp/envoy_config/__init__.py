@@ -29,6 +29,7 @@ from epp.envoy_config.names import (
     STRIPPED_HEADERS,
     UPSTREAM_IDLE_TIMEOUT_S,
     BodyMode,
+    Completions,
     Mode,
     PodCluster,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "STRIPPED_HEADERS",
     "UPSTREAM_IDLE_TIMEOUT_S",
     "BodyMode",
+    "Completions",
     "EppTls",
     "Mode",
     "PodCluster",

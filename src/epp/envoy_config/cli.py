@@ -100,6 +100,14 @@ def _parser(description: str | None) -> argparse.ArgumentParser:
         help="with --epp-ca-file: the name the EPP's certificate must carry, sent as SNI "
         "when it is a host name (default: --epp-host)",
     )
+    parser.add_argument(
+        "--completions",
+        choices=["access-log", "observer"],
+        default="access-log",
+        help="how the EPP learns that a request ended: Envoy's gRPC access log, one message "
+        "per finished request on a long-lived stream (default), or the observer ext_proc "
+        "filter, one stream per request",
+    )
     parser.add_argument("--epp-tls-cert", help="Envoy's client certificate (EPP with mTLS)")
     parser.add_argument("--epp-tls-key", help="the key of --epp-tls-cert")
     return parser
@@ -145,6 +153,7 @@ def main(argv: list[str]) -> int:
             epp_tls=epp_tls,
             epp_addresses=args.epp_address,
             epp_plaintext=args.epp_plaintext,
+            completions="observer" if args.completions == "observer" else "access_log",
         ),
         end="",
     )

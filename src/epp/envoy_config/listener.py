@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from epp.envoy_config.access_log import epp_access_log
 from epp.envoy_config.epp_cluster import EppTls, epp_cluster
 from epp.envoy_config.filters import (
     early_header_removal,
@@ -22,6 +23,7 @@ from epp.envoy_config.names import (
     STRIPPED_HEADERS,
     UPSTREAM_IDLE_TIMEOUT_S,
     BodyMode,
+    Completions,
     Mode,
     PodCluster,
 )
@@ -59,11 +61,14 @@ def render(
     epp_tls: EppTls | None = None,
     epp_addresses: Sequence[str] = (),
     epp_plaintext: bool = False,
+    completions: Completions = "access_log",
 ) -> str:
     """The Envoy bootstrap YAML for one listener in front of the pods.
 
     The EPP is dialled over TLS: verified against `epp_tls` when given, else unverified
-    (the EPP's self-signed default); `epp_plaintext` for an EPP serving plaintext."""
+    (the EPP's self-signed default); `epp_plaintext` for an EPP serving plaintext. The EPP
+    learns how requests ended from Envoy's gRPC access log (`completions`), or from the
+    observer filter."""
     if epp_plaintext and epp_tls is not None:
         raise ValueError("epp_plaintext and epp_tls exclude each other")
     route: dict[str, Any] = {"cluster": "pods", "timeout": f"{request_timeout_s}s"}
@@ -71,9 +76,10 @@ def render(
         if epp_port is None and not epp_addresses:
             raise ValueError("mode 'epp' needs epp_port or epp_addresses")
         http_filters = [
-            ext_proc_filter(body_mode, message_timeout_s, fail_open, bool(epp_addresses)),
-            observer_filter(),
+            ext_proc_filter(body_mode, message_timeout_s, fail_open, bool(epp_addresses))
         ]
+        if completions == "observer":
+            http_filters.append(observer_filter())
         route["retry_policy"] = _pod_retry_policy(pod_cluster, upstream_idle_timeout_s)
         clusters = [
             _pods_for_the_epp(pod_cluster, pods),
@@ -95,6 +101,8 @@ def render(
     http_filters.append(router_filter())
     idle_s = _stream_idle_s(route, request_timeout_s, upstream_idle_timeout_s)
     hcm = _connection_manager(route, http_filters, idle_s)
+    if mode == "epp" and completions == "access_log":
+        hcm["access_log"] = [epp_access_log()]
     if mode == "epp":
         stripped = [*STRIPPED_HEADERS, *(() if keep_objective_headers else OBJECTIVE_HEADERS)]
         stripped += [h.lower() for h in strip_headers if h.lower() not in stripped]

@@ -22,6 +22,8 @@ TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Upstre
 BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED"]
 Mode = Literal["epp", "round_robin", "least_request"]
 PodCluster = Literal["override_host", "original_dst"]
+# How the EPP learns that a request ended (envoy_config/access_log.py, filters.observer_filter).
+Completions = Literal["access_log", "observer"]
 
 # A hung pod fails its attempt after this long without a byte (see listener.render).
 UPSTREAM_IDLE_TIMEOUT_S = 120.0

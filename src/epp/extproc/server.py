@@ -8,6 +8,11 @@ Two kinds of streams arrive on the same service:
 - observer streams (the second, fail-open filter in observability mode): they carry the
   route token and the response status, and end with the response: `router.complete`.
 
+The same server takes Envoy's gRPC access log (access_log.py), the other source of
+response ends: `epp envoy-config` configures it instead of the observer filter, since it
+costs one message per finished request on a long-lived stream (several under load) where
+the observer costs a stream.
+
 The observer filter announces itself with gRPC metadata `x-epp-stream: observer` (set in
 the generated config); without it, a first message in observability mode or on the
 response path also marks an observer. Any failure inside one stream ends that stream
@@ -24,12 +29,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 import structlog
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.config import ServerConfig
 from epp.extproc import messages
+from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.machine import ExtProcStream, Phase, RoutingService, Step
 from epp.extproc.observer import Completion, ObserverStream
 from epp.observability.metrics import EppMetrics
@@ -193,7 +200,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             self.streams.closed()
             if stream.token is not None and not finished and not handed_over:
                 # Routed, but reset before the destination could reach Envoy.
-                self._complete(Completion(stream.token, None, None))
+                self.complete(Completion(stream.token, None, None))
 
     def _stream_failed(self, stream: ExtProcStream) -> pb.ProcessingResponse | None:
         """A bug met on a routing stream: counted and logged; a request not yet sent on
@@ -221,7 +228,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             return stream.routed(routed)
         except BaseException:
             if stream.token is None:  # else the stream's end releases it (_route)
-                self._complete(Completion(routed.token, None, None))
+                self.complete(Completion(routed.token, None, None))
             raise
 
     def _report_unsupported(self, mode: str) -> None:
@@ -248,16 +255,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 completion = observer.feed(message)
                 reply = observer.reply(message)
                 if completion is not None:
-                    self._complete(completion)
+                    self.complete(completion)
                 if reply is not None:
                     yield reply
                 message = await anext(rest, None)
         finally:
             completion = observer.end()
             if completion is not None:
-                self._complete(completion)
+                self.complete(completion)
 
-    def _complete(self, completion: Completion) -> None:
+    def complete(self, completion: Completion) -> None:
+        """A request's end, from an observer stream or the access log (access_log.py)."""
         try:
             self._router.complete(
                 completion.token,
@@ -360,6 +368,11 @@ def build_grpc_server(
         ]
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    # Response ends from Envoy's gRPC access log (the default `epp envoy-config`), beside
+    # the observer streams (configurations that carry the observer filter).
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(
+        AccessLogReceiver(processor.complete), server
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     address = f"{config.grpc_host}:{config.grpc_port}"
     # TLS by default (server.secure_serving): certificate files re-read when they change,

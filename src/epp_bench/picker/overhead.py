@@ -46,6 +46,7 @@ from epp.app import connect
 from epp.config import EppConfig
 from epp.datalayer.metrics_parser import PodMetrics
 from epp.datalayer.store import EndpointStore
+from epp.envoy_config import Completions
 from epp.observability.metrics import EppMetrics
 from epp.prefix.hashing import block_hashes, chain_seed
 from epp.prefix.index import PrefixIndex
@@ -246,19 +247,27 @@ def through_envoy(
         {"model": "sim-llama-8b", "prompt": _words(random.Random(1), 512), "max_tokens": 1}
     ).encode()
     results: list[StackLoad] = []
-    stacks: list[tuple[Literal["round_robin", "epp"], str, Path | None]] = [
-        ("round_robin", "Envoy round robin", None),
-        ("epp", "Envoy + EPP", None),
+    # The EPP learns of each request's end from Envoy's access log (the default) or from
+    # the observer filter, one more ext_proc stream per request; the before code's row uses
+    # the observer, which every earlier EPP serves.
+    stacks: list[tuple[Literal["round_robin", "epp"], str, Path | None, Completions]] = [
+        ("round_robin", "Envoy round robin", None, "access_log"),
+        ("epp", "Envoy + EPP", None, "access_log"),
+        ("epp", "Envoy + EPP (observer filter)", None, "observer"),
     ]
     if before is not None:
-        stacks.append(("epp", "Envoy + EPP (before)", before))
-    for mode, label, code in stacks:
+        stacks.append(("epp", "Envoy + EPP (before, observer filter)", before, "observer"))
+    for mode, label, code, completions in stacks:
         # The EPP logs at warning here: the INFO decision line costs CPU, and this measures
         # the picker; the INFO cost is in the in-process table's "whole decision" row.
         with (
             _children_import(code),
             LocalStack(
-                pods=pods, mode=mode, sim_args=shlex.split(ZERO_TIME_PODS), log_level="warning"
+                pods=pods,
+                mode=mode,
+                sim_args=shlex.split(ZERO_TIME_PODS),
+                log_level="warning",
+                completions=completions,
             ) as stack,
         ):
             url = f"{stack.envoy_url}/v1/completions"
@@ -451,15 +460,26 @@ class ExtProcCost:
     rounds_us: list[float]
 
 
-async def drive_ext_proc(port: int, requests: int, body: bytes, concurrency: int = 1) -> int:
+async def drive_ext_proc(
+    port: int,
+    requests: int,
+    body: bytes,
+    concurrency: int = 1,
+    completions: Completions = "observer",
+) -> int:
     """What Envoy sends the EPP for `requests` routed requests (module docstring, 3);
-    returns how many were routed (a destination header came back)."""
+    returns how many were routed (a destination header came back). Each request's end is
+    reported as Envoy reports it: an observer stream, or one entry on the access-log
+    stream (one message an entry: Envoy batches entries only under load)."""
     import grpc
+    from envoy.config.core.v3.address_pb2 import Address, SocketAddress
     from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
     from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+    from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
     from google.protobuf.struct_pb2 import Struct
+    from google.protobuf.wrappers_pb2 import UInt32Value
 
     from epp_bench.picker.overhead_probe import envoy_headers
 
@@ -471,6 +491,23 @@ async def drive_ext_proc(port: int, requests: int, body: bytes, concurrency: int
     routed = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
+        access_log = (
+            als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs()
+            if completions == "access_log"
+            else None
+        )
+
+        async def logged(token: str) -> None:
+            assert access_log is not None
+            message = als_pb2.StreamAccessLogsMessage()
+            entry = message.http_logs.log_entry.add()
+            entry.request.request_headers["x-epp-route-token"] = token
+            entry.response.response_code.CopyFrom(UInt32Value(value=200))
+            entry.response.response_body_bytes = 512
+            entry.common_properties.upstream_remote_address.CopyFrom(
+                Address(socket_address=SocketAddress(address="10.0.0.8", port_value=8000))
+            )
+            await access_log.write(message)
 
         async def one(i: int) -> None:
             nonlocal routed
@@ -495,6 +532,9 @@ async def drive_ext_proc(port: int, requests: int, body: bytes, concurrency: int
                     for option in reply.request_headers.response.header_mutation.set_headers:
                         if option.header.key == "x-epp-route-token":
                             token = option.header.raw_value.decode()
+            if access_log is not None:
+                await logged(token)
+                return
             observer = stub.Process(metadata=(("x-epp-stream", "observer"),))
             seen = [*headers, ("x-epp-route-token", token)]
             await observer.write(
@@ -524,6 +564,9 @@ async def drive_ext_proc(port: int, requests: int, body: bytes, concurrency: int
                 await one(next_index)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        if access_log is not None:
+            await access_log.done_writing()
+            await access_log
     return routed
 
 
@@ -534,10 +577,13 @@ def ext_proc_cost(
     pods: int = 64,
     prompt_tokens: int = 4096,
     concurrency: int = 1,
+    completions: dict[str, Completions] | None = None,
 ) -> list[ExtProcCost]:
     """Each server's CPU per routed request (its process's utime + stime over `requests`),
     the servers driven alternately, round by round. A code of None: the bare gRPC floor
-    (served by the work tree's probe)."""
+    (served by the work tree's probe). `completions`: how each server is told of the
+    request's end (default: the observer stream, which every EPP serves)."""
+    ends = completions or {}
     from epp_bench.picker.overhead_probe import chat_body
 
     body = chat_body(prompt_tokens)
@@ -558,11 +604,18 @@ def ext_proc_cost(
             if not line:
                 raise RuntimeError(f"overhead_probe.py serve ({label}) did not start")
             servers[label] = (process, json.loads(line)["port"])
-            asyncio.run(drive_ext_proc(servers[label][1], min(200, requests), body, concurrency))
+            warm_up = drive_ext_proc(
+                servers[label][1], min(200, requests), body, concurrency,
+                ends.get(label, "observer"),
+            )  # fmt: skip
+            asyncio.run(warm_up)
         for _ in range(rounds):
             for label, (process, port) in servers.items():
                 before = _cpu_seconds(process.pid)
-                routed = asyncio.run(drive_ext_proc(port, requests, body, concurrency))
+                drive = drive_ext_proc(
+                    port, requests, body, concurrency, ends.get(label, "observer")
+                )
+                routed = asyncio.run(drive)
                 if routed != requests:
                     raise RuntimeError(f"{label}: {requests - routed} requests not routed")
                 samples[label].append((_cpu_seconds(process.pid) - before) / requests * 1e6)
@@ -722,7 +775,11 @@ def _compared_markdown(
         for e in edge:
             rounds = ", ".join(f"{v:.0f}" for v in e.rounds_us)
             lines.append(f"| {e.server} | {e.requests} | {e.cpu_us_per_request:.0f} | {rounds} |")
-        floor, total = by.get("gRPC floor (bare servicer)"), by.get("EPP after")
+        # The split of the default (access-log) arrangement, else of the only one given.
+        floor = by.get("gRPC floor (bare servicer), access log") or by.get(
+            "gRPC floor (bare servicer)"
+        )
+        total = by.get("EPP after, access log") or by.get("EPP after")
         if floor and total and after:
             lines += [
                 "",
@@ -788,13 +845,13 @@ def _markdown(
             )
         by_key = {(r.stack, r.concurrency): r for r in loads}
         rr1 = by_key.get(("Envoy round robin", 1))
-        for name in ("Envoy + EPP", "Envoy + EPP (before)"):
-            epp1 = by_key.get((name, 1))
-            if rr1 and epp1:
+        for r in loads:
+            if r.concurrency == 1 and r.stack.startswith("Envoy + EPP") and rr1:
+                which = r.stack.removeprefix("Envoy + EPP").strip()
                 lines += [
                     "",
-                    f"Added by the EPP{' (before)' if 'before' in name else ''} at concurrency 1: "
-                    f"p50 {epp1.p50_ms - rr1.p50_ms:+.2f} ms, p99 {epp1.p99_ms - rr1.p99_ms:+.2f} ms.",
+                    f"Added by the EPP{' ' + which if which else ''} at concurrency 1: "
+                    f"p50 {r.p50_ms - rr1.p50_ms:+.2f} ms, p99 {r.p99_ms - rr1.p99_ms:+.2f} ms.",
                 ]
     if scrape is not None:
         expected = scrape.pods * scrape.seconds * 1000 / scrape.interval_ms
@@ -861,13 +918,24 @@ def main(argv: list[str]) -> int:
         {"after": WORK_TREE_SRC} if before is None else {"before": before, "after": WORK_TREE_SRC}
     )
     compared = compared_steps(codes, args.rounds, args.pods, args.prompt_tokens, args.iterations)
-    servers: dict[str, Path | None] = {"gRPC floor (bare servicer)": None}
-    servers.update({f"EPP {label}": code for label, code in codes.items()})
-    edge = (
-        ext_proc_cost(servers, args.edge_requests, args.rounds, args.pods, args.prompt_tokens)
-        if args.edge_requests > 0
-        else []
-    )
+    # Each request's end comes on an observer stream (what every EPP serves) or, with
+    # `epp envoy-config`'s default since issue 17, as an access-log entry.
+    servers: dict[str, Path | None] = {
+        "gRPC floor (bare servicer), observer stream": None,
+        "gRPC floor (bare servicer), access log": None,
+    }
+    ends: dict[str, Completions] = {"gRPC floor (bare servicer), access log": "access_log"}
+    for label, code in codes.items():
+        servers[f"EPP {label}, observer stream"] = code
+        if label == "after":
+            servers["EPP after, access log"] = code
+            ends["EPP after, access log"] = "access_log"
+    edge: list[ExtProcCost] = []
+    if args.edge_requests > 0:
+        edge = ext_proc_cost(
+            servers, args.edge_requests, args.rounds, args.pods, args.prompt_tokens,
+            completions=ends,
+        )  # fmt: skip
     steps = compared["after"]
     loads = (
         []

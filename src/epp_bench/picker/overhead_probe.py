@@ -311,7 +311,8 @@ def time_steps(setup: Setup, iterations: int) -> list[dict[str, float | str]]:
 def bare_processor() -> Any:
     """The gRPC floor: the same messages as a routed request (the routing stream reads
     request headers and body and answers each, the observer stream reads until Envoy ends
-    it) with no work between them: replies prebuilt, nothing parsed or decided."""
+    it, or the access-log stream takes an entry) with no work between them: replies
+    prebuilt, nothing decided."""
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -334,6 +335,9 @@ def bare_processor() -> Any:
                 return
             yield headers_reply
             yield body_reply
+
+        def complete(self, completion: Any) -> None:
+            """An access-log entry's end (the server parses it): nothing to settle."""
 
     return Bare()
 

@@ -1,0 +1,50 @@
+"""The gRPC access log that tells the EPP how each routed request ended (the default).
+
+Envoy writes an entry when a request is done (response finished, client gone or reset) and
+sends it to the EPP's AccessLogService (epp/extproc/access_log.py) over one long-lived
+stream per Envoy worker: several entries a message under load, where the observer filter
+(filters.observer_filter, `--completions observer`) costs one ext_proc stream per request,
+about half of the gRPC work the EPP does per request (docs/benchmarks/overhead.md).
+
+- The entry carries the route token because the logger is told to log that request
+  header (the routing reply set it; a client's own is removed before any filter runs).
+- An entry waits at most BUFFER_FLUSH_S in Envoy before it is sent, or less once
+  BUFFER_BYTES of entries are waiting: the EPP counts the request as in flight until
+  then, so this is kept short (the observer's stream ended ~10 ms after the request:
+  its `deferred_close_timeout`).
+- The logger sends to the EPP cluster, over the same connection settings as the routing
+  filter (TLS, replicas); a lost stream is reopened by Envoy, and the entries of a stream
+  that is down are dropped: those requests end by the EPP's page reconciliation or TTL,
+  as with a lost observer stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epp.envoy_config.names import ROUTE_TOKEN_HEADER
+
+ACCESS_LOG_TYPE = (
+    "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
+)
+BUFFER_FLUSH_S = 0.005
+BUFFER_BYTES = 16384
+LOG_NAME = "epp-completions"
+
+
+def epp_access_log() -> dict[str, Any]:
+    """The HTTP connection manager's access log entry that reports to the EPP."""
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "typed_config": {
+            "@type": ACCESS_LOG_TYPE,
+            "common_config": {
+                "log_name": LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+                "buffer_flush_interval": f"{BUFFER_FLUSH_S}s",
+                "buffer_size_bytes": BUFFER_BYTES,
+            },
+            "additional_request_headers_to_log": [ROUTE_TOKEN_HEADER],
+        },
+    }
