@@ -271,6 +271,9 @@ def through_envoy(
             ) as stack,
         ):
             url = f"{stack.envoy_url}/v1/completions"
+            # Warm-up, unmeasured: connections, Envoy's streams to the EPP and the EPP's
+            # first decisions, which otherwise fall on whichever stack runs first.
+            asyncio.run(_drive(url, 8, min(200, requests), body))
             for concurrency, count in ((1, requests), (saturation_concurrency, requests * 4)):
                 epp_pid = stack.pids.get("epp")
                 cpu_before = _cpu_seconds(epp_pid) if epp_pid else None
