@@ -78,6 +78,24 @@ def test_what_an_entry_may_lack():
     assert v6 is not None and v6.served_address == "[fd00::7]:8000"
 
 
+def test_only_the_entry_of_the_requests_end_completes_it():
+    """A logger configured to log more (a request's start, periodic entries while it
+    streams, an upstream attempt's end) sends entries before the request ends: only the
+    end (DownstreamEnd, or an unset type from an Envoy that does not set it) counts."""
+    kinds = entries.AccessLogType
+    for kind in ("NotSet", "DownstreamEnd"):
+        e = entry()
+        e.common_properties.access_log_type = kinds.Value(kind)
+        assert completion(e, 1.0) is not None, kind
+    for kind in ("DownstreamStart", "DownstreamPeriodic", "UpstreamPoolReady", "UpstreamEnd"):
+        e = entry()
+        e.common_properties.access_log_type = kinds.Value(kind)
+        assert completion(e, 1.0) is None, kind
+    periodic = entry()
+    periodic.common_properties.intermediate_log_entry = True  # the older marker
+    assert completion(periodic, 1.0) is None
+
+
 def test_a_message_of_several_entries_and_a_tcp_message():
     message = pb.StreamAccessLogsMessage()
     message.http_logs.log_entry.extend([entry("a"), entry(None), entry("b", code=503)])

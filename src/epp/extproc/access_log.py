@@ -43,13 +43,23 @@ def _seconds(duration: object) -> float | None:
     return seconds if seconds > 0 else None
 
 
+# The entries that mark a request's end: DownstreamEnd, or NotSet from an Envoy that does
+# not fill the type in. A logger asked for more (HCM `flush_access_log_on_new_request`,
+# `access_log_flush_interval`, a router's upstream log) also writes DownstreamStart,
+# DownstreamPeriodic or Upstream* entries while the request runs: not its end.
+_END_TYPES = frozenset({entries_pb.AccessLogType.NotSet, entries_pb.AccessLogType.DownstreamEnd})
+
+
 def completion(entry: entries_pb.HTTPAccessLogEntry, received_at: float) -> Completion | None:
-    """One finished request's completion (None: not routed by the EPP). `received_at` is
-    time.perf_counter() when the entry arrived: the log is written at the request's end."""
+    """One finished request's completion (None: not routed by the EPP, or an entry written
+    while the request still runs). `received_at` is time.perf_counter() when the entry
+    arrived: the final entry is written at the request's end."""
     token = entry.request.request_headers.get(ROUTE_TOKEN_HEADER)
     if not token:
         return None
     common = entry.common_properties
+    if common.intermediate_log_entry or common.access_log_type not in _END_TYPES:
+        return None
     code = entry.response.response_code.value if entry.response.HasField("response_code") else 0
     served = None
     if common.upstream_remote_address.HasField("socket_address"):
