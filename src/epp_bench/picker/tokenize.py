@@ -28,7 +28,9 @@ the same tokenizer files on loopback, for the ids (POST /tokenize). The differen
 what the engine source adds: one HTTP round trip and the pod's own tokenization.
 
 p50 / p90 / p99 over the iterations, in microseconds. The machine is shared and noisy:
-compare rows of one run.
+compare rows of one run. With `--before REV`, the in-process rows are also measured on a
+frozen commit and on the work tree, each in child processes, alternately, and printed side
+by side.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import os
 import platform
 import random
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -393,6 +396,80 @@ def markdown(rows: list[Row], command: str, load: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A child process's rows for one code (PYTHONPATH): bench_tokenizer exists, with this
+# signature, in every commit the before column may name.
+_CHILD = (
+    "import json, sys; from dataclasses import asdict; from pathlib import Path; "
+    "from epp.observability.logs import configure_logging; configure_logging('warning'); "
+    "from epp_bench.picker.tokenize import bench_tokenizer; "
+    "rows = bench_tokenizer(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])); "
+    "print(json.dumps([asdict(r) for r in rows]))"
+)
+
+
+def child_rows(code: Path, directory: Path, iterations: int, prompt_tokens: int) -> list[Row]:
+    """`bench_tokenizer` run by the code under `code`, in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", _CHILD, str(directory), str(iterations), str(prompt_tokens)],
+        env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True,
+        timeout=1800, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_tokenizer ({code}): {done.stderr.strip()[-2000:]}")
+    return [Row(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def compared(
+    codes: dict[str, Path], directories: list[Path], iterations: int, prompt_tokens: int,
+    rounds: int,
+) -> dict[str, list[Row]]:  # fmt: skip
+    """Each code's rows, the codes alternating round by round; per row, the median of each
+    percentile over the rounds."""
+    runs: dict[str, list[list[Row]]] = {label: [] for label in codes}
+    for _ in range(rounds):
+        for label, code in codes.items():
+            rows: list[Row] = []
+            for directory in directories:
+                rows += child_rows(code, directory, iterations, prompt_tokens)
+            runs[label].append(rows)
+    out: dict[str, list[Row]] = {}
+    for label, by_round in runs.items():
+        out[label] = [
+            Row(
+                first.tokenizer,
+                first.case,
+                first.tokens,
+                statistics.median(r[i].p50_us for r in by_round),
+                statistics.median(r[i].p90_us for r in by_round),
+                statistics.median(r[i].p99_us for r in by_round),
+            )
+            for i, first in enumerate(by_round[0])
+        ]
+    return out
+
+
+def compared_markdown(revision: str, rows: dict[str, list[Row]], rounds: int) -> list[str]:
+    lines = [
+        "",
+        f"## Before ({revision}) and after (the work tree), one run",
+        "",
+        f"`bench_tokenizer` in a child process per code, the codes alternating, {rounds} "
+        "rounds; the median over rounds of each p50. Only the rows both codes have.",
+        "",
+        "| tokenizer | what | before p50 (us) | after p50 (us) | after / before |",
+        "|---|---|---:|---:|---:|",
+    ]
+    before = {(r.tokenizer, r.case): r for r in rows["before"]}
+    for r in rows["after"]:
+        b = before.get((r.tokenizer, r.case))
+        if b is not None:
+            ratio = r.p50_us / b.p50_us if b.p50_us else float("nan")
+            lines.append(
+                f"| {r.tokenizer} | {r.case} | {b.p50_us:,.0f} | {r.p50_us:,.0f} | {ratio:.2f} |"
+            )
+    return lines
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="epp bench tokenize",
@@ -412,6 +489,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", type=Path, help="write NAME.md and NAME.json (e.g. docs/benchmarks/tokenize)"
     )
+    parser.add_argument(
+        "--before",
+        help="also run the in-process rows on this commit (frozen as tools/bench/"
+        "freeze_code.py does) and on the work tree, alternately, and print both columns",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --before: rounds per code")
     args = parser.parse_args(argv)
     command = ("epp bench tokenize " + shlex.join(argv)).strip()
     directories = args.tokenizer or [
@@ -428,6 +511,12 @@ def main(argv: list[str]) -> int:
         f" {os.cpu_count()} cores"
     )
     report = markdown(rows, command, load)
+    if args.before:
+        from epp_bench.picker.overhead import WORK_TREE_SRC, frozen_src
+
+        codes = {"before": frozen_src(args.before), "after": WORK_TREE_SRC}
+        both = compared(codes, directories, args.iterations, args.prompt_tokens, args.rounds)
+        report += "\n".join(compared_markdown(args.before, both, args.rounds)) + "\n"
     print(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
