@@ -52,6 +52,15 @@ def entry(
     return e
 
 
+def test_the_first_byte_is_placed_from_the_streams_whole_duration_when_logged():
+    """A client that reset the stream has no last byte sent; the entry's duration (start
+    to end, set on every final entry) places the first byte all the same."""
+    e = entry(first_ms=40, last_ms=None)
+    e.common_properties.duration.CopyFrom(Duration(seconds=2, nanos=40_000_000))
+    done = completion(e, received_at=100.0)
+    assert done is not None and abs(done.first_byte_at - 98.0) < 1e-9  # type: ignore[operator]
+
+
 def test_an_entry_becomes_the_completion_the_observer_would_report():
     done = completion(entry(), received_at=100.0)
     assert done is not None
@@ -72,8 +81,12 @@ def test_what_an_entry_may_lack():
         None, None, None,
     )  # fmt: skip
     assert completion(entry(code=0), 1.0).status is None  # type: ignore[union-attr]
-    # No upstream (refused before one was picked); an IPv6 one is bracketed as pods are.
-    assert completion(entry(upstream=None), 1.0).served_address is None  # type: ignore[union-attr]
+    # No upstream: Envoy answered itself (no healthy host, an ext_proc failure after the
+    # destination was applied): no pod's status, nothing counted against the pick.
+    local = completion(entry(upstream=None, code=503), 1.0)
+    assert local is not None and (local.served_address, local.status) == (None, None)
+    assert local.response_bytes is None
+    # An IPv6 upstream is bracketed as pods are.
     v6 = completion(entry(upstream=("fd00::7", 8000)), 1.0)
     assert v6 is not None and v6.served_address == "[fd00::7]:8000"
 

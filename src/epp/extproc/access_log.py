@@ -14,7 +14,10 @@ finished, client gone or reset), and carries what the observer read:
 - the response's bytes, and when its first byte came (`time_to_first_upstream_rx_byte`,
   from the request's start, turned into this process's clock below).
 
-An entry without a route token (a request the EPP did not route) is skipped. Sans-I/O:
+An entry without a route token (a request the EPP did not route) is skipped. The token
+is read from the request headers as Envoy holds them when it logs: a route that removed
+`x-epp-route-token` (`request_headers_to_remove`) would hide it; the generated configs do
+not. Sans-I/O:
 `completions` turns one message into the completions to report; `AccessLogReceiver` is the
 gRPC service that hands them on.
 """
@@ -60,23 +63,28 @@ def completion(entry: entries_pb.HTTPAccessLogEntry, received_at: float) -> Comp
     common = entry.common_properties
     if common.intermediate_log_entry or common.access_log_type not in _END_TYPES:
         return None
-    code = entry.response.response_code.value if entry.response.HasField("response_code") else 0
     served = None
     if common.upstream_remote_address.HasField("socket_address"):
         socket = common.upstream_remote_address.socket_address
         served = format_host_port(socket.address, socket.port_value) if socket.address else None
+    # A status only when a pod was reached: Envoy's own answer before any upstream (no
+    # healthy host, an ext_proc failure after the destination was applied) is not the
+    # pod's, and must not count against it (the observer never saw such answers either).
+    code = 0
+    if served is not None and entry.response.HasField("response_code"):
+        code = entry.response.response_code.value
     first_byte_at = None
     first = _seconds(common.time_to_first_upstream_rx_byte)
-    last = _seconds(common.time_to_last_downstream_tx_byte)
-    if first is not None and last is not None and last >= first:
-        first_byte_at = received_at - (last - first)
+    # From the stream's start to its end (set on every final entry, a client's reset
+    # included), else to the last byte sent: how long before the entry's arrival the
+    # first byte came (the arrival is up to the 5 ms flush later than the end).
+    end = _seconds(common.duration) or _seconds(common.time_to_last_downstream_tx_byte)
+    if first is not None and end is not None and end >= first:
+        first_byte_at = received_at - (end - first)
     return Completion(
-        token,
-        code or None,
-        served,
-        first_byte_at,
+        token, code or None, served, first_byte_at,
         entry.response.response_body_bytes if code else None,
-    )
+    )  # fmt: skip
 
 
 def completions(message: pb.StreamAccessLogsMessage) -> list[Completion]:

@@ -19,7 +19,8 @@ The machine follows the body mode Envoy announces (`protocol_config`):
 Once the destination (and every re-emitted body chunk) is out, the step says `finish`:
 the server ends the gRPC stream with OK, which Envoy treats as "processing complete" and
 the request goes on without the EPP. An EPP crash then costs only requests not yet
-routed. The response end is reported by a second, observing filter (observer.py).
+routed. The response end is reported by Envoy's access log (access_log.py) or a second,
+observing filter (observer.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ DESTINATION_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
-# Set on the routed request for the observer filter: it names the decision to complete.
+# Set on the routed request for the report of its end (the access log logs it, the
+# observer filter reads it): it names the decision to complete.
 ROUTE_TOKEN_HEADER = "x-epp-route-token"
 REJECT_REASON_HEADER = "x-request-dropped-reason"
 REQUEST_ID_RESPONSE_HEADER = "x-epp-request-id"

@@ -2,7 +2,7 @@
 
 The EPP predicts, for each decision, how many of the prompt's tokens the chosen pod holds
 in its prefix cache (its index's match x block size). Nothing on the request path tells
-whether the pod really had them: the observer filter sees response headers, never the
+whether the pod really had them: the access log (or observer filter) reports the response's end, never the
 body's `usage.prompt_tokens_details.cached_tokens`, and without KV events (precise mode)
 the EPP never learns what a pod evicted. What the EPP does see is the pod's own
 `vllm:prefix_cache_hits_total` (prompt tokens served from its cache), on every scrape.

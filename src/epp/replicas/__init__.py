@@ -13,8 +13,9 @@ the dispatch in the pod's load until a page scraped after it shows it (inbox.py,
 `EndpointStore.peer_dispatched`). Its `prefill` scorer's lane for the pod grows by the
 request's prefill too.
 
-Response ends: Envoy balances the observer filter's stream apart from the routing stream,
-so the end of a request is often seen by another replica than the one that routed it.
+Response ends: Envoy's access-log stream is pinned to one replica per Envoy worker (and the
+observer filter's streams are balanced apart from the routing streams), so the end of a
+request is often seen by another replica than the one that routed it.
 Route tokens start with the routing replica's id, and a replica that sees the end of a
 decision it did not make sends it to that replica (`Completion`); without this, a
 replica's in-flight counts and its request-time estimates would miss about half the ends.

@@ -8,7 +8,7 @@ sender, who dialled) to a peer (the receiver), after one exchange of `Hello` fra
     sender   --Hello-->    receiver      who I am, protocol version, block size
     sender   <--Hello--    receiver      who I am (the sender learns a self-connection)
     sender   --Decision--> receiver      one per request routed by the sender
-    sender   --Completion->receiver      a response end the sender's observer stream saw
+    sender   --Completion->receiver      a response end the sender learnt (access log, observer)
                                          for a decision the receiver made
     sender   --Ping-->     receiver      nothing else to send for a while (see below)
 
@@ -120,8 +120,9 @@ class Decision(msgspec.Struct, tag="decision", array_like=True, frozen=True, gc=
 
 
 class Completion(msgspec.Struct, tag="completion", array_like=True, frozen=True):
-    """The observer stream for a request the receiver routed ended on the sender: the
-    route token, the response status (None: no response), the upstream that served."""
+    """A request the receiver routed ended, reported to the sender (access log or observer
+    stream): the route token, the response status (None: no response), the upstream that
+    served. Its first byte and size are not forwarded: the upstream series miss them."""
 
     token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     status: Annotated[int, msgspec.Meta(ge=0, le=999)] | None

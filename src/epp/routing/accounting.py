@@ -107,8 +107,9 @@ class Accounting:
         hooks = self._hooks
         if routed is None:
             if hooks.foreign_completion is not None and not token.startswith(hooks.token_prefix):
-                # Envoy balances the observer stream apart from the routing stream: this
-                # response end belongs to the replica named in the token.
+                # The report of a response end (an access-log stream pinned to one replica,
+                # or an observer stream balanced apart from the routing stream) may reach
+                # another replica: this end belongs to the replica named in the token.
                 hooks.foreign_completion(token, status, served_address)
             return
         pod = self._by_pod.get(routed.endpoint)

@@ -270,8 +270,9 @@ class Router:
         response_bytes: int | None = None,
     ) -> None:
         """The response finished (or the stream ended): release the reservation once.
-        `first_byte_at` (time.perf_counter() at the response headers) and `response_bytes`
-        (its content-length), when the observer saw them, feed the upstream series."""
+        `first_byte_at` (time.perf_counter() at the response's first byte) and
+        `response_bytes`, when the access log or the observer reported them, feed the
+        upstream series."""
         if isinstance(token, RoutedRequest):
             token = token.token
         self.accounting.complete(token, status, served_address, first_byte_at, response_bytes)
