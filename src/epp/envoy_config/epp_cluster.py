@@ -107,11 +107,13 @@ def _replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
     - no panic mode: Envoy's default balances over every replica, the dead included, once
       half of them are unhealthy (1 of 2 is enough), which would send a dead replica half
       the routing streams;
-    - least request: a slow replica collects open streams and gets fewer new ones. Round
-      robin alternates the two streams of each request, routing and observer, between
-      two replicas: with sequential requests one replica routes all of them (121 of 121
-      in two runs; least request splits them 65/56 and 58/63). A separate cluster for the
-      observer streams does not change the split, so there is one.
+    - least request: a slow replica collects open streams and gets fewer new ones. With
+      the observer filter, round robin alternates the two streams of each request,
+      routing and observer, between two replicas: with sequential requests one replica
+      routes all of them (121 of 121 in two runs; least request splits them 65/56 and
+      58/63). A separate cluster for the observer streams does not change the split, so
+      there is one. The access log's stream (one per Envoy worker, long-lived) counts as
+      one open request on the replica it is pinned to.
     A name among `addresses` (a Kubernetes headless Service) makes the cluster STRICT_DNS:
     every address it resolves to is a replica."""
     cluster = static_cluster("epp", addresses, "LEAST_REQUEST", True)
