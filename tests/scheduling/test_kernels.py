@@ -70,6 +70,16 @@ def test_the_ties_are_the_twins_with_nan_and_equal_bests():
         compiled.tied([], 0.1)
 
 
+def compiled_prefill(scorer: PrefillScorer, request: SchedulingRequest, fleet: list) -> list | None:
+    """The compiled pass on the scorer's state, with the arguments `score` gives it."""
+    cost = scorer.cost
+    return compiled.prefill(
+        fleet, scorer._pods, request.prefix_match, request.now, _FRESH.lane_end,
+        cost.overhead_s, cost.per_token_s, cost.per_cached_token_s,
+        request.prompt_tokens, request.block_size,
+    )  # fmt: skip
+
+
 def random_request(rng: random.Random, names: list[str]) -> SchedulingRequest:
     prompt = rng.choice([0, 1, 2, 15, 16, 17, 900, 4096, 100_000])
     match = {n: rng.randrange(0, 300) for n in names if rng.random() < 0.6}
@@ -103,11 +113,7 @@ def test_the_prefill_pass_is_the_twins_bit_for_bit(pods):
         for e in fleet:
             if rng.random() < 0.6:
                 scorer.state(e).lane_end = request.now + rng.uniform(-3.0, 3.0)
-        got = compiled.prefill(
-            fleet, scorer._pods, request.prefix_match, request.now, _FRESH.lane_end,
-            cost.overhead_s, cost.per_token_s, cost.per_cached_token_s,
-            request.prompt_tokens, request.block_size,
-        )  # fmt: skip
+        got = compiled_prefill(scorer, request, fleet)
         assert got is not None
         assert bits(got) == bits(scorer.python_score(request, fleet))
 
@@ -174,11 +180,7 @@ def test_the_prefill_pass_is_the_twins_on_odd_inputs():
         for e in fleet:
             if rng.random() < 0.6:
                 scorer.state(e).lane_end = rng.choice([*odd, request.now + 1.0])
-        got = compiled.prefill(
-            fleet, scorer._pods, request.prefix_match, request.now, _FRESH.lane_end,
-            cost.overhead_s, cost.per_token_s, cost.per_cached_token_s,
-            request.prompt_tokens, request.block_size,
-        )  # fmt: skip
+        got = compiled_prefill(scorer, request, fleet)
         assert got is not None
         assert bits(got) == bits(scorer.python_score(request, fleet)), (cost, request)
 
