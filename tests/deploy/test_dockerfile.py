@@ -529,8 +529,9 @@ def test_runtime_venv_as_the_dockerfile_builds_it(tmp_path):
     (site,) = venv.glob("lib/python3.*/site-packages")
     assert list((site / "epp" / "__pycache__").glob("*.pyc"))
 
-    # The wheel carries the compiled prefix kernels (built with the builder's gcc).
-    assert list((site / "epp" / "prefix").glob("_kernels.*.so")), "the kernels were not built"
+    # The wheel carries the compiled kernels (built with the builder's gcc).
+    for package in ("prefix", "scheduling"):
+        assert list((site / "epp" / package).glob("_kernels.*.so")), f"{package} kernels not built"
 
     env = {
         **{
