@@ -95,6 +95,8 @@ def test_the_routing_filter_skips_the_response_and_the_access_log_reports_it():
     assert common["transport_api_version"] == "V3"
     # Entries wait at most 5 ms in Envoy: the request stays counted in flight till then.
     assert common["buffer_flush_interval"] == "0.005s"
+    # Envoy keeps this much while the stream is backed up, then drops (default 16 KiB).
+    assert common["buffer_size_bytes"] == 1024 * 1024
     assert logged["additional_request_headers_to_log"] == ["x-epp-route-token"]
 
 

@@ -8,10 +8,14 @@ about half of the gRPC work the EPP does per request (docs/benchmarks/overhead.m
 
 - The entry carries the route token because the logger is told to log that request
   header (the routing reply set it; a client's own is removed before any filter runs).
-- An entry waits at most BUFFER_FLUSH_S in Envoy before it is sent, or less once
-  BUFFER_BYTES of entries are waiting: the EPP counts the request as in flight until
-  then, so this is kept short (the observer's stream ended ~10 ms after the request:
-  its `deferred_close_timeout`).
+- An entry waits at most BUFFER_FLUSH_S in Envoy before it is sent: the EPP counts the
+  request as in flight until then, so this is kept short (the observer's stream ended
+  ~10 ms after the request: its `deferred_close_timeout`).
+- BUFFER_BYTES is both when Envoy sends early and how much it keeps while the stream is
+  backed up (an EPP busy elsewhere reads late): past it, entries are dropped
+  (`logs_dropped`). Envoy's default, 16 KiB, is ~30-50 entries, a few milliseconds at
+  thousands of completions a second; 1 MiB holds a few thousand, and the flush interval
+  still sends them every 5 ms.
 - The logger sends to the EPP cluster, over the same connection settings as the routing
   filter (TLS, replicas); a lost stream is reopened by Envoy, and the entries of a stream
   that is down are dropped: those requests end by the EPP's page reconciliation or TTL,
@@ -28,7 +32,7 @@ ACCESS_LOG_TYPE = (
     "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
 )
 BUFFER_FLUSH_S = 0.005
-BUFFER_BYTES = 16384
+BUFFER_BYTES = 1024 * 1024
 LOG_NAME = "epp-completions"
 
 
