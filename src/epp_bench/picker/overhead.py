@@ -239,14 +239,20 @@ def _children_import(code: Path | None) -> Iterator[None]:
 
 
 def through_envoy(
-    pods: int, requests: int, saturation_concurrency: int, before: Path | None = None
+    pods: int,
+    requests: int,
+    saturation_concurrency: int,
+    before: Path | None = None,
+    rounds: int = 3,
 ) -> list[StackLoad]:
+    """Every stack started at once, warmed up, then driven in turn, round after round
+    (each stack's rows: the median of each figure over the rounds), so that no stack is
+    measured in a quieter or busier minute than another."""
     from epp_harness.stack import LocalStack
 
     body = json.dumps(
         {"model": "sim-llama-8b", "prompt": _words(random.Random(1), 512), "max_tokens": 1}
     ).encode()
-    results: list[StackLoad] = []
     # The EPP learns of each request's end from Envoy's access log (the default) or from
     # the observer filter, one more ext_proc stream per request; the before code's row uses
     # the observer, which every earlier EPP serves.
@@ -257,44 +263,80 @@ def through_envoy(
     ]
     if before is not None:
         stacks.append(("epp", "Envoy + EPP (before, observer filter)", before, "observer"))
-    for mode, label, code, completions in stacks:
-        # The EPP logs at warning here: the INFO decision line costs CPU, and this measures
-        # the picker; the INFO cost is in the in-process table's "whole decision" row.
-        with (
-            _children_import(code),
-            LocalStack(
-                pods=pods,
-                mode=mode,
-                sim_args=shlex.split(ZERO_TIME_PODS),
-                log_level="warning",
-                completions=completions,
-            ) as stack,
-        ):
+    loads: dict[tuple[str, int], list[StackLoad]] = {}
+    with contextlib.ExitStack() as running:
+        started = []
+        for mode, label, code, completions in stacks:
+            # The EPP logs at warning here: the INFO decision line costs CPU, and this
+            # measures the picker; the INFO cost is in the in-process "whole decision" row.
+            with _children_import(code):
+                stack = running.enter_context(
+                    LocalStack(
+                        pods=pods,
+                        mode=mode,
+                        sim_args=shlex.split(ZERO_TIME_PODS),
+                        log_level="warning",
+                        completions=completions,
+                    )
+                )
             url = f"{stack.envoy_url}/v1/completions"
             # Warm-up, unmeasured: connections, Envoy's streams to the EPP and the EPP's
-            # first decisions, which otherwise fall on whichever stack runs first.
+            # first decisions.
             asyncio.run(_drive(url, 8, min(200, requests), body))
-            for concurrency, count in ((1, requests), (saturation_concurrency, requests * 4)):
-                epp_pid = stack.pids.get("epp")
-                cpu_before = _cpu_seconds(epp_pid) if epp_pid else None
-                latencies, failed, seconds = asyncio.run(_drive(url, concurrency, count, body))
-                load = StackLoad(
-                    stack=label,
-                    concurrency=concurrency,
-                    requests=count,
-                    failed=failed,
-                    seconds=seconds,
-                    p50_ms=(percentile(latencies, 50) or 0.0) * 1000,
-                    p99_ms=(percentile(latencies, 99) or 0.0) * 1000,
-                    requests_per_s=count / seconds,
-                )
-                if epp_pid and cpu_before is not None:
-                    cpu = _cpu_seconds(epp_pid) - cpu_before
-                    load.epp_cpu_us_per_request = cpu / count * 1e6
-                    load.decisions_per_epp_core_s = count / cpu if cpu > 0 else None
-                results.append(load)
-                print(f"  {label}, concurrency {concurrency}: done", file=sys.stderr, flush=True)
-    return results
+            started.append((label, stack, url))
+        for round_ in range(rounds):
+            for label, stack, url in started:
+                for concurrency, count in ((1, requests), (saturation_concurrency, requests * 4)):
+                    load = _stack_load(label, stack.pids.get("epp"), url, concurrency, count, body)
+                    loads.setdefault((label, concurrency), []).append(load)
+            print(
+                f"  through Envoy: round {round_ + 1} of {rounds} done", file=sys.stderr, flush=True
+            )
+    return [_median_load(rows) for rows in loads.values()]
+
+
+def _stack_load(
+    label: str, epp_pid: int | None, url: str, concurrency: int, count: int, body: bytes
+) -> StackLoad:
+    cpu_before = _cpu_seconds(epp_pid) if epp_pid else None
+    latencies, failed, seconds = asyncio.run(_drive(url, concurrency, count, body))
+    load = StackLoad(
+        stack=label,
+        concurrency=concurrency,
+        requests=count,
+        failed=failed,
+        seconds=seconds,
+        p50_ms=(percentile(latencies, 50) or 0.0) * 1000,
+        p99_ms=(percentile(latencies, 99) or 0.0) * 1000,
+        requests_per_s=count / seconds,
+    )
+    if epp_pid and cpu_before is not None:
+        cpu = _cpu_seconds(epp_pid) - cpu_before
+        load.epp_cpu_us_per_request = cpu / count * 1e6
+        load.decisions_per_epp_core_s = count / cpu if cpu > 0 else None
+    return load
+
+
+def _median_load(rows: list[StackLoad]) -> StackLoad:
+    """One stack's row: the median over its rounds of each figure (failures summed)."""
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    first = rows[0]
+    return StackLoad(
+        stack=first.stack,
+        concurrency=first.concurrency,
+        requests=sum(r.requests for r in rows),
+        failed=sum(r.failed for r in rows),
+        seconds=sum(r.seconds for r in rows),
+        p50_ms=statistics.median(r.p50_ms for r in rows),
+        p99_ms=statistics.median(r.p99_ms for r in rows),
+        requests_per_s=statistics.median(r.requests_per_s for r in rows),
+        epp_cpu_us_per_request=median([r.epp_cpu_us_per_request for r in rows]),
+        decisions_per_epp_core_s=median([r.decisions_per_epp_core_s for r in rows]),
+    )
 
 
 @dataclass(slots=True)
@@ -836,6 +878,10 @@ def _markdown(
             "",
             "## Through Envoy (pods answer at once; 512-token prompt, 1 output token)",
             "",
+            "Every stack running at once, warmed up, driven in turn round after round "
+            "(`--rounds`); each figure is the median over the rounds, requests and "
+            "failures their sum.",
+            "",
             "| stack | concurrency | requests | failed | p50 (ms) | p99 (ms) | req/s | EPP CPU per request (us) | decisions/s per EPP core |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
@@ -943,7 +989,9 @@ def main(argv: list[str]) -> int:
     loads = (
         []
         if args.no_live
-        else through_envoy(args.live_pods, args.live_requests, args.saturation_concurrency, before)
+        else through_envoy(
+            args.live_pods, args.live_requests, args.saturation_concurrency, before, args.rounds
+        )
     )
     scrape = scraping(args.scrape_pods, args.scrape_seconds) if args.scrape_pods > 0 else None
     before_name = "none" if before is None else f"{args.before} = {before.name[:12]}"
