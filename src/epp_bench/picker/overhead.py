@@ -14,9 +14,10 @@
    tools/bench/freeze_code.py does) and the work tree, alternately in one run
    (overhead_probe.py is the child). The ext_proc rows drive the real grpc.aio server with
    the messages Envoy sends for one routed request (routing stream: request headers and
-   body; observer stream: request headers, response headers, end) and read the server's
-   CPU from /proc; a bare servicer answering the same messages with no work is the gRPC
-   floor.
+   body; then the request's end, as an observer stream: request headers, response
+   headers, end; or as one entry on the access-log stream, the generated configs'
+   default) and read the server's CPU from /proc; a bare servicer answering the same
+   messages with no work is the gRPC floor.
 
 The machine is shared and noisy: compare the two stacks measured side by side in one run.
 """
