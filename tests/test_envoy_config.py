@@ -91,7 +91,18 @@ def test_the_routing_filter_skips_the_response_and_the_access_log_reports_it():
     logged = access_log["typed_config"]
     assert logged["@type"].endswith("grpc.v3.HttpGrpcAccessLogConfig")
     common = logged["common_config"]
-    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": "epp"}}
+    # Its own copy of the EPP cluster: the logger's connection attempts to a dead replica
+    # never fail routing streams waiting on the routing cluster's pool.
+    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": "epp-completions"}}
+    clusters = {c["name"]: c for c in _epp_config()["static_resources"]["clusters"]}
+    copy, routing = dict(clusters["epp-completions"]), clusters["epp"]
+    assert copy.pop("name") == "epp-completions"
+    assert copy["load_assignment"].pop("cluster_name") == "epp-completions"
+    assert {k: v for k, v in routing.items() if k != "name"} | {
+        "load_assignment": {
+            k: v for k, v in routing["load_assignment"].items() if k != "cluster_name"
+        }
+    } == copy
     assert common["transport_api_version"] == "V3"
     # Entries wait at most 5 ms in Envoy: the request stays counted in flight till then.
     assert common["buffer_flush_interval"] == "0.005s"

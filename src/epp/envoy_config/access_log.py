@@ -16,14 +16,20 @@ about half of the gRPC work the EPP does per request (docs/benchmarks/overhead.m
   (`logs_dropped`). Envoy's default, 16 KiB, is ~30-50 entries, a few milliseconds at
   thousands of completions a second; 1 MiB holds a few thousand, and the flush interval
   still sends them every 5 ms.
-- The logger sends to the EPP cluster, over the same connection settings as the routing
-  filter (TLS, replicas); a lost stream is reopened by Envoy, and the entries of a stream
-  that is down are dropped: those requests end by the EPP's page reconciliation or TTL,
-  as with a lost observer stream.
+- The logger sends to CLUSTER, a copy of the EPP cluster (the same replicas, TLS, health
+  checks and outlier detection) with connection pools of its own: when a replica dies,
+  the logger re-dials every flush until the replica is ejected, and on the routing
+  cluster those failed connection attempts failed routing streams waiting for the same
+  pool (fail-closed 500s; seen in tests/replicas/test_envoy_replicas.py, 2 of 10 requests
+  right after a SIGKILL). Its long-lived stream no longer counts as an open request of a
+  routing replica either (least request). A lost stream is reopened by Envoy; the entries
+  of a stream that is down are dropped: those requests end by the EPP's page
+  reconciliation or TTL, as with a lost observer stream.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from epp.envoy_config.names import ROUTE_TOKEN_HEADER
@@ -34,6 +40,7 @@ ACCESS_LOG_TYPE = (
 BUFFER_FLUSH_S = 0.005
 BUFFER_BYTES = 1024 * 1024
 LOG_NAME = "epp-completions"
+CLUSTER = "epp-completions"
 
 
 def epp_access_log() -> dict[str, Any]:
@@ -45,10 +52,19 @@ def epp_access_log() -> dict[str, Any]:
             "common_config": {
                 "log_name": LOG_NAME,
                 "transport_api_version": "V3",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+                "grpc_service": {"envoy_grpc": {"cluster_name": CLUSTER}},
                 "buffer_flush_interval": f"{BUFFER_FLUSH_S}s",
                 "buffer_size_bytes": BUFFER_BYTES,
             },
             "additional_request_headers_to_log": [ROUTE_TOKEN_HEADER],
         },
     }
+
+
+def access_log_cluster(epp: dict[str, Any]) -> dict[str, Any]:
+    """The logger's own copy of the EPP cluster `epp` (see the module docstring)."""
+    cluster = copy.deepcopy(epp)
+    cluster["name"] = CLUSTER
+    if "load_assignment" in cluster:
+        cluster["load_assignment"]["cluster_name"] = CLUSTER
+    return cluster

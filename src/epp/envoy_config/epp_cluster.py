@@ -112,8 +112,8 @@ def _replicas_cluster(addresses: Sequence[str]) -> dict[str, Any]:
       routing and observer, between two replicas: with sequential requests one replica
       routes all of them (121 of 121 in two runs; least request splits them 65/56 and
       58/63). A separate cluster for the observer streams does not change the split, so
-      there is one. The access log's stream (one per Envoy worker, long-lived) counts as
-      one open request on the replica it is pinned to.
+      there is one. The access log has its own copy of this cluster
+      (envoy_config/access_log.py): its long-lived stream is not an open request here.
     A name among `addresses` (a Kubernetes headless Service) makes the cluster STRICT_DNS:
     every address it resolves to is a replica."""
     cluster = static_cluster("epp", addresses, "LEAST_REQUEST", True)

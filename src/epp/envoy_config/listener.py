@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from epp.envoy_config.access_log import epp_access_log
+from epp.envoy_config.access_log import access_log_cluster, epp_access_log
 from epp.envoy_config.epp_cluster import EppTls, epp_cluster
 from epp.envoy_config.filters import (
     early_header_removal,
@@ -81,16 +81,16 @@ def render(
         if completions == "observer":
             http_filters.append(observer_filter())
         route["retry_policy"] = _pod_retry_policy(pod_cluster, upstream_idle_timeout_s)
-        clusters = [
-            _pods_for_the_epp(pod_cluster, pods),
-            epp_cluster(
-                epp_host=epp_host,
-                epp_port=epp_port,
-                epp_addresses=epp_addresses,
-                epp_tls=epp_tls,
-                epp_plaintext=epp_plaintext,
-            ),
-        ]
+        epp = epp_cluster(
+            epp_host=epp_host,
+            epp_port=epp_port,
+            epp_addresses=epp_addresses,
+            epp_tls=epp_tls,
+            epp_plaintext=epp_plaintext,
+        )
+        clusters = [_pods_for_the_epp(pod_cluster, pods), epp]
+        if completions == "access_log":
+            clusters.append(access_log_cluster(epp))
     else:
         if not pods:
             raise ValueError(f"mode {mode!r} needs the pod addresses")
