@@ -279,8 +279,8 @@ print("ok")
 @pytest.mark.parametrize("kernel", ["walk", "record"])
 def test_a_hash_list_emptied_during_the_call_does_not_crash_the_process(kernel, tmp_path):
     """The kernels walk a copy of `hashes`: Python code run by a key's hash or a value's
-    comparison cannot free what they read (before the copy: a segfault, or objects read
-    from freed memory)."""
+    comparison cannot free what they read (without the copy the record probe reads freed
+    memory)."""
     import subprocess
     import sys
 

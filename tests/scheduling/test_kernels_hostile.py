@@ -1,8 +1,8 @@
 """Hostile arguments never crash the process: each compiled kernel reads copies of the
 lists a Python hook it calls (`__float__`, `__hash__`, a property, an int subclass's
 `to_bytes`) could empty, and checks what such hooks return. Each probe runs in its own
-process: a crash is a signal there, not the end of the test run. Found by the kernels'
-mutation pass (segfaults, a bus error, an abort before the copies)."""
+process: a crash is a signal there, not the end of the test run (without the copies,
+several of these probes segfault or abort)."""
 
 from __future__ import annotations
 

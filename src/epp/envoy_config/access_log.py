@@ -17,14 +17,14 @@ about half of the gRPC work the EPP does per request (docs/benchmarks/overhead.m
   thousands of completions a second; 1 MiB holds a few thousand, and the flush interval
   still sends them every 5 ms.
 - The logger sends to CLUSTER, a copy of the EPP cluster (the same replicas, TLS, health
-  checks and outlier detection) with connection pools of its own: when a replica dies,
-  the logger re-dials every flush until the replica is ejected, and on the routing
-  cluster those failed connection attempts failed routing streams waiting for the same
-  pool (fail-closed 500s; seen in tests/replicas/test_envoy_replicas.py, 2 of 10 requests
-  right after a SIGKILL). Its long-lived stream no longer counts as an open request of a
-  routing replica either (least request). A lost stream is reopened by Envoy; the entries
-  of a stream that is down are dropped: those requests end by the EPP's page
-  reconciliation or TTL, as with a lost observer stream.
+  checks and outlier detection) with connection pools of its own. Invariant: nothing the
+  logger does touches a routing stream. When a replica dies the logger re-dials it at
+  every flush until it is ejected; on a shared pool those failed connection attempts
+  would fail the routing streams queued on it (fail-closed 500s right after a replica's
+  SIGKILL, tests/replicas/test_envoy_replicas.py), and its long-lived stream would count
+  as an open request of one routing replica under least request. A lost stream is
+  reopened by Envoy; the entries of a stream that is down are dropped: those requests
+  end by the EPP's page reconciliation or TTL, as with a lost observer stream.
 """
 
 from __future__ import annotations

@@ -144,6 +144,56 @@ static PyObject *k_tied(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* max(pods[e].lane_end - now, 0), with fresh_lane for a pod without state. */
+static int lane_wait(PyObject *e, PyObject *pods, double fresh_lane, double now, double *wait) {
+    double lane_end = fresh_lane;
+    PyObject *state = PyDict_GetItemWithError(pods, e);
+    if (state == NULL && PyErr_Occurred()) return -1;
+    if (state != NULL) {
+        PyObject *lane = PyObject_GetAttr(state, str_lane_end);
+        if (lane == NULL) return -1;
+        int rc = as_double(lane, &lane_end);
+        Py_DECREF(lane);
+        if (rc < 0) return -1;
+    }
+    double lane = lane_end - now;
+    *wait = lane > 0.0 ? lane : 0.0;
+    return 0;
+}
+
+/* matched.get(e.name, 0) as a C integer. */
+static int matched_blocks(PyObject *e, PyObject *matched, long long *count) {
+    PyObject *name = PyObject_GetAttr(e, str_name);
+    if (name == NULL) return -1;
+    PyObject *blocks = PyDict_GetItemWithError(matched, name);
+    Py_DECREF(name);
+    if (blocks == NULL && PyErr_Occurred()) return -1;
+    *count = 0;
+    if (blocks != NULL) {
+        *count = PyLong_AsLongLong(blocks);
+        if (*count == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* [min(ttft) / t if t > 0.0 else 1.0 for t in ttft] (min as Python's: the first of equals). */
+static PyObject *best_over_each(const double *ttft, Py_ssize_t n) {
+    double best = ttft[0];
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (ttft[i] < best) best = ttft[i];
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyFloat_FromDouble(ttft[i] > 0.0 ? best / ttft[i] : 1.0);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
 /* prefill(candidates, pods, matched, now, fresh_lane_end, overhead, per_token,
  *         per_cached, prompt_tokens, block_size) -> list[float] | None
  * The prefill scorer's pass: per candidate e, wait = max(pods[e].lane_end - now, 0)
@@ -181,28 +231,10 @@ static PyObject *k_prefill(PyObject *self, PyObject *args) {
         Py_DECREF(slots);
         if (has_slots < 0) goto fail;
         if (has_slots) goto twin;
-        double lane_end = fresh_lane;
-        PyObject *state = PyDict_GetItemWithError(pods, e);
-        if (state == NULL && PyErr_Occurred()) goto fail;
-        if (state != NULL) {
-            PyObject *lane = PyObject_GetAttr(state, str_lane_end);
-            if (lane == NULL) goto fail;
-            int rc = as_double(lane, &lane_end);
-            Py_DECREF(lane);
-            if (rc < 0) goto fail;
-        }
-        double lane = lane_end - now;
-        double wait = lane > 0.0 ? lane : 0.0;
-        PyObject *name = PyObject_GetAttr(e, str_name);
-        if (name == NULL) goto fail;
-        PyObject *blocks = PyDict_GetItemWithError(matched, name);
-        Py_DECREF(name);
-        if (blocks == NULL && PyErr_Occurred()) goto fail;
-        long long count = 0;
-        if (blocks != NULL) {
-            count = PyLong_AsLongLong(blocks);
-            if (count == -1 && PyErr_Occurred()) goto fail;
-        }
+        double wait;
+        long long count;
+        if (lane_wait(e, pods, fresh_lane, now, &wait) < 0) goto fail;
+        if (matched_blocks(e, matched, &count) < 0) goto fail;
         if (count) {
             long long cached;
             if (__builtin_mul_overflow(count, block_size, &cached)) goto twin; /* exact ints */
@@ -213,19 +245,8 @@ static PyObject *k_prefill(PyObject *self, PyObject *args) {
             ttft[i] = wait + cold;
         }
     }
-    double best = ttft[0];
-    for (Py_ssize_t i = 1; i < n; i++)
-        if (ttft[i] < best) best = ttft[i];
-    PyObject *out = PyList_New(n);
+    PyObject *out = best_over_each(ttft, n);
     if (out == NULL) goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *value = PyFloat_FromDouble(ttft[i] > 0.0 ? best / ttft[i] : 1.0);
-        if (value == NULL) {
-            Py_DECREF(out);
-            goto fail;
-        }
-        PyList_SET_ITEM(out, i, value);
-    }
     PyMem_Free(ttft);
     Py_DECREF(pods_seen);
     return out;
