@@ -616,8 +616,13 @@ async def test_objectives_and_rewrites_from_both_groups_llm_d_ai_first(
     assert dict(table.objectives) == {"base-model": 2}
     assert table.target("model-to-be-rewritten", 0.5) == "rewritten-model"
     assert table.target("small-segment-lora", 0.5) == "small-segment-lora"  # GIE's: ignored
+    # Listed, then watched: the table can change on the list's answer before the watch
+    # that follows it is sent, so the watch is waited for, not assumed.
     for r in (LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE):
-        assert [s.query.get("watch") for s in standin.seen(r)][-1] == "true"  # read
+        await until(
+            lambda r=r: [s.query.get("watch") for s in standin.seen(r)][-1:] == ["true"],
+            f"the watch of {r.resource}",
+        )
 
     # llm-d.ai's CRDs removed again: back to GIE's objects.
     standin.uninstall(LLMD_INFERENCE_OBJECTIVE, LLMD_INFERENCE_MODEL_REWRITE)
