@@ -25,7 +25,7 @@ RUN python -m venv --without-pip /opt/venv \
 # router package and none of the harness packages beside it).
 COPY pyproject.toml setup.py README.md ./
 COPY src/epp ./src/epp
-# gcc builds the compiled prefix kernels (src/epp/prefix/_kernels.c) into the wheel: only
+# gcc builds the compiled kernels (src/epp/*/_kernels.c) into the wheel: only
 # this stage has it, the runtime stage gets the built module. Debian moves these versions
 # with its security updates, so they are not pinned (the base image's digest is).
 # hadolint ignore=DL3008

@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 
 # --upgrade-deps: the interpreter's bundled pip and setuptools are old enough to carry known
 # vulnerabilities (make audit audits this environment too).
-$(VENV)/.installed-%: pyproject.toml setup.py src/epp/prefix/_kernels.c src/epp/scheduling/_kernels.c
+$(VENV)/.installed-%: pyproject.toml setup.py $(wildcard src/epp/*/_kernels.c)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv --upgrade-deps $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$*]'

@@ -1,4 +1,4 @@
-"""The compiled kernels (src/epp/prefix/_kernels.c, src/epp/scheduling/_kernels.c).
+"""The compiled kernels (src/epp/{prefix,scheduling,tokenization}/_kernels.c).
 
 Everything else about the package is in pyproject.toml; setuptools reads C extensions only
 from here. The extensions are optional: without a C compiler the build goes on and the
@@ -19,4 +19,4 @@ def kernels(package: str) -> Extension:
     )
 
 
-setup(ext_modules=[kernels("prefix"), kernels("scheduling")])
+setup(ext_modules=[kernels("prefix"), kernels("scheduling"), kernels("tokenization")])

@@ -85,10 +85,12 @@ def _kernel_users() -> dict[str, tuple[Any, ...]]:
     from epp.prefix import approximate, hashing, holders
     from epp.scheduling import filters, picker, scheduler
     from epp.scheduling.scorers import prefill, queue
+    from epp.tokenization import fast
 
     return {
         "PREFIX": (approximate, hashing, holders),
         "SCHEDULING": (filters, picker, scheduler, prefill, queue),
+        "TOKENIZATION": (fast,),
     }
 
 

@@ -530,7 +530,7 @@ def test_runtime_venv_as_the_dockerfile_builds_it(tmp_path):
     assert list((site / "epp" / "__pycache__").glob("*.pyc"))
 
     # The wheel carries the compiled kernels (built with the builder's gcc).
-    for package in ("prefix", "scheduling"):
+    for package in ("prefix", "scheduling", "tokenization"):
         assert list((site / "epp" / package).glob("_kernels.*.so")), f"{package} kernels not built"
 
     env = {

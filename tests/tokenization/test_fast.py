@@ -99,8 +99,11 @@ def test_piece_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert fast is not None
     ids = array("I")
-    fast.encode_into(ids, " ".join(f"w{i}" for i in range(100)), None)
-    assert len(fast._pieces) <= 10
+    fast.encode_into(ids, " ".join(f"wé{i}" for i in range(100)), None)  # the Python path
+    assert 0 < len(fast._pieces) <= 10
+    fast.encode_into(ids, " ".join(f"w{i}" for i in range(100)), None)  # ASCII
+    ascii_cache = fast._pieces if fast._ascii_pieces is None else fast._ascii_pieces
+    assert 0 < len(ascii_cache) <= 10
 
 
 @pytest.mark.parametrize("name", ["llama3", "tiny-llama"])

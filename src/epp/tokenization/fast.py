@@ -18,6 +18,11 @@ less work, in three steps that are each exact:
    separators U+001C-U+001F that Python counts as spaces, the long s (U+017F) under
    `(?i)`, astral characters other than emoji) is encoded by HF instead (`safe`).
 
+On ASCII text (most prompts' segments), when the pattern is GPT-2's, Llama 3's or Qwen 2's,
+steps 1 and 2 run compiled (`_kernels.c`: the split written out for those patterns, and
+a cache keyed by the piece's bytes, so no str is made per piece); the Python code here
+stays the reference, and the compiled split is checked against `re` at load.
+
 Only tokenizers with no normalizer or NFC alone (applied per segment, as HF does), a
 ByteLevel pre-tokenizer without prefix space (with its own regex or after one Split), a
 plain BPE model and added tokens that split cleanly qualify, and each one must pass a self-test at load (a corpus with ASCII, Latin, CJK,
@@ -28,17 +33,26 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import unicodedata
 from array import array
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import tokenizers
 
+from epp.kernels import TOKENIZATION as COMPILED
+
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 PIECE_CACHE_LIMIT = 200_000  # distinct pieces remembered before the cache starts over
+MAX_KEPT_PIECE = 256  # characters: longer pieces rarely repeat, and are not remembered
 SELF_TEST = [
     "Hello world! The router's cache, 12345 tokens; don't re-encode 3.14159.",
     "  leading spaces\n\n\ttabs\r\nand CRLF   trailing   ",
@@ -138,21 +152,69 @@ def translate_pattern(pattern: str, *, ascii_only: bool = False) -> str | None:
     return translated
 
 
+def _bpe_ids(tokenize: Any, piece: str) -> bytes:
+    """A piece's ids from the BPE model, on its byte-level form (the bytes of a uint32
+    array: joining them is a memcpy)."""
+    chars = _byte_chars()
+    mapped = "".join([chars[b] for b in piece.encode("utf-8")])
+    return array("I", [token.id for token in tokenize(mapped)]).tobytes()
+
+
+def _compiled_families(kernels: Any) -> dict[str, tuple[int, int]]:
+    """The patterns the compiled split writes out, by their ASCII translation (what it is
+    compared with): (family, most digits in a number piece)."""
+    known = [
+        (GPT2_PATTERN, kernels.GPT2, 1),  # digits unbounded: the family ignores it
+        (LLAMA3_PATTERN, kernels.LLAMA3, 3),
+        (QWEN2_PATTERN, kernels.LLAMA3, 1),
+    ]
+    return {translate_pattern(p, ascii_only=True) or p: (f, d) for p, f, d in known}
+
+
+def _split_check_corpus() -> list[str]:
+    """ASCII text on which the compiled split must equal `re`'s before it is used: the
+    self-test's ASCII samples and seeded random strings of the characters where the
+    pattern's alternatives meet (quotes and contractions, runs of spaces and line breaks,
+    digits, punctuation, controls)."""
+    rng = random.Random(1729)
+    alphabet = [
+        *"aZq09'sStTrReEvVmMlLdD !?.,_-\t\n\r\x0b\x0c\x1c\x7f\x00\"",
+        *["  ", "\r\n", "'ll", "'RE", "'ve", " 's", "1234", "word"],
+    ]
+    random_text = ["".join(rng.choices(alphabet, k=rng.randint(1, 40))) for _ in range(400)]
+    return [*(sample for sample in SELF_TEST if sample.isascii()), *random_text]
+
+
+def _compiled_cache(model: Any, ascii_pattern: str) -> Any | None:
+    """The compiled split and piece cache for this ASCII pattern, or None (no kernel, a
+    pattern it does not write out, or a split that differs from `re`'s anywhere)."""
+    if COMPILED is None:
+        return None
+    family = _compiled_families(COMPILED).get(ascii_pattern)
+    if family is None:
+        return None
+    kernel = COMPILED.PieceCache(
+        *family, partial(_bpe_ids, model.tokenize), PIECE_CACHE_LIMIT, MAX_KEPT_PIECE
+    )
+    reference = re.compile(ascii_pattern, re.ASCII)
+    for text in _split_check_corpus():
+        if kernel.split(text, 0, len(text)) != reference.findall(text):
+            return None
+    return kernel
+
+
 class _PieceIds(dict[str, bytes]):
     """piece -> its ids (as the bytes of a uint32 array: joining them is a memcpy),
     filled on a miss by the BPE model (bounded: starts over when full; pieces longer than
-    256 characters are not kept, they rarely repeat)."""
+    MAX_KEPT_PIECE characters are not kept, they rarely repeat)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
         self._tokenize = model.tokenize
-        self._bytes = _byte_chars()
 
     def __missing__(self, piece: str) -> bytes:
-        chars = self._bytes
-        mapped = "".join([chars[b] for b in piece.encode("utf-8")])
-        ids = array("I", [token.id for token in self._tokenize(mapped)]).tobytes()
-        if len(piece) <= 256:
+        ids = _bpe_ids(self._tokenize, piece)
+        if len(piece) <= MAX_KEPT_PIECE:
             if len(self) >= PIECE_CACHE_LIMIT:
                 self.clear()
             self[piece] = ids
@@ -169,6 +231,8 @@ class FastByteLevelBpe:
         # `safe` sends to HF), and match faster.
         self._ascii_pattern = re.compile(ascii_pattern, re.ASCII)
         self._pieces = _PieceIds(model)
+        # Pieces of ASCII segments, when compiled (the twin: _ascii_pattern, _pieces).
+        self._ascii_pieces = _compiled_cache(model, ascii_pattern)
         self._risky = _risky()
         self.chars_per_id = 4.0  # learnt from the windows read
 
@@ -193,6 +257,8 @@ class FastByteLevelBpe:
         if not fast._passes_self_test(tokenizer):
             return None
         fast._pieces.clear()
+        if fast._ascii_pieces is not None:
+            fast._ascii_pieces.clear()
         return fast
 
     def _passes_self_test(self, tokenizer: tokenizers.Tokenizer) -> bool:
@@ -232,42 +298,66 @@ class FastByteLevelBpe:
         in the whole text. A window holding a single piece (a "word" longer than the
         window), or text that the tokenizer's NFC normalizer would change, raises
         HandOver: the caller encodes the rest otherwise."""
+        compiled = None
         if segment.isascii():
             pattern = self._ascii_pattern  # ASCII text is its own NFC form
+            compiled = self._ascii_pieces
         else:
             pattern = self._pattern
             if self._nfc and not unicodedata.is_normalized("NFC", segment):
                 raise HandOver(0)  # NFC would move characters: HF takes it from here
         if need is None:
-            ids.frombytes(b"".join(map(self._pieces.__getitem__, pattern.findall(segment))))
+            ids.frombytes(self._encode_span(segment, 0, len(segment), 0, pattern, compiled)[0])
             return None
-        return self._encode_windows(ids, segment, need, pattern)
+        return self._encode_windows(ids, segment, need, pattern, compiled)
+
+    def _encode_span(
+        self,
+        segment: str,
+        pos: int,
+        end: int,
+        keep_back: int,
+        pattern: re.Pattern[str],
+        compiled: Any | None,
+    ) -> tuple[bytes, int, int]:
+        """The ids of the pieces of segment[pos:end] (`end` taken as the text's end) but
+        the last `keep_back`, how many pieces there were, and where the last encoded one
+        ends: by the compiled cache, or by its twin here."""
+        if compiled is not None:
+            result: tuple[bytes, int, int] = compiled.encode(segment, pos, end, keep_back)
+            return result
+        pieces = pattern.findall(segment, pos, end)
+        count = len(pieces)
+        kept = max(count - keep_back, 0)
+        # The pieces cover the span end to end (checked at load): the kept ones end where
+        # the kept-back ones begin.
+        consumed = end - sum(map(len, pieces[kept:]))
+        del pieces[kept:]
+        return b"".join(map(self._pieces.__getitem__, pieces)), count, consumed
 
     def _encode_windows(
-        self, ids: array, segment: str, need: int, pattern: re.Pattern[str]
+        self, ids: array, segment: str, need: int, pattern: re.Pattern[str], compiled: Any | None
     ) -> int | None:
         """`encode_into` with `need`: window by window (its docstring)."""
-        lookup = self._pieces.__getitem__
         pos = 0
         while True:
             # About the characters the ids still needed take, and a tenth more.
             window = max(4096, math.ceil((need - len(ids)) * self.chars_per_id * 1.1))
             if len(segment) - pos <= window:
-                ids.frombytes(b"".join(map(lookup, pattern.findall(segment, pos))))
+                data = self._encode_span(segment, pos, len(segment), 0, pattern, compiled)[0]
+                ids.frombytes(data)
                 return None if len(ids) < need else len(segment)
-            end = pos + window
-            pieces = pattern.findall(segment, pos, end)
-            if len(pieces) < 3:
+            data, count, consumed_to = self._encode_span(
+                segment, pos, pos + window, 2, pattern, compiled
+            )
+            if count < 3:
                 raise HandOver(pos)
-            # The pieces cover the window end to end (checked at load): the kept ones end
-            # where the last two begin.
-            consumed = window - len(pieces[-1]) - len(pieces[-2])
             before = len(ids)
-            del pieces[-2:]
-            ids.frombytes(b"".join(map(lookup, pieces)))
+            ids.frombytes(data)
             if len(ids) > before:
+                consumed = consumed_to - pos
                 self.chars_per_id = 0.5 * self.chars_per_id + 0.5 * consumed / (len(ids) - before)
-            pos += consumed
+            pos = consumed_to
             if len(ids) >= need:
                 return pos
 

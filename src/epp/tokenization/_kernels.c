@@ -1,0 +1,496 @@
+/* Compiled kernel of the fast tokenizer path's ASCII text (see epp/tokenization/fast.py).
+ *
+ * `PieceCache` does, for an ASCII segment, what the pure-Python twin in fast.py does with
+ * `pattern.findall` and a dictionary: split the text into the pre-tokenizer's pieces and
+ * join each piece's ids, asking the tokenizer's BPE model (`missing`) for a piece it has
+ * not seen. The twin stays the reference: tests/tokenization/test_kernels.py compares the
+ * pieces with Python's `re` on the translated pattern and the ids with the twin's, and
+ * fast.py checks the split against `re` again when it loads a tokenizer.
+ *
+ * Two pre-tokenizer families are written out, on ASCII text only (where `re.ASCII`
+ * classes are the tokenizer's Unicode ones):
+ *   GPT2    's|'t|'re|'ve|'m|'ll|'d| ?L+| ?N+| ?[^\sLN]+|\s+(?!\S)|\s+
+ *   LLAMA3  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nLN]?L+|N{1,D}| ?[^\sLN]+[\r\n]*|\s*[\r\n]+
+ *           |\s+(?!\S)|\s+                                  (D = 3 Llama 3, 1 Qwen 2)
+ * with L = [A-Za-z], N = [0-9] and \s = [ \t\n\v\f\r]. Each function below returns where
+ * the piece starting at p ends, as the regex's leftmost-alternative, backtracking match
+ * does; `end` is the text's end for the match, as findall's endpos is. Every character
+ * is a letter, a digit, a space or an "other", so some alternative always matches and
+ * the pieces cover the text end to end.
+ *
+ * The cache is an open-addressing table of piece bytes -> ids bytes (uint32, native
+ * order, as array("I") holds them), bounded like the twin's: it starts over when it holds
+ * `limit` pieces, and pieces longer than `max_key` characters are not kept.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { GPT2 = 0, LLAMA3 = 1 };
+
+static inline int is_letter(unsigned char c) {
+    unsigned char lower = c | 0x20;
+    return lower >= 'a' && lower <= 'z';
+}
+static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static inline int is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+static inline int is_newline(unsigned char c) { return c == '\r' || c == '\n'; }
+static inline int is_other(unsigned char c) {
+    return !is_space(c) && !is_letter(c) && !is_digit(c);
+}
+static inline unsigned char fold(unsigned char c) { return (c >= 'A' && c <= 'Z') ? c | 0x20 : c; }
+
+/* 's 't 're 've 'm 'll 'd at p (s[p] is a quote): its length, or 0. */
+static Py_ssize_t contraction(const unsigned char *s, Py_ssize_t p, Py_ssize_t end, int ignore_case) {
+    if (p + 1 >= end)
+        return 0;
+    unsigned char a = ignore_case ? fold(s[p + 1]) : s[p + 1];
+    if (a == 's' || a == 't' || a == 'm' || a == 'd')
+        return 2;
+    if (p + 2 >= end)
+        return 0;
+    unsigned char b = ignore_case ? fold(s[p + 2]) : s[p + 2];
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+        return 3;
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at p (s[p] is a space): a run that reaches the end whole; a longer run
+ * followed by a non-space less its last character (which goes with the next piece); a
+ * single space before a non-space alone. */
+static Py_ssize_t space_run(const unsigned char *s, Py_ssize_t p, Py_ssize_t end) {
+    Py_ssize_t q = p + 1;
+    while (q < end && is_space(s[q]))
+        q++;
+    return (q == end || q - p == 1) ? q : q - 1;
+}
+
+static Py_ssize_t gpt2_piece(const unsigned char *s, Py_ssize_t p, Py_ssize_t end) {
+    if (s[p] == '\'') {
+        Py_ssize_t n = contraction(s, p, end, 0);
+        if (n)
+            return p + n;
+    }
+    Py_ssize_t i = p;
+    if (s[p] == ' ' && p + 1 < end && !is_space(s[p + 1]))
+        i = p + 1; /* " ?" before a letter, a digit or an other */
+    unsigned char c = s[i];
+    if (is_letter(c)) {
+        do i++; while (i < end && is_letter(s[i]));
+        return i;
+    }
+    if (is_digit(c)) {
+        do i++; while (i < end && is_digit(s[i]));
+        return i;
+    }
+    if (!is_space(c)) {
+        do i++; while (i < end && is_other(s[i]));
+        return i;
+    }
+    return space_run(s, p, end);
+}
+
+static Py_ssize_t llama3_piece(const unsigned char *s, Py_ssize_t p, Py_ssize_t end, int max_digits) {
+    unsigned char c = s[p];
+    Py_ssize_t i;
+    if (c == '\'') {
+        Py_ssize_t n = contraction(s, p, end, 1);
+        if (n)
+            return p + n;
+    }
+    /* [^\r\nLN]?L+ */
+    if (is_letter(c) || (!is_newline(c) && !is_digit(c) && p + 1 < end && is_letter(s[p + 1]))) {
+        i = p + 1;
+        while (i < end && is_letter(s[i]))
+            i++;
+        return i;
+    }
+    if (is_digit(c)) {
+        i = p + 1;
+        while (i < end && i - p < max_digits && is_digit(s[i]))
+            i++;
+        return i;
+    }
+    /* " ?[^\sLN]+[\r\n]*" */
+    i = (c == ' ' && p + 1 < end && is_other(s[p + 1])) ? p + 1 : p;
+    if (is_other(s[i])) {
+        do i++; while (i < end && is_other(s[i]));
+        while (i < end && is_newline(s[i]))
+            i++;
+        return i;
+    }
+    /* \s*[\r\n]+: the space run up to and with its last line break, if it has one */
+    Py_ssize_t q = p, last_break = -1;
+    while (q < end && is_space(s[q])) {
+        if (is_newline(s[q]))
+            last_break = q;
+        q++;
+    }
+    if (last_break >= 0)
+        return last_break + 1;
+    return space_run(s, p, end);
+}
+
+typedef struct {
+    uint64_t hash;
+    unsigned char *data; /* the key's bytes, then the ids' bytes; NULL: an empty slot */
+    uint32_t key_len;
+    uint32_t ids_len;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    int family;
+    int max_digits;
+    PyObject *missing; /* missing(piece: str) -> bytes: the BPE model's ids for a piece */
+    Slot *slots;
+    size_t mask; /* capacity - 1; capacity a power of two, at most half full */
+    size_t count;
+    size_t limit;
+    Py_ssize_t max_key;
+} PieceCache;
+
+#define INITIAL_CAPACITY 1024
+
+static inline Py_ssize_t next_piece(const PieceCache *self, const unsigned char *s, Py_ssize_t p,
+                                    Py_ssize_t end) {
+    return self->family == GPT2 ? gpt2_piece(s, p, end) : llama3_piece(s, p, end, self->max_digits);
+}
+
+/* FNV-1a: pieces are a few bytes long, where it is as good as any. */
+static inline uint64_t piece_hash(const unsigned char *p, Py_ssize_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static void free_slots(Slot *slots, size_t capacity) {
+    for (size_t i = 0; i < capacity; i++)
+        PyMem_Free(slots[i].data);
+    PyMem_Free(slots);
+}
+
+static int reset(PieceCache *self) {
+    Slot *fresh = PyMem_Calloc(INITIAL_CAPACITY, sizeof(Slot));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (self->slots != NULL)
+        free_slots(self->slots, self->mask + 1);
+    self->slots = fresh;
+    self->mask = INITIAL_CAPACITY - 1;
+    self->count = 0;
+    return 0;
+}
+
+static Slot *find(const PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h) {
+    size_t i = (size_t)h & self->mask;
+    for (;;) {
+        Slot *slot = &self->slots[i];
+        if (slot->data == NULL)
+            return slot;
+        if (slot->hash == h && slot->key_len == (uint32_t)n && memcmp(slot->data, key, n) == 0)
+            return slot;
+        i = (i + 1) & self->mask;
+    }
+}
+
+static int grow(PieceCache *self) {
+    size_t capacity = (self->mask + 1) * 2;
+    Slot *fresh = PyMem_Calloc(capacity, sizeof(Slot));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i <= self->mask; i++) {
+        Slot old = self->slots[i];
+        if (old.data == NULL)
+            continue;
+        size_t j = (size_t)old.hash & (capacity - 1);
+        while (fresh[j].data != NULL)
+            j = (j + 1) & (capacity - 1);
+        fresh[j] = old;
+    }
+    PyMem_Free(self->slots);
+    self->slots = fresh;
+    self->mask = capacity - 1;
+    return 0;
+}
+
+/* Keep a piece's ids (after a miss). The table may have changed while `missing` ran
+ * Python code, so the slot is looked up afresh. */
+static int keep(PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h,
+                const char *ids, Py_ssize_t ids_len) {
+    if (n > self->max_key || ids_len > (Py_ssize_t)UINT32_MAX)
+        return 0;
+    if (self->count >= self->limit && reset(self) < 0)
+        return -1;
+    if ((self->count + 1) * 2 > self->mask + 1 && grow(self) < 0)
+        return -1;
+    Slot *slot = find(self, key, n, h);
+    if (slot->data != NULL)
+        return 0; /* kept meanwhile */
+    unsigned char *data = PyMem_Malloc((size_t)n + (size_t)ids_len + 1);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(data, key, n);
+    memcpy(data + n, ids, ids_len);
+    slot->hash = h;
+    slot->data = data;
+    slot->key_len = (uint32_t)n;
+    slot->ids_len = (uint32_t)ids_len;
+    self->count++;
+    return 0;
+}
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, capacity;
+} Buffer;
+
+static int append(Buffer *out, const void *data, Py_ssize_t n) {
+    if (out->len + n > out->capacity) {
+        Py_ssize_t capacity = out->capacity ? out->capacity : 4096;
+        while (capacity < out->len + n)
+            capacity *= 2;
+        char *grown = PyMem_Realloc(out->data, capacity);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        out->data = grown;
+        out->capacity = capacity;
+    }
+    memcpy(out->data + out->len, data, n);
+    out->len += n;
+    return 0;
+}
+
+/* The ids of one piece, appended to `out`: from the table, or from `missing`. */
+static int piece_ids(PieceCache *self, const unsigned char *key, Py_ssize_t n, Buffer *out) {
+    uint64_t h = piece_hash(key, n);
+    if (n <= self->max_key) {
+        Slot *slot = find(self, key, n, h);
+        if (slot->data != NULL)
+            return append(out, slot->data + n, slot->ids_len);
+    }
+    PyObject *piece = PyUnicode_DecodeASCII((const char *)key, n, NULL);
+    if (piece == NULL)
+        return -1;
+    PyObject *ids = PyObject_CallOneArg(self->missing, piece);
+    Py_DECREF(piece);
+    if (ids == NULL)
+        return -1;
+    if (!PyBytes_Check(ids)) {
+        PyErr_Format(PyExc_TypeError, "missing() must return bytes, not %.100s", Py_TYPE(ids)->tp_name);
+        Py_DECREF(ids);
+        return -1;
+    }
+    int rc = append(out, PyBytes_AS_STRING(ids), PyBytes_GET_SIZE(ids));
+    if (rc == 0)
+        rc = keep(self, key, n, h, PyBytes_AS_STRING(ids), PyBytes_GET_SIZE(ids));
+    Py_DECREF(ids);
+    return rc;
+}
+
+/* An ASCII str's bytes and the range [pos, end) within it, checked. */
+static const unsigned char *ascii_range(PyObject *text, Py_ssize_t pos, Py_ssize_t end) {
+    if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text)) {
+        PyErr_SetString(PyExc_ValueError, "text must be an ASCII str");
+        return NULL;
+    }
+    if (pos < 0 || end < pos || end > PyUnicode_GET_LENGTH(text)) {
+        PyErr_SetString(PyExc_ValueError, "need 0 <= pos <= end <= len(text)");
+        return NULL;
+    }
+    return (const unsigned char *)PyUnicode_DATA(text);
+}
+
+static PyObject *cache_split(PieceCache *self, PyObject *args) {
+    PyObject *text;
+    Py_ssize_t pos, end;
+    if (!PyArg_ParseTuple(args, "Unn:split", &text, &pos, &end))
+        return NULL;
+    const unsigned char *s = ascii_range(text, pos, end);
+    if (s == NULL)
+        return NULL;
+    PyObject *pieces = PyList_New(0);
+    if (pieces == NULL)
+        return NULL;
+    for (Py_ssize_t p = pos; p < end;) {
+        Py_ssize_t q = next_piece(self, s, p, end);
+        PyObject *piece = PyUnicode_Substring(text, p, q);
+        if (piece == NULL || PyList_Append(pieces, piece) < 0) {
+            Py_XDECREF(piece);
+            Py_DECREF(pieces);
+            return NULL;
+        }
+        Py_DECREF(piece);
+        p = q;
+    }
+    return pieces;
+}
+
+/* encode(text, pos, end, keep_back) -> (ids, pieces, consumed_to): the ids of the pieces
+ * of text[pos:end] but the last `keep_back`, how many pieces there were, and where the
+ * last encoded piece ends. */
+static PyObject *cache_encode(PieceCache *self, PyObject *args) {
+    PyObject *text;
+    Py_ssize_t pos, end, keep_back;
+    if (!PyArg_ParseTuple(args, "Unnn:encode", &text, &pos, &end, &keep_back))
+        return NULL;
+    const unsigned char *s = ascii_range(text, pos, end);
+    if (s == NULL)
+        return NULL;
+    if (keep_back < 0) {
+        PyErr_SetString(PyExc_ValueError, "keep_back must be >= 0");
+        return NULL;
+    }
+    if (keep_back > end - pos)
+        keep_back = end - pos + 1; /* more than there can be pieces: the same answer */
+    /* The starts of the last keep_back + 1 pieces, in a ring: piece j is encoded once
+     * piece j + keep_back is found, and it ends where piece j + 1 starts. */
+    Py_ssize_t ring_small[8];
+    Py_ssize_t *ring = ring_small, size = keep_back + 1;
+    if (size > 8 && (ring = PyMem_Malloc(sizeof(Py_ssize_t) * size)) == NULL)
+        return PyErr_NoMemory();
+    Buffer out = {NULL, 0, 0};
+    Py_ssize_t count = 0, consumed = pos;
+    for (Py_ssize_t p = pos; p < end; count++) {
+        Py_ssize_t q = next_piece(self, s, p, end);
+        ring[count % size] = p;
+        if (count >= keep_back) {
+            Py_ssize_t j = count - keep_back;
+            Py_ssize_t start = ring[j % size];
+            Py_ssize_t stop = keep_back == 0 ? q : ring[(j + 1) % size];
+            if (piece_ids(self, s + start, stop - start, &out) < 0)
+                goto fail;
+            consumed = stop;
+        }
+        p = q;
+    }
+    if (ring != ring_small)
+        PyMem_Free(ring);
+    PyObject *ids = PyBytes_FromStringAndSize(out.data ? out.data : "", out.len);
+    PyMem_Free(out.data);
+    if (ids == NULL)
+        return NULL;
+    return Py_BuildValue("Nnn", ids, count, consumed);
+fail:
+    if (ring != ring_small)
+        PyMem_Free(ring);
+    PyMem_Free(out.data);
+    return NULL;
+}
+
+static PyObject *cache_clear(PieceCache *self, PyObject *Py_UNUSED(ignored)) {
+    if (reset(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t cache_len(PieceCache *self) { return (Py_ssize_t)self->count; }
+
+static int cache_init(PieceCache *self, PyObject *args, PyObject *kwds) {
+    static char *keywords[] = {"family", "max_digits", "missing", "limit", "max_key", NULL};
+    int family, max_digits;
+    PyObject *missing;
+    Py_ssize_t limit, max_key;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOnn:PieceCache", keywords, &family,
+                                     &max_digits, &missing, &limit, &max_key))
+        return -1;
+    if (family != GPT2 && family != LLAMA3) {
+        PyErr_SetString(PyExc_ValueError, "family must be 0 (GPT-2) or 1 (Llama 3)");
+        return -1;
+    }
+    if (max_digits < 1 || limit < 1 || max_key < 0 || !PyCallable_Check(missing)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "need max_digits >= 1, limit >= 1, max_key >= 0, a callable missing");
+        return -1;
+    }
+    if (reset(self) < 0)
+        return -1;
+    self->family = family;
+    self->max_digits = max_digits;
+    self->limit = (size_t)limit;
+    self->max_key = max_key;
+    Py_INCREF(missing);
+    Py_XSETREF(self->missing, missing);
+    return 0;
+}
+
+static int cache_traverse(PieceCache *self, visitproc visit, void *arg) {
+    Py_VISIT(self->missing);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int cache_gc_clear(PieceCache *self) {
+    Py_CLEAR(self->missing);
+    return 0;
+}
+
+static void cache_dealloc(PieceCache *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    cache_gc_clear(self);
+    if (self->slots != NULL)
+        free_slots(self->slots, self->mask + 1);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef cache_methods[] = {
+    {"split", (PyCFunction)cache_split, METH_VARARGS,
+     "split(text, pos, end) -> list[str]: the pieces of the ASCII text[pos:end]"},
+    {"encode", (PyCFunction)cache_encode, METH_VARARGS,
+     "encode(text, pos, end, keep_back) -> (ids: bytes, pieces: int, consumed_to: int)"},
+    {"clear", (PyCFunction)cache_clear, METH_NOARGS, "Forget every piece."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot cache_slots[] = {
+    {Py_tp_doc, "PieceCache(family, max_digits, missing, limit, max_key): an ASCII "
+                "pre-tokenizer split and a bounded cache of each piece's ids."},
+    {Py_tp_init, cache_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, cache_dealloc},
+    {Py_tp_traverse, cache_traverse},
+    {Py_tp_clear, cache_gc_clear},
+    {Py_tp_methods, cache_methods},
+    {Py_mp_length, cache_len},
+    {Py_sq_length, cache_len},
+    {0, NULL},
+};
+
+static PyType_Spec cache_spec = {
+    "epp.tokenization._kernels.PieceCache", sizeof(PieceCache), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, cache_slots,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kernels", "Compiled kernel of the fast tokenizer path.", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *type = PyType_FromSpec(&cache_spec);
+    if (type == NULL || PyModule_AddObject(m, "PieceCache", type) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "GPT2", GPT2) < 0 || PyModule_AddIntConstant(m, "LLAMA3", LLAMA3) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

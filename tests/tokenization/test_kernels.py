@@ -1,0 +1,231 @@
+"""The compiled ASCII split and piece cache (epp/tokenization/_kernels.c) against their
+references: Python's `re` on the translated pattern for the split, the pure-Python twin
+in fast.py for the ids, and HF `tokenizers` for both."""
+
+from __future__ import annotations
+
+import gc
+import random
+import re
+import tracemalloc
+from array import array
+from typing import Any
+
+import pytest
+from tokenizer_fixtures import tokenizer_dir
+from tokenizers import Tokenizer
+
+from epp import kernels
+from epp.tokenization import fast, load_tokenizer_dir
+from epp.tokenization.fast import (
+    GPT2_PATTERN,
+    LLAMA3_PATTERN,
+    QWEN2_PATTERN,
+    FastByteLevelBpe,
+    translate_pattern,
+)
+
+KERNELS = kernels.TOKENIZATION
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="the tokenization kernel is not built")
+
+# Characters where the patterns' alternatives meet: contractions in both cases, quotes,
+# runs of spaces, tabs and line breaks, digit runs, punctuation, controls.
+ASCII = [
+    *"aZq09'sStTrReEvVmMlLdD !?.,_-()\"\t\n\r\x0b\x0c\x1c\x1f\x7f\x00",
+    *["  ", "   ", "\r\n", "\n\n", "'ll", "'LL", "'RE", "'ve", " 's", "12345", "word", " Word"],
+]
+
+
+def ascii_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ASCII) for _ in range(n))
+
+
+def families() -> list[tuple[str, int, int]]:
+    assert KERNELS is not None
+    return [
+        (GPT2_PATTERN, KERNELS.GPT2, 1),
+        (LLAMA3_PATTERN, KERNELS.LLAMA3, 3),
+        (QWEN2_PATTERN, KERNELS.LLAMA3, 1),
+    ]
+
+
+def ids_of(piece: str) -> bytes:
+    """A stand-in BPE: one id per character (its code), enough to check the joins."""
+    return array("I", [ord(c) for c in piece]).tobytes()
+
+
+@needs_kernels
+@pytest.mark.parametrize("index", range(3), ids=["gpt2", "llama3", "qwen2"])
+def test_the_split_equals_re_on_the_translated_pattern(index: int) -> None:
+    pattern, family, digits = families()[index]
+    reference = re.compile(translate_pattern(pattern, ascii_only=True) or "", re.ASCII)
+    cache = KERNELS.PieceCache(family, digits, ids_of, 1000, 256)
+    rng = random.Random(index)
+    for _ in range(30_000):
+        text = ascii_text(rng, rng.randint(0, 30))
+        pos = rng.randint(0, len(text))
+        end = rng.randint(pos, len(text))
+        assert cache.split(text, pos, end) == reference.findall(text, pos, end), (
+            text,
+            pos,
+            end,
+        )
+
+
+@needs_kernels
+@pytest.mark.parametrize("index", range(3), ids=["gpt2", "llama3", "qwen2"])
+def test_encode_joins_the_ids_of_all_but_the_kept_back_pieces(index: int) -> None:
+    pattern, family, digits = families()[index]
+    reference = re.compile(translate_pattern(pattern, ascii_only=True) or "", re.ASCII)
+    cache = KERNELS.PieceCache(family, digits, ids_of, 50, 256)  # small: starts over often
+    rng = random.Random(10 + index)
+    for _ in range(5_000):
+        text = ascii_text(rng, rng.randint(0, 60))
+        pos = rng.randint(0, len(text))
+        end = rng.randint(pos, len(text))
+        keep_back = rng.choice([0, 0, 1, 2, 3, 9, 10**9])
+        pieces = reference.findall(text, pos, end)
+        kept = pieces[: max(len(pieces) - keep_back, 0)]
+        want = (b"".join(map(ids_of, kept)), len(pieces), pos + sum(map(len, kept)))
+        assert cache.encode(text, pos, end, keep_back) == want, (text, pos, end, keep_back)
+        assert len(cache) <= 50
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
+def test_the_compiled_path_gives_the_twins_ids_and_hfs(name: str) -> None:
+    directory = tokenizer_dir(name)
+    hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    bpe = FastByteLevelBpe.build(hf, load_tokenizer_dir(directory)._anchors)
+    assert bpe is not None and bpe._ascii_pieces is not None
+    ascii_pattern = bpe._ascii_pattern
+    rng = random.Random(3)
+    for _ in range(300):
+        text = ascii_text(rng, rng.randint(0, 200))
+        end = len(text)
+        for keep_back in (0, 2):
+            compiled = bpe._encode_span(text, 0, end, keep_back, ascii_pattern, bpe._ascii_pieces)
+            twin = bpe._encode_span(text, 0, end, keep_back, ascii_pattern, None)
+            assert compiled == twin, (text, keep_back)
+        ids = array("I")
+        bpe.encode_into(ids, text, None)
+        assert list(ids) == hf.encode(text, add_special_tokens=False).ids, text
+
+
+@pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
+def test_ascii_text_heads_equal_hf_with_either_implementation(name: str, kernels_used: str) -> None:
+    directory = tokenizer_dir(name)
+    tok = load_tokenizer_dir(directory, cache_bytes=0)
+    assert tok._fast is not None
+    assert (tok._fast._ascii_pieces is not None) == (kernels_used == "compiled")
+    hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    rng = random.Random(5)
+    chunks = [*ASCII, "x" * 300, " " * 700, "\n" * 40, "1" * 50]
+    for _ in range(150):
+        text = "".join(rng.choice(chunks) for _ in range(rng.randint(0, 400)))
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert list(tok.encode_text_head(text, None).ids) == want
+        cut = rng.randint(1, len(want) + 2)
+        assert list(tok.encode_text_head(text, cut).ids) == want[:cut], (text, cut)
+
+
+@needs_kernels
+def test_a_split_that_differs_from_re_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split is checked against `re` at load: given the wrong family for a pattern
+    (GPT-2's split for Llama 3's pattern), the kernel is left out and the ids are still
+    HF's."""
+    assert KERNELS is not None
+    wrong = {
+        translate_pattern(LLAMA3_PATTERN, ascii_only=True): (KERNELS.GPT2, 1),
+    }
+    monkeypatch.setattr(fast, "_compiled_families", lambda _kernels: wrong)
+    tok = load_tokenizer_dir(tokenizer_dir("llama3"), cache_bytes=0)
+    assert tok._fast is not None and tok._fast._ascii_pieces is None
+    text = "Don't stop: 12345 words\n\n  and 'LL more"
+    hf = Tokenizer.from_file(str(tokenizer_dir("llama3") / "tokenizer.json"))
+    assert list(tok.encode_text_head(text, None).ids) == hf.encode(text, add_special_tokens=False).ids
+
+
+@needs_kernels
+def test_a_pattern_it_does_not_write_out_leaves_the_python_split() -> None:
+    assert fast._compiled_cache(object(), r"\S+|\s+") is None
+
+
+@needs_kernels
+def test_long_pieces_are_not_kept_and_the_cache_is_bounded() -> None:
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.GPT2, 1, missing, 3, 4)
+    assert cache.encode("abcde abcde", 0, 11, 0)[0] == ids_of("abcde abcde")
+    assert calls == ["abcde", " abcde"] and len(cache) == 0  # longer than max_key: not kept
+    calls.clear()
+    cache.encode("ab ab ab", 0, 8, 0)
+    assert calls == ["ab", " ab"] and len(cache) == 2  # " ab" the second time: a hit
+    cache.encode("a b c d", 0, 7, 0)
+    assert len(cache) <= 3  # started over when full
+    cache.clear()
+    assert len(cache) == 0
+
+
+@needs_kernels
+def test_bad_input_is_refused_and_an_error_in_missing_leaves_the_cache_usable() -> None:
+    cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, ids_of, 100, 256)
+    for text, pos, end in [("café", 0, 4), ("abc", -1, 2), ("abc", 2, 1), ("abc", 0, 4)]:
+        with pytest.raises(ValueError):
+            cache.encode(text, pos, end, 0)
+    with pytest.raises(TypeError):
+        cache.encode(b"abc", 0, 3, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        cache.encode("abc", 0, 3, -1)
+    with pytest.raises(ValueError):
+        KERNELS.PieceCache(7, 3, ids_of, 100, 256)
+
+    def failing(piece: str) -> Any:
+        if piece == " boom":
+            raise RuntimeError("model failed")
+        return "not bytes" if piece == " text" else ids_of(piece)
+
+    flaky = KERNELS.PieceCache(KERNELS.LLAMA3, 3, failing, 100, 256)
+    with pytest.raises(RuntimeError):
+        flaky.encode("a boom", 0, 6, 0)
+    with pytest.raises(TypeError):
+        flaky.encode("a text", 0, 6, 0)
+    assert flaky.encode("a a", 0, 3, 0)[0] == ids_of("a a")
+
+
+@needs_kernels
+def test_the_cache_frees_what_it_holds() -> None:
+    """Started over, cleared or dropped, the cache leaves no memory behind, and a cycle
+    through `missing` is collected."""
+    rng = random.Random(7)
+    texts = [ascii_text(rng, 300) for _ in range(50)]
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, ids_of, 200, 256)
+            for text in texts:
+                cache.encode(text, 0, len(text), 1)
+                cache.split(text, 0, len(text))
+            del cache
+        gc.collect()
+        baseline = tracemalloc.get_traced_memory()[0]
+        for _ in range(20):
+            cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, ids_of, 200, 256)
+            for text in texts:
+                cache.encode(text, 0, len(text), 2)
+            cache.clear()
+            del cache
+        for _ in range(10):  # each holds a 24 KB table: a leaked cycle would show
+            holder: dict[str, Any] = {}
+            holder["cache"] = KERNELS.PieceCache(
+                KERNELS.GPT2, 1, lambda p, h=holder: h and ids_of(p), 9, 9
+            )
+            del holder
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - baseline < 64 * 1024
+    finally:
+        tracemalloc.stop()
