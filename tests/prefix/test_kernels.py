@@ -144,6 +144,7 @@ def test_the_kernels_keep_no_reference_and_no_buffer_after_a_call():
     assert sys.getallocatedblocks() - blocks < 200  # one leak per call: >= 2000
     assert args.refcounts() == refs
     args.tokens.append(0)  # BufferError if an export was left behind
+    args.queue.append(0)
 
 
 class Args:
@@ -161,6 +162,8 @@ class Args:
         self.deep_path = [7] * 300
         self.deep_names = [f"pod-{i}" for i in range(301)]
         self.run_value = 1 << 200  # the run cache holds it when the next block fails
+        self.queue = array("Q", [1, 2, 3])
+        self.signed_queue = array("q", [1, 2, 3])
 
     def refcounts(self) -> list[int]:
         return [sys.getrefcount(x) for x in vars(self).values()]
@@ -190,6 +193,16 @@ def calls(a: Args) -> None:
         compiled.record_new({2: "x"}, a.hashes, 0b1, 0b10, 0b11)
     with pytest.raises(TypeError):
         compiled.record_new({3: a.run_value, 2: "x"}, a.hashes, 0b1, 0b10, 0b11)
+    # evict: a second chance, an eviction of a block others hold, one alone, then errors.
+    clock = {1: a.run_value | 0b11, 2: a.run_value | 0b1, 3: 0b1}
+    assert compiled.evict(clock, a.queue, 0, 2, 0b1, 0b10, 0b11) == (3, a.queue[:1].tobytes())
+    assert clock == {1: a.run_value | 0b1, 2: a.run_value}
+    with pytest.raises(TypeError):
+        compiled.evict({1: "x"}, a.queue, 0, 1, 0b1, 0b10, 0b11)
+    with pytest.raises(IndexError):
+        compiled.evict({}, a.queue, 0, 1, 0b1, 0b10, 0b11)
+    with pytest.raises(TypeError):
+        compiled.evict({}, a.signed_queue, 0, 1, 0b1, 0b10, 0b11)
 
 
 @needs_compiled
@@ -200,9 +213,11 @@ def test_the_walk_raises_what_a_key_lookup_raises():
         compiled.walk([], [1], 1)
 
 
-def _twin_states(rng: random.Random, capacity: int) -> tuple[dict, PodBlocks, dict, PodBlocks]:
+def _twin_states(
+    rng: random.Random, capacity: int, pods: int = 5
+) -> tuple[dict, PodBlocks, dict, PodBlocks]:
     bits: dict = {}
-    slot = PodBlocks(pod_id=rng.randrange(0, 5), capacity=capacity)
+    slot = PodBlocks(pod_id=rng.randrange(0, pods), capacity=capacity)
     other = 1 << (2 * (slot.pod_id + 1))
     for _ in range(rng.randrange(0, 30)):  # other pods' blocks, some marked
         bits[rng.getrandbits(64)] = other | (other << 1 if rng.random() < 0.5 else 0)
@@ -211,11 +226,14 @@ def _twin_states(rng: random.Random, capacity: int) -> tuple[dict, PodBlocks, di
 
 
 @needs_compiled
+@pytest.mark.parametrize("pods", [5, 1000])  # masks past 64 bits at 1,000 pods
 @pytest.mark.parametrize("capacity", [5, 40, 10_000])
-def test_record_leaves_the_state_the_python_twin_leaves(capacity):
+def test_record_leaves_the_state_the_python_twin_leaves(capacity, pods):
+    """Record and its CLOCK eviction, compiled, against `python_record` (the twin of
+    both)."""
     rng = random.Random(capacity)
     for _ in range(40):
-        bits_c, slot_c, bits_p, slot_p = _twin_states(rng, capacity)
+        bits_c, slot_c, bits_p, slot_p = _twin_states(rng, capacity, pods)
         keys = [*bits_c, *(rng.getrandbits(64) for _ in range(80))]
         for _ in range(30):
             prefix = rng.sample(keys, rng.randrange(0, 25))
@@ -225,6 +243,63 @@ def test_record_leaves_the_state_the_python_twin_leaves(capacity):
             assert list(slot_c.log[slot_c.log_pos :]) == list(slot_p.log[slot_p.log_pos :])
             assert (slot_c.count, slot_c.log_pos) == (slot_p.count, slot_p.log_pos)
             assert type(slot_c.log) is array
+
+
+def _clock_states(rng: random.Random, pods: int) -> tuple[dict, PodBlocks]:
+    """A pod at capacity whose blocks are shared with other pods, marked or not."""
+    slot = PodBlocks(pod_id=rng.randrange(0, pods), capacity=rng.randrange(1, 60))
+    bits: dict = {}
+    for _ in range(slot.capacity):
+        block = rng.getrandbits(64)
+        other = 1 << (2 * rng.randrange(0, pods + 1))
+        other = 0 if other == slot.hold else other | (other << 1 if rng.random() < 0.3 else 0)
+        bits[block] = (slot.both if rng.random() < 0.5 else slot.hold) | (
+            other if rng.random() < 0.4 else 0
+        )
+        slot.log.append(block)
+    slot.count = slot.capacity
+    return bits, slot
+
+
+@needs_compiled
+@pytest.mark.parametrize("pods", [3, 500])
+def test_evict_leaves_the_state_the_python_twin_leaves(pods):
+    """Every block marked or none, shared or alone: the compiled CLOCK evicts the same
+    blocks, clears the same marks and requeues in the same order as the twin, including
+    when the queue runs past its end into the blocks it just requeued."""
+    rng = random.Random(pods)
+    for _ in range(300):
+        bits_c, slot_c = _clock_states(rng, pods)
+        if rng.random() < 0.2:  # all marked: every one gets its second chance first
+            for block in slot_c.log:
+                bits_c[block] |= slot_c.mark
+        bits_p = dict(bits_c)
+        slot_p = PodBlocks(pod_id=slot_c.pod_id, capacity=slot_c.capacity)
+        slot_p.log = array("Q", slot_c.log)
+        slot_p.count = slot_c.count
+        shrink = rng.randrange(1, slot_c.capacity + 1)
+        for slot in (slot_c, slot_p):
+            slot.capacity -= shrink
+        approximate.evict(bits_c, slot_c)
+        approximate.python_evict(bits_p, slot_p)
+        assert bits_c == bits_p
+        assert list(slot_c.log[slot_c.log_pos :]) == list(slot_p.log[slot_p.log_pos :])
+        assert (slot_c.count, slot_c.log_pos) == (slot_p.count, slot_p.log_pos)
+        for block, mask in bits_c.items():  # the pod's own object where the twin puts it
+            assert (mask is slot_c.hold) == (bits_p[block] is slot_p.hold)
+
+
+@needs_compiled
+def test_evict_refuses_a_queue_it_cannot_read_and_one_that_runs_out():
+    with pytest.raises(TypeError):
+        compiled.evict({}, array("q", [1]), 0, 1, 1, 2, 3)  # signed: the twin's list case
+    with pytest.raises(TypeError):
+        compiled.evict({}, [1], 0, 1, 1, 2, 3)
+    with pytest.raises(ValueError):
+        compiled.evict({}, array("Q", [1]), -1, 1, 1, 2, 3)
+    # Nothing in the queue is held: the excess cannot be met (the twin's log[pos] fails too).
+    with pytest.raises(IndexError):
+        compiled.evict({1: 0b100}, array("Q", [1]), 0, 1, 0b1, 0b10, 0b11)
 
 
 @needs_compiled

@@ -7,6 +7,7 @@
  *   xxh64_chain  the chained xxHash64 of full token blocks (epp.prefix.hashing)
  *   walk, match  the holders walk of a lookup (epp.prefix.holders.Holders.match)
  *   record_new   approximate mode's record loop (epp.prefix.approximate.record)
+ *   evict        approximate mode's CLOCK (epp.prefix.approximate.evict)
  *
  * XXH64 is written here from its specification (github.com/Cyan4973/xxHash,
  * doc/xxhash_spec.md): five primes, 32-byte stripes of four lanes, then the tail and the
@@ -416,6 +417,132 @@ unfit:
     Py_RETURN_NONE;
 }
 
+/* Whether `mask & bit` is nonzero: -1 on error. */
+static int has_bit(PyObject *mask, PyObject *bit) {
+    PyObject *both = PyNumber_And(mask, bit);
+    if (both == NULL) return -1;
+    int set = PyObject_IsTrue(both);
+    Py_DECREF(both);
+    return set;
+}
+
+/* evict(bits, log, pos, excess, hold, mark, both) -> (pos, requeued): approximate mode's
+ * CLOCK from log[pos] (an array of 8-byte unsigned hashes): a block this pod holds marked
+ * loses its mark and is queued again at the back; one held unmarked loses this pod's hold
+ * bit (and its entry when no pod is left); until `excess` blocks are evicted. Returns
+ * where the queue now starts and the blocks queued again, in order, for the caller to
+ * append to the log; positions past the log's end read those, as the twin's appends do.
+ * The log is read through its buffer, so it cannot be resized meanwhile. */
+static PyObject *k_evict(PyObject *self, PyObject *args) {
+    PyObject *bits, *log, *hold, *mark, *both;
+    Py_ssize_t pos, excess;
+    if (!PyArg_ParseTuple(args, "O!OnnOOO", &PyDict_Type, &bits, &log, &pos, &excess, &hold,
+                          &mark, &both))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(log, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (view.itemsize != 8 || view.format == NULL || strcmp(view.format, "Q") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "log must be an array of 8-byte unsigned ints ('Q')");
+        return NULL;
+    }
+    const uint64_t *queued = (const uint64_t *)view.buf;
+    Py_ssize_t n = view.len / 8;
+    if (pos < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        return NULL;
+    }
+    uint64_t *again = NULL; /* blocks queued again, in order */
+    Py_ssize_t again_len = 0, again_cap = 0;
+    while (excess > 0) {
+        uint64_t hash;
+        if (pos < n) {
+            hash = queued[pos];
+        } else if (pos - n < again_len) {
+            hash = again[pos - n];
+        } else {
+            PyErr_SetString(PyExc_IndexError, "the CLOCK queue ran out before the excess did");
+            goto fail;
+        }
+        pos++;
+        PyObject *block = PyLong_FromUnsignedLongLong(hash);
+        if (block == NULL) goto fail;
+        PyObject *mask = PyDict_GetItemWithError(bits, block); /* borrowed */
+        if (mask == NULL) {
+            Py_DECREF(block);
+            if (PyErr_Occurred()) goto fail;
+            continue; /* not held (each held block is queued once: cannot happen) */
+        }
+        Py_INCREF(mask); /* setting the item below may free the dict's reference */
+        int rc = 0;
+        if (mask == both) { /* this pod alone, marked: the common second chance */
+            rc = PyDict_SetItem(bits, block, hold);
+            goto requeue;
+        }
+        if (mask == hold) { /* this pod alone, unmarked: evicted */
+            rc = PyDict_DelItem(bits, block);
+            goto evicted;
+        }
+        int held = has_bit(mask, hold);
+        if (held <= 0) {
+            rc = held;
+            goto next;
+        }
+        int marked = has_bit(mask, mark);
+        if (marked < 0) {
+            rc = -1;
+            goto next;
+        }
+        PyObject *rest = PyNumber_Xor(mask, marked ? mark : hold);
+        if (rest == NULL) {
+            rc = -1;
+            goto next;
+        }
+        if (marked) {
+            int alone = PyObject_RichCompareBool(rest, hold, Py_EQ);
+            rc = alone < 0 ? -1 : PyDict_SetItem(bits, block, alone ? hold : rest);
+            Py_DECREF(rest);
+            goto requeue;
+        }
+        int others = PyObject_IsTrue(rest);
+        rc = others < 0 ? -1 : others ? PyDict_SetItem(bits, block, rest) : PyDict_DelItem(bits, block);
+        Py_DECREF(rest);
+        goto evicted;
+    requeue:
+        if (rc == 0) {
+            if (again_len == again_cap) {
+                Py_ssize_t cap = again_cap ? again_cap * 2 : 256;
+                uint64_t *grown = PyMem_Realloc(again, cap * sizeof(uint64_t));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    rc = -1;
+                    goto next;
+                }
+                again = grown;
+                again_cap = cap;
+            }
+            again[again_len++] = hash;
+        }
+        goto next;
+    evicted:
+        if (rc == 0) excess--;
+    next:
+        Py_DECREF(mask);
+        Py_DECREF(block);
+        if (rc < 0) goto fail;
+    }
+    PyBuffer_Release(&view);
+    PyObject *requeued = PyBytes_FromStringAndSize((const char *)again, again_len * 8);
+    PyMem_Free(again);
+    if (requeued == NULL) return NULL;
+    return Py_BuildValue("nN", pos, requeued);
+fail:
+    PyBuffer_Release(&view);
+    PyMem_Free(again);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"xxh64", k_xxh64, METH_VARARGS, "xxh64(data, seed) -> int"},
     {"xxh64_chain", k_xxh64_chain, METH_VARARGS,
@@ -424,6 +551,8 @@ static PyMethodDef methods[] = {
     {"match", k_match, METH_VARARGS, "match(bits, hashes, active, names) -> dict[str, int]"},
     {"record_new", k_record_new, METH_VARARGS,
      "record_new(bits, hashes, hold, mark, both) -> bytes | None"},
+    {"evict", k_evict, METH_VARARGS,
+     "evict(bits, log, pos, excess, hold, mark, both) -> (pos, requeued: bytes)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,7 +38,7 @@ def record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHa
 
 
 def python_record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[BlockHash]) -> None:
-    """`record` in pure Python (the twin of the compiled `record_new`,
+    """`record` in pure Python (the twin of the compiled `record_new` and `evict`,
     epp.kernels)."""
     holders_of = bits.get
     hold, mark, both = slot.hold, slot.mark, slot.both
@@ -65,7 +65,7 @@ def python_record(bits: dict[BlockHash, int], slot: PodBlocks, hashes: Sequence[
             append = _append_slow(slot, block)
         added += 1
     slot.count += added
-    evict(bits, slot)
+    python_evict(bits, slot)
 
 
 def _append_slow(slot: PodBlocks, block: BlockHash) -> Callable[[BlockHash], None]:
@@ -80,6 +80,22 @@ def _append_slow(slot: PodBlocks, block: BlockHash) -> Callable[[BlockHash], Non
 def evict(bits: dict[BlockHash, int], slot: PodBlocks) -> None:
     """CLOCK: from the front of the queue, a marked block loses its mark and goes to the
     back; an unmarked one is evicted; until the pod is within its capacity."""
+    excess = slot.count - slot.capacity
+    if excess <= 0:
+        return
+    log = slot.log
+    if COMPILED is not None and type(log) is array:
+        pos, requeued = COMPILED.evict(
+            bits, log, slot.log_pos, excess, slot.hold, slot.mark, slot.both
+        )
+        log.frombytes(requeued)
+        _settle(slot, pos)
+        return
+    python_evict(bits, slot)
+
+
+def python_evict(bits: dict[BlockHash, int], slot: PodBlocks) -> None:
+    """`evict` in pure Python (the twin of the compiled one)."""
     excess = slot.count - slot.capacity
     if excess <= 0:
         return
@@ -104,7 +120,13 @@ def evict(bits: dict[BlockHash, int], slot: PodBlocks) -> None:
         else:
             del bits[block]
         excess -= 1
+    _settle(slot, pos)
+
+
+def _settle(slot: PodBlocks, pos: int) -> None:
+    """After eviction: the pod at its capacity, its queue starting at `pos`."""
     slot.count = slot.capacity
+    log = slot.log
     if pos > 1024 and pos * 2 > len(log):
         del log[:pos]  # the consumed front: memmove of the rest, once per half turn
         pos = 0
