@@ -7,8 +7,10 @@ installed, a tool whose stamp says it is there, and a commit extracted from this
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,13 @@ def test_freeze_extracts_a_commits_src_once(tmp_path: Path) -> None:
     assert len(commit) == 40 and path == tmp_path / commit
     for package in ("epp", "vllm_sim", "epp_harness", "epp_bench", "epp_demo"):
         assert (path / package / "__init__.py").is_file(), package
+    # The kernels built as pip builds them, so a before column runs them, not the twins.
+    sources = sorted(path.glob("epp/*/_kernels.c"))
+    assert sources
+    if shutil.which(sysconfig.get_config_var("CC").split()[0]):
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        for source in sources:
+            assert source.with_name(f"_kernels{suffix}").is_file(), source
     marker = path / "epp" / "marker"
     marker.write_text("kept")
     # A second freeze of the same commit finds it there and extracts nothing.

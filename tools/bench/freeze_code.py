@@ -1,5 +1,10 @@
 """Freeze a commit's code for a live benchmark campaign: `git archive` of its `src/`.
 
+A commit's compiled kernels (`epp/*/_kernels.c`) are built in place with the running
+interpreter's compiler settings and the flags setup.py gives them, so that a before column
+runs the commit as `pip install` would have built it, not its pure-Python twins. Without a C
+compiler they are left unbuilt, and the line printed says so.
+
 A campaign takes half an hour, and the work tree may change meanwhile (the simulator, the
 EPP): repeats made with different code are not repeats. So the pods and the EPP run the
 committed code of one commit, extracted once under `.bench/code/<commit>/` (the router,
@@ -18,7 +23,9 @@ import argparse
 import json
 import subprocess
 import sys
+import sysconfig
 import tarfile
+import tempfile
 from io import BytesIO
 from pathlib import Path
 
@@ -48,7 +55,40 @@ def snapshot_commit(repo: Path, root: Path, revision: str = "HEAD") -> tuple[str
         target.parent.mkdir(parents=True, exist_ok=True)
         (staging / "src").rename(target)
         staging.rmdir()
+    build_kernels(target)
     return commit, target
+
+
+KERNEL_FLAGS = ["-O3", "-ffp-contract=off"]  # setup.py's
+
+
+def build_kernels(code: Path) -> list[str]:
+    """Build the extracted code's compiled kernels in place (once); the modules that are
+    built. A build that fails (no compiler) leaves that module to its twin."""
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = []
+    for source in sorted(code.glob("epp/*/_kernels.c")):
+        module = f"epp.{source.parent.name}._kernels"
+        if source.with_name(f"_kernels{suffix}").is_file():
+            built.append(module)
+            continue
+        extension = Extension(module, [str(source)], extra_compile_args=KERNEL_FLAGS)
+        distribution = Distribution({"ext_modules": [extension], "package_dir": {"": str(code)}})
+        command = build_ext(distribution)
+        with tempfile.TemporaryDirectory() as temp:
+            command.build_temp = temp
+            command.inplace = True
+            command.ensure_finalized()
+            try:
+                command.run()
+            except Exception as exc:  # the compiler's own errors, of any kind
+                print(f"{module}: not built ({exc}); the twin runs", file=sys.stderr)
+                continue
+        built.append(module)
+    return built
 
 
 def main(argv: list[str] | None = None) -> int:
