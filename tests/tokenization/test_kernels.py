@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import random
 import re
+import subprocess
+import sys
 import tracemalloc
 from array import array
 from typing import Any
@@ -83,7 +85,8 @@ def test_encode_joins_the_ids_of_all_but_the_kept_back_pieces(index: int) -> Non
         text = ascii_text(rng, rng.randint(0, 60))
         pos = rng.randint(0, len(text))
         end = rng.randint(pos, len(text))
-        keep_back = rng.choice([0, 0, 1, 2, 3, 9, 10**9])
+        # 7, 8, 9: the ring of piece starts on the stack (8), or allocated
+        keep_back = rng.choice([0, 0, 1, 2, 3, 7, 8, 9, 10**9])
         pieces = reference.findall(text, pos, end)
         kept = pieces[: max(len(pieces) - keep_back, 0)]
         want = (b"".join(map(ids_of, kept)), len(pieces), pos + sum(map(len, kept)))
@@ -143,7 +146,9 @@ def test_a_split_that_differs_from_re_is_not_used(monkeypatch: pytest.MonkeyPatc
     assert tok._fast is not None and tok._fast._ascii_pieces is None
     text = "Don't stop: 12345 words\n\n  and 'LL more"
     hf = Tokenizer.from_file(str(tokenizer_dir("llama3") / "tokenizer.json"))
-    assert list(tok.encode_text_head(text, None).ids) == hf.encode(text, add_special_tokens=False).ids
+    assert (
+        list(tok.encode_text_head(text, None).ids) == hf.encode(text, add_special_tokens=False).ids
+    )
 
 
 @needs_kernels
@@ -229,3 +234,211 @@ def test_the_cache_frees_what_it_holds() -> None:
         assert tracemalloc.get_traced_memory()[0] - baseline < 64 * 1024
     finally:
         tracemalloc.stop()
+
+
+@needs_kernels
+def test_a_piece_of_max_key_characters_is_kept_and_found() -> None:
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.GPT2, 1, missing, 100, 4)
+    cache.encode("abcd abc", 0, 8, 0)  # "abcd" is max_key long, " abc" too
+    assert calls == ["abcd", " abc"] and len(cache) == 2
+    assert cache.encode("abcd abc", 0, 8, 0)[0] == ids_of("abcd abc")
+    assert calls == ["abcd", " abc"]  # both found: no second call
+
+
+@needs_kernels
+def test_pieces_are_found_after_the_table_grows() -> None:
+    """A few thousand distinct pieces make the table grow (it starts at 1,024 slots, at
+    most half full) several times: each is asked of `missing` once, kept once, and found
+    afterwards wherever the growth put it."""
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, missing, 100_000, 256)
+    rng = random.Random(11)
+    words = sorted({"".join(rng.choices("abcdefghij", k=rng.randint(1, 6))) for _ in range(6000)})
+    text = " ".join(words)
+    first = cache.encode(text, 0, len(text), 0)
+    assert len(calls) == len(set(calls)) == len(cache) == len(words)
+    calls.clear()
+    assert cache.encode(text, 0, len(text), 0) == first
+    assert calls == []
+
+
+@needs_kernels
+def test_a_piece_kept_while_missing_ran_is_kept_once() -> None:
+    """`missing` may encode on the same cache (Python code runs there): the piece it
+    keeps meanwhile is not kept a second time (a second copy would count twice and leak)."""
+    cache: Any = None
+    nested = [True]
+
+    def missing(piece: str) -> bytes:
+        if nested.pop() if nested else False:
+            cache.encode(piece, 0, len(piece), 0)  # misses too, and keeps the piece
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.GPT2, 1, missing, 100, 256)
+    assert cache.encode("hello", 0, 5, 0)[0] == ids_of("hello")
+    assert not nested and len(cache) == 1
+    assert cache.encode("hello hello", 0, 11, 0)[0] == ids_of("hello hello")
+    assert len(cache) == 2
+
+
+def fnv1a(data: bytes) -> int:
+    """The kernel's piece hash (FNV-1a, 64 bits), to build pieces that share a slot."""
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def pieces_sharing_a_slot(count: int, bits: int) -> list[str]:
+    """GPT-2 pieces " " + 5 letters whose hashes agree in their low `bits` bits: the
+    last letter b solves ((state ^ b) * P) = target (mod 2^bits), P odd."""
+    prime, mask = 0x100000001B3, (1 << bits) - 1
+    target = 12345 & mask
+    wanted = target * pow(prime, -1, 1 << bits) & mask
+    found = []
+    for n in range(26**4):
+        stem = " " + "".join(chr(97 + n // 26**k % 26) for k in range(4))
+        last = (fnv1a(stem.encode()) ^ wanted) & mask
+        if 97 <= last <= 122:
+            found.append(stem + chr(last))
+            if len(found) == count:
+                return found
+    raise AssertionError("not enough pieces")
+
+
+@needs_kernels
+def test_pieces_that_share_a_slot_cost_a_bounded_probe() -> None:
+    """Prompt text chooses the pieces and FNV-1a is not keyed: a prompt made of pieces
+    that share a home slot must not make every lookup scan all of them (the twin's dict
+    hashes with Python's randomized hash). A piece is kept only within 64 slots of its
+    home, so a lookup reads at most 64; the others are asked of `missing` each time, as
+    new text is; the ids stay right."""
+    pieces = pieces_sharing_a_slot(300, 10)  # 1,024 slots: the table at its start
+    assert len({fnv1a(p.encode()) & 1023 for p in pieces}) == 1
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.GPT2, 1, missing, 100_000, 256)
+    text = "".join(pieces)
+    want = ids_of(text)
+    assert cache.encode(text, 0, len(text), 0) == (want, 300, len(text))
+    assert len(cache) <= 64
+    calls.clear()
+    assert cache.encode(text, 0, len(text), 0) == (want, 300, len(text))
+    assert len(calls) == 300 - len(cache)  # the kept ones found, the others asked again
+
+
+# Hostile use of the kernel: each probe runs in its own process (a crash is a signal
+# there, not the end of the test run) and prints what it saw.
+HOSTILE = {
+    "encode before __init__": """
+c = k.PieceCache.__new__(k.PieceCache)
+print(c.split("a b", 0, 3))
+try:
+    c.encode("a b", 0, 3, 0)
+except TypeError as exc:
+    print("refused:", exc)
+""",
+    "encode after clear() before __init__": """
+c = k.PieceCache.__new__(k.PieceCache)
+c.clear()
+try:
+    c.encode("a b", 0, 3, 0)
+except TypeError as exc:
+    print("refused:", exc)
+""",
+    "missing clears, re-inits and encodes on its own cache": """
+import random
+n = [0]
+def m(p):
+    n[0] += 1
+    if n[0] % 3 == 0: c.clear()
+    if n[0] % 5 == 0: c.encode("x y z " * 50 + p, 0, 300, 1)
+    if n[0] % 7 == 0: c.__init__(n[0] % 2, 1 + n[0] % 3, m, 5, 3)
+    return ids(p)
+c = k.PieceCache(1, 3, m, 50, 256)
+r = random.Random(1)
+for _ in range(2000):
+    t = "".join(r.choice("ab 1'\\n.") for _ in range(50))
+    c.encode(t, 0, len(t), r.choice([0, 1, 2, 5, 100]))
+""",
+    "missing drops its own last reference while it runs": """
+import functools
+class Once:
+    def __call__(self, p):
+        c.__init__(0, 1, ids, 10, 10)  # the cache held the only reference to self
+        self.__dict__.clear()
+        return ids(p)
+c = k.PieceCache(0, 1, ids, 10, 10)
+c.__init__(0, 1, Once(), 10, 10)
+assert c.encode("hello world", 0, 11, 0)[0] == ids("hello world")
+c.__init__(0, 1, functools.partial(lambda _, p: (c.__init__(0, 1, ids, 10, 10), ids(p))[1], 0), 10, 10)
+assert c.encode("hello world", 0, 11, 0)[0] == ids("hello world")
+""",
+    "edges: empty text, pos = end = len, keep_back past every bound": """
+c = k.PieceCache(1, 3, ids, 10, 10)
+assert c.encode("", 0, 0, 0) == (b"", 0, 0) and c.split("", 0, 0) == []
+assert c.encode("abc", 3, 3, 2**63 - 1) == (b"", 0, 3)
+assert c.encode("a b c", 0, 5, 2**63 - 1) == (b"", 3, 0)
+assert c.encode("a b c", 1, 5, 1) == (ids(" b"), 2, 3)
+for args in [("abc", 0, 2**63 - 1, 0), ("abc", 2**63 - 1, 2**63 - 1, 0), ("abc", 0, 3, -(2**63))]:
+    try:
+        c.encode(*args)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(args)
+for args in [(None, 0, 0, 0), ("a", 0, 1), ("a", 0, 2**64, 0), ("a", 0.0, 1, 0)]:
+    try:
+        c.encode(*args)
+    except (TypeError, OverflowError):
+        pass
+    else:
+        raise AssertionError(args)
+""",
+    "missing returns a bytes subclass, empty bytes, odd lengths": """
+class B(bytes): pass
+c = k.PieceCache(0, 1, lambda p: B(p.encode()), 10, 10)
+assert c.encode("a b", 0, 3, 0)[0] == b"a b"
+c = k.PieceCache(0, 1, lambda p: b"", 10, 10)
+assert c.encode("a b", 0, 3, 0) == (b"", 2, 3) and c.encode("a b", 0, 3, 0) == (b"", 2, 3)
+class S(str): pass
+c = k.PieceCache(1, 3, ids, 10, 10)
+assert c.encode(S("a b"), 0, 3, 0)[0] == ids("a b")
+""",
+}
+
+HOSTILE_PRELUDE = """
+from array import array
+from epp.tokenization import _kernels as k
+def ids(p):
+    return array("I", map(ord, p)).tobytes()
+{body}
+print("alive")
+"""
+
+
+@needs_kernels
+@pytest.mark.parametrize("probe", sorted(HOSTILE))
+def test_hostile_use_is_refused_or_survived(probe: str, tmp_path: Any) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(HOSTILE_PRELUDE.format(body=HOSTILE[probe].strip()))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{probe}: exit {done.returncode}\n{done.stderr[-2000:]}"
+    assert done.stdout.strip().endswith("alive")
+    if "before __init__" in probe:
+        assert "refused: " in done.stdout, done.stdout

@@ -20,7 +20,12 @@
  *
  * The cache is an open-addressing table of piece bytes -> ids bytes (uint32, native
  * order, as array("I") holds them), bounded like the twin's: it starts over when it holds
- * `limit` pieces, and pieces longer than `max_key` characters are not kept.
+ * `limit` pieces, and pieces longer than `max_key` characters are not kept. A piece is
+ * kept only within MAX_PROBE slots of its home slot, so a lookup reads at most MAX_PROBE
+ * slots whatever the pieces: prompt text chooses them and FNV-1a is not keyed (the twin's
+ * dict hashes with Python's randomized hash), so pieces sharing a home slot would
+ * otherwise make every lookup scan all of them. A piece that finds no room is asked of
+ * `missing` each time, as new text is.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -152,6 +157,7 @@ typedef struct {
 } PieceCache;
 
 #define INITIAL_CAPACITY 1024
+#define MAX_PROBE 64 /* at most half full, honest pieces are this far from home ~never */
 
 static inline Py_ssize_t next_piece(const PieceCache *self, const unsigned char *s, Py_ssize_t p,
                                     Py_ssize_t end) {
@@ -186,9 +192,11 @@ static int reset(PieceCache *self) {
     return 0;
 }
 
+/* The piece's slot, else the empty slot where it would go, else NULL (neither within
+ * MAX_PROBE slots of its home). */
 static Slot *find(const PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h) {
     size_t i = (size_t)h & self->mask;
-    for (;;) {
+    for (int probe = 0; probe < MAX_PROBE; probe++) {
         Slot *slot = &self->slots[i];
         if (slot->data == NULL)
             return slot;
@@ -196,6 +204,7 @@ static Slot *find(const PieceCache *self, const unsigned char *key, Py_ssize_t n
             return slot;
         i = (i + 1) & self->mask;
     }
+    return NULL;
 }
 
 static int grow(PieceCache *self) {
@@ -210,8 +219,16 @@ static int grow(PieceCache *self) {
         if (old.data == NULL)
             continue;
         size_t j = (size_t)old.hash & (capacity - 1);
-        while (fresh[j].data != NULL)
+        int probe = 1;
+        while (fresh[j].data != NULL && probe < MAX_PROBE) {
             j = (j + 1) & (capacity - 1);
+            probe++;
+        }
+        if (fresh[j].data != NULL) { /* no room within MAX_PROBE: forgotten */
+            PyMem_Free(old.data);
+            self->count--;
+            continue;
+        }
         fresh[j] = old;
     }
     PyMem_Free(self->slots);
@@ -224,15 +241,15 @@ static int grow(PieceCache *self) {
  * Python code, so the slot is looked up afresh. */
 static int keep(PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h,
                 const char *ids, Py_ssize_t ids_len) {
-    if (n > self->max_key || ids_len > (Py_ssize_t)UINT32_MAX)
+    if (n > self->max_key || (size_t)n > UINT32_MAX || (size_t)ids_len > UINT32_MAX)
         return 0;
     if (self->count >= self->limit && reset(self) < 0)
         return -1;
     if ((self->count + 1) * 2 > self->mask + 1 && grow(self) < 0)
         return -1;
     Slot *slot = find(self, key, n, h);
-    if (slot->data != NULL)
-        return 0; /* kept meanwhile */
+    if (slot == NULL || slot->data != NULL)
+        return 0; /* no room near its home, or kept meanwhile */
     unsigned char *data = PyMem_Malloc((size_t)n + (size_t)ids_len + 1);
     if (data == NULL) {
         PyErr_NoMemory();
@@ -254,6 +271,8 @@ typedef struct {
 } Buffer;
 
 static int append(Buffer *out, const void *data, Py_ssize_t n) {
+    if (n == 0)
+        return 0; /* memcpy to a NULL buffer is undefined, even of nothing */
     if (out->len + n > out->capacity) {
         Py_ssize_t capacity = out->capacity ? out->capacity : 4096;
         while (capacity < out->len + n)
@@ -276,13 +295,16 @@ static int piece_ids(PieceCache *self, const unsigned char *key, Py_ssize_t n, B
     uint64_t h = piece_hash(key, n);
     if (n <= self->max_key) {
         Slot *slot = find(self, key, n, h);
-        if (slot->data != NULL)
+        if (slot != NULL && slot->data != NULL)
             return append(out, slot->data + n, slot->ids_len);
     }
     PyObject *piece = PyUnicode_DecodeASCII((const char *)key, n, NULL);
     if (piece == NULL)
         return -1;
-    PyObject *ids = PyObject_CallOneArg(self->missing, piece);
+    /* Held for the call: it may replace itself (__init__ again) while it runs. */
+    PyObject *missing = Py_NewRef(self->missing);
+    PyObject *ids = PyObject_CallOneArg(missing, piece);
+    Py_DECREF(missing);
     Py_DECREF(piece);
     if (ids == NULL)
         return -1;
@@ -344,6 +366,10 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
     Py_ssize_t pos, end, keep_back;
     if (!PyArg_ParseTuple(args, "Unnn:encode", &text, &pos, &end, &keep_back))
         return NULL;
+    if (self->missing == NULL) { /* made by __new__ alone, or cleared by the GC */
+        PyErr_SetString(PyExc_TypeError, "PieceCache.__init__ has not run");
+        return NULL;
+    }
     const unsigned char *s = ascii_range(text, pos, end);
     if (s == NULL)
         return NULL;
