@@ -342,6 +342,25 @@ def test_pieces_that_share_a_slot_cost_a_bounded_probe() -> None:
     assert len(calls) == 300 - len(cache)  # the kept ones found, the others asked again
 
 
+@needs_kernels
+def test_pieces_with_one_hash_keep_their_own_ids() -> None:
+    """Two pieces of one length and one 64-bit hash (found by Pollard's rho on FNV-1a):
+    the table compares the bytes, not just the hash, so each keeps its own ids."""
+    first, second = "rrblyzkkfbiahh", "fflavphaiuqvtb"
+    assert fnv1a(first.encode()) == fnv1a(second.encode())
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.GPT2, 1, missing, 100, 256)
+    for _ in range(2):
+        assert cache.encode(first, 0, 14, 0)[0] == ids_of(first)
+        assert cache.encode(second, 0, 14, 0)[0] == ids_of(second)
+    assert calls == [first, second] and len(cache) == 2
+
+
 # Hostile use of the kernel: each probe runs in its own process (a crash is a signal
 # there, not the end of the test run) and prints what it saw.
 HOSTILE = {

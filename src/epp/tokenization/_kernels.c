@@ -20,9 +20,9 @@
  *
  * The cache is an open-addressing table of piece bytes -> ids bytes (uint32, native
  * order, as array("I") holds them), bounded like the twin's: it starts over when it holds
- * `limit` pieces, and pieces longer than `max_key` characters are not kept. A piece is
- * kept only within MAX_PROBE slots of its home slot, so a lookup reads at most MAX_PROBE
- * slots whatever the pieces: prompt text chooses them and FNV-1a is not keyed (the twin's
+ * `limit` pieces, and pieces longer than `max_key` characters are not kept. A lookup
+ * reads at most MAX_PROBE slots from the piece's home slot and a piece is kept only within
+ * them, whatever the pieces: prompt text chooses them and FNV-1a is not keyed (the twin's
  * dict hashes with Python's randomized hash), so pieces sharing a home slot would
  * otherwise make every lookup scan all of them. A piece that finds no room is asked of
  * `missing` each time, as new text is.
@@ -193,7 +193,8 @@ static int reset(PieceCache *self) {
 }
 
 /* The piece's slot, else the empty slot where it would go, else NULL (neither within
- * MAX_PROBE slots of its home). */
+ * MAX_PROBE slots of its home). A piece that `grow` moved further is not found: it is
+ * asked of `missing` again and not kept twice (the slots from its home to it are full). */
 static Slot *find(const PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h) {
     size_t i = (size_t)h & self->mask;
     for (int probe = 0; probe < MAX_PROBE; probe++) {
@@ -219,16 +220,8 @@ static int grow(PieceCache *self) {
         if (old.data == NULL)
             continue;
         size_t j = (size_t)old.hash & (capacity - 1);
-        int probe = 1;
-        while (fresh[j].data != NULL && probe < MAX_PROBE) {
+        while (fresh[j].data != NULL)
             j = (j + 1) & (capacity - 1);
-            probe++;
-        }
-        if (fresh[j].data != NULL) { /* no room within MAX_PROBE: forgotten */
-            PyMem_Free(old.data);
-            self->count--;
-            continue;
-        }
         fresh[j] = old;
     }
     PyMem_Free(self->slots);
