@@ -5,12 +5,15 @@ in fast.py for the ids, and HF `tokenizers` for both."""
 from __future__ import annotations
 
 import gc
+import os
 import random
 import re
 import subprocess
 import sys
+import sysconfig
 import tracemalloc
 from array import array
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -461,3 +464,65 @@ def test_hostile_use_is_refused_or_survived(probe: str, tmp_path: Any) -> None:
     assert done.stdout.strip().endswith("alive")
     if "before __init__" in probe:
         assert "refused: " in done.stdout, done.stdout
+
+
+ASAN_SCRIPT = """
+import importlib.util, random, re, sys
+from array import array
+spec = importlib.util.spec_from_file_location("_kernels", sys.argv[1])
+k = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(k)
+from epp.tokenization.fast import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, translate_pattern
+from test_kernels import ASCII, ids_of, pieces_sharing_a_slot
+rng = random.Random(2)
+for pattern, family, digits in [(GPT2_PATTERN, 0, 1), (LLAMA3_PATTERN, 1, 3), (QWEN2_PATTERN, 1, 1)]:
+    reference = re.compile(translate_pattern(pattern, ascii_only=True), re.ASCII)
+    cache = k.PieceCache(family, digits, ids_of, 40, 8)
+    for _ in range(1500):
+        text = "".join(rng.choice(ASCII) for _ in range(rng.randint(0, 40)))
+        pos = rng.randint(0, len(text))
+        end = rng.randint(pos, len(text))
+        pieces = reference.findall(text, pos, end)
+        assert cache.split(text, pos, end) == pieces
+        keep_back = rng.choice([0, 1, 2, 6, 7, 8, 9, 10, 10**9])
+        kept = pieces[: max(len(pieces) - keep_back, 0)]
+        want = (b"".join(map(ids_of, kept)), len(pieces), pos + sum(map(len, kept)))
+        assert cache.encode(text, pos, end, keep_back) == want
+grown = k.PieceCache(0, 1, ids_of, 100_000, 256)
+words = " ".join(str(i) + "x" for i in range(5000)) + "".join(pieces_sharing_a_slot(200, 10))
+for _ in range(2):
+    assert grown.encode(words, 0, len(words), 0)[0] == ids_of(words)
+print("clean")
+"""
+
+
+@needs_kernels
+def test_the_kernel_is_clean_under_addresssanitizer(tmp_path: Any) -> None:
+    """Memory errors a plain build can absorb (a one-slot overrun of the stack ring of
+    piece starts, a read past the text or a buffer) abort an AddressSanitizer build: the
+    kernel is compiled with -fsanitize=address and run in a subprocess on the random
+    splits and encodes (keep_back around the stack ring's 8 slots), the table's growth
+    and pieces that share a slot."""
+    source = Path(fast.__file__).with_name("_kernels.c")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    libasan = subprocess.run(
+        [compiler, "-print-file-name=libasan.so"], capture_output=True, text=True
+    ).stdout.strip()
+    if not Path(libasan).is_absolute():
+        pytest.skip(f"{compiler} has no libasan: the kernel's ASan run did not happen")
+    library = tmp_path / f"_kernels{sysconfig.get_config_var('EXT_SUFFIX')}"
+    include = sysconfig.get_paths()["include"]
+    flags = ["-shared", "-fPIC", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+    subprocess.run([compiler, *flags, f"-I{include}", str(source), "-o", str(library)], check=True)
+    env = {
+        **os.environ,
+        "LD_PRELOAD": libasan,
+        "ASAN_OPTIONS": "detect_leaks=0",  # the interpreter's own, at exit
+        "PYTHONMALLOC": "malloc",  # PyMem_* through malloc, which ASan watches
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", ASAN_SCRIPT, str(library)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "clean", done.stderr[-3000:]
