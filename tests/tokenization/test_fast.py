@@ -91,19 +91,21 @@ def test_a_tokenizer_the_fast_path_gets_wrong_is_left_to_hf(
     assert load_tokenizer_dir(tokenizer_dir("chatml"))._fast is None
 
 
-def test_piece_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_piece_cache_is_bounded(monkeypatch: pytest.MonkeyPatch, kernels_used: str) -> None:
+    """The dictionary (the twin) and the compiled cache alike, on ASCII and other text."""
     monkeypatch.setattr("epp.tokenization.fast.PIECE_CACHE_LIMIT", 10)
     fast = FastByteLevelBpe.build(
         Tokenizer.from_file(str(tokenizer_dir("llama3") / "tokenizer.json")),
         load_tokenizer_dir(tokenizer_dir("llama3"))._anchors,
     )
     assert fast is not None
+    cache = fast._pieces if kernels_used == "python" else fast._compiled
+    assert cache is not None
     ids = array("I")
-    fast.encode_into(ids, " ".join(f"wé{i}" for i in range(100)), None)  # the Python path
-    assert 0 < len(fast._pieces) <= 10
-    fast.encode_into(ids, " ".join(f"w{i}" for i in range(100)), None)  # ASCII
-    ascii_cache = fast._pieces if fast._ascii_pieces is None else fast._ascii_pieces
-    assert 0 < len(ascii_cache) <= 10
+    for words in ([f"wé{i}" for i in range(100)], [f"w{i}" for i in range(100)]):
+        cache.clear()
+        fast.encode_into(ids, " ".join(words), None)
+        assert 0 < len(cache) <= 10
 
 
 @pytest.mark.parametrize("name", ["llama3", "tiny-llama"])

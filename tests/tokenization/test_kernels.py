@@ -41,8 +41,20 @@ ASCII = [
 ]
 
 
+# Letters, decimal digits, spaces and marks of other scripts, in 1-, 2- and 4-byte
+# strings; SAFE_OTHER is what fast.py's `safe` lets through to the fast path, RISKY where
+# Python's classes and the tokenizer's differ (the kernel follows `re` on those too).
+SAFE_OTHER = [*"éßÀÿΩж中文ح٣१\u00a0\u3000\u0301\u2014\u2019😀👍🏽", " é", " 中", " ٣٣٣٣"]
+RISKY = [*"½²Ⅻ\u017f\u180e\U0001d400\x85\u2028", "'\u017f", "'\u017fT"]
+
+
 def ascii_text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(ASCII) for _ in range(n))
+
+
+def mixed_text(rng: random.Random, n: int, alphabet: list[str] | None = None) -> str:
+    """ASCII text with other scripts' characters in it (and, by default, risky ones)."""
+    return "".join(rng.choice(alphabet or [*ASCII, *SAFE_OTHER, *RISKY]) for _ in range(n))
 
 
 def families() -> list[tuple[str, int, int]]:
@@ -63,11 +75,11 @@ def ids_of(piece: str) -> bytes:
 @pytest.mark.parametrize("index", range(3), ids=["gpt2", "llama3", "qwen2"])
 def test_the_split_equals_re_on_the_translated_pattern(index: int) -> None:
     pattern, family, digits = families()[index]
-    reference = re.compile(translate_pattern(pattern, ascii_only=True) or "", re.ASCII)
+    reference = re.compile(translate_pattern(pattern) or "")
     cache = KERNELS.PieceCache(family, digits, ids_of, 1000, 256)
     rng = random.Random(index)
-    for _ in range(30_000):
-        text = ascii_text(rng, rng.randint(0, 30))
+    for i in range(40_000):
+        text = (ascii_text if i % 2 else mixed_text)(rng, rng.randint(0, 30))
         pos = rng.randint(0, len(text))
         end = rng.randint(pos, len(text))
         assert cache.split(text, pos, end) == reference.findall(text, pos, end), (
@@ -81,11 +93,11 @@ def test_the_split_equals_re_on_the_translated_pattern(index: int) -> None:
 @pytest.mark.parametrize("index", range(3), ids=["gpt2", "llama3", "qwen2"])
 def test_encode_joins_the_ids_of_all_but_the_kept_back_pieces(index: int) -> None:
     pattern, family, digits = families()[index]
-    reference = re.compile(translate_pattern(pattern, ascii_only=True) or "", re.ASCII)
+    reference = re.compile(translate_pattern(pattern) or "")
     cache = KERNELS.PieceCache(family, digits, ids_of, 50, 256)  # small: starts over often
     rng = random.Random(10 + index)
-    for _ in range(5_000):
-        text = ascii_text(rng, rng.randint(0, 60))
+    for i in range(6_000):
+        text = (ascii_text if i % 2 else mixed_text)(rng, rng.randint(0, 60))
         pos = rng.randint(0, len(text))
         end = rng.randint(pos, len(text))
         # 7, 8, 9: the ring of piece starts on the stack (8), or allocated
@@ -103,15 +115,20 @@ def test_the_compiled_path_gives_the_twins_ids_and_hfs(name: str) -> None:
     directory = tokenizer_dir(name)
     hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
     bpe = FastByteLevelBpe.build(hf, load_tokenizer_dir(directory)._anchors)
-    assert bpe is not None and bpe._ascii_pieces is not None
-    ascii_pattern = bpe._ascii_pattern
+    assert bpe is not None and bpe._compiled is not None
     rng = random.Random(3)
-    for _ in range(300):
-        text = ascii_text(rng, rng.randint(0, 200))
+    for i in range(400):
+        if i % 2:
+            text = ascii_text(rng, rng.randint(0, 200))
+        else:
+            text = mixed_text(rng, rng.randint(0, 200), [*ASCII, *SAFE_OTHER])
+        if not bpe.safe(text):
+            continue  # \x1c-\x1f: HF's path
+        pattern = bpe._ascii_pattern if text.isascii() else bpe._pattern
         end = len(text)
         for keep_back in (0, 2):
-            compiled = bpe._encode_span(text, 0, end, keep_back, ascii_pattern, bpe._ascii_pieces)
-            twin = bpe._encode_span(text, 0, end, keep_back, ascii_pattern, None)
+            compiled = bpe._encode_span(text, 0, end, keep_back, pattern, bpe._compiled)
+            twin = bpe._encode_span(text, 0, end, keep_back, pattern, None)
             assert compiled == twin, (text, keep_back)
         ids = array("I")
         bpe.encode_into(ids, text, None)
@@ -119,14 +136,14 @@ def test_the_compiled_path_gives_the_twins_ids_and_hfs(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
-def test_ascii_text_heads_equal_hf_with_either_implementation(name: str, kernels_used: str) -> None:
+def test_text_heads_equal_hf_with_either_implementation(name: str, kernels_used: str) -> None:
     directory = tokenizer_dir(name)
     tok = load_tokenizer_dir(directory, cache_bytes=0)
     assert tok._fast is not None
-    assert (tok._fast._ascii_pieces is not None) == (kernels_used == "compiled")
+    assert (tok._fast._compiled is not None) == (kernels_used == "compiled")
     hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
     rng = random.Random(5)
-    chunks = [*ASCII, "x" * 300, " " * 700, "\n" * 40, "1" * 50]
+    chunks = [*ASCII, *SAFE_OTHER, "x" * 300, " " * 700, "\n" * 40, "1" * 50, "é" * 90]
     for _ in range(150):
         text = "".join(rng.choice(chunks) for _ in range(rng.randint(0, 400)))
         want = hf.encode(text, add_special_tokens=False).ids
@@ -141,12 +158,10 @@ def test_a_split_that_differs_from_re_is_not_used(monkeypatch: pytest.MonkeyPatc
     (GPT-2's split for Llama 3's pattern), the kernel is left out and the ids are still
     HF's."""
     assert KERNELS is not None
-    wrong = {
-        translate_pattern(LLAMA3_PATTERN, ascii_only=True): (KERNELS.GPT2, 1),
-    }
+    wrong = {translate_pattern(LLAMA3_PATTERN): (KERNELS.GPT2, 1)}
     monkeypatch.setattr(fast, "_compiled_families", lambda _kernels: wrong)
     tok = load_tokenizer_dir(tokenizer_dir("llama3"), cache_bytes=0)
-    assert tok._fast is not None and tok._fast._ascii_pieces is None
+    assert tok._fast is not None and tok._fast._compiled is None
     text = "Don't stop: 12345 words\n\n  and 'LL more"
     hf = Tokenizer.from_file(str(tokenizer_dir("llama3") / "tokenizer.json"))
     assert (
@@ -182,7 +197,7 @@ def test_long_pieces_are_not_kept_and_the_cache_is_bounded() -> None:
 @needs_kernels
 def test_bad_input_is_refused_and_an_error_in_missing_leaves_the_cache_usable() -> None:
     cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, ids_of, 100, 256)
-    for text, pos, end in [("café", 0, 4), ("abc", -1, 2), ("abc", 2, 1), ("abc", 0, 4)]:
+    for text, pos, end in [("café", -1, 2), ("abc", 2, 1), ("中文", 0, 3)]:
         with pytest.raises(ValueError):
             cache.encode(text, pos, end, 0)
     with pytest.raises(TypeError):
@@ -473,13 +488,13 @@ spec = importlib.util.spec_from_file_location("_kernels", sys.argv[1])
 k = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(k)
 from epp.tokenization.fast import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, translate_pattern
-from test_kernels import ASCII, ids_of, pieces_sharing_a_slot
+from test_kernels import ascii_text, ids_of, mixed_text, pieces_sharing_a_slot
 rng = random.Random(2)
 for pattern, family, digits in [(GPT2_PATTERN, 0, 1), (LLAMA3_PATTERN, 1, 3), (QWEN2_PATTERN, 1, 1)]:
-    reference = re.compile(translate_pattern(pattern, ascii_only=True), re.ASCII)
+    reference = re.compile(translate_pattern(pattern))
     cache = k.PieceCache(family, digits, ids_of, 40, 8)
-    for _ in range(1500):
-        text = "".join(rng.choice(ASCII) for _ in range(rng.randint(0, 40)))
+    for i in range(1500):
+        text = (ascii_text if i % 2 else mixed_text)(rng, rng.randint(0, 40))
         pos = rng.randint(0, len(text))
         end = rng.randint(pos, len(text))
         pieces = reference.findall(text, pos, end)
@@ -501,8 +516,9 @@ def test_the_kernel_is_clean_under_addresssanitizer(tmp_path: Any) -> None:
     """Memory errors a plain build can absorb (a one-slot overrun of the stack ring of
     piece starts, a read past the text or a buffer) abort an AddressSanitizer build: the
     kernel is compiled with -fsanitize=address and run in a subprocess on the random
-    splits and encodes (keep_back around the stack ring's 8 slots), the table's growth
-    and pieces that share a slot."""
+    splits and encodes of ASCII and other scripts' text (UTF-8 keys written to the
+    scratch buffer; keep_back around the stack ring's 8 slots), the table's growth and
+    pieces that share a slot."""
     source = Path(fast.__file__).with_name("_kernels.c")
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     libasan = subprocess.run(
@@ -526,3 +542,22 @@ def test_the_kernel_is_clean_under_addresssanitizer(tmp_path: Any) -> None:
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "clean", done.stderr[-3000:]
+
+
+@needs_kernels
+def test_a_piece_is_keyed_by_its_utf8_bytes_whatever_the_strings_storage() -> None:
+    """The same piece in 1-, 2- and 4-byte strings is one entry (its UTF-8 bytes), asked
+    of `missing` once, as a str; ASCII and non-ASCII pieces with the same characters
+    never share one."""
+    calls: list[str] = []
+
+    def missing(piece: str) -> bytes:
+        calls.append(piece)
+        return ids_of(piece)
+
+    cache = KERNELS.PieceCache(KERNELS.LLAMA3, 3, missing, 100, 256)
+    texts = ["plain café", "plain café \u2014", "plain café 😀", "plain cafe"]
+    for text in texts:
+        assert cache.encode(text, 0, len(text), 0)[0] == ids_of(text)
+    assert calls == ["plain", " café", " \u2014", " 😀", " cafe"]
+    assert len(cache) == 5

@@ -1,24 +1,25 @@
-/* Compiled kernel of the fast tokenizer path's ASCII text (see epp/tokenization/fast.py).
+/* Compiled kernel of the fast tokenizer path (see epp/tokenization/fast.py).
  *
- * `PieceCache` does, for an ASCII segment, what the pure-Python twin in fast.py does with
+ * `PieceCache` does, for a segment of text, what the pure-Python twin in fast.py does with
  * `pattern.findall` and a dictionary: split the text into the pre-tokenizer's pieces and
  * join each piece's ids, asking the tokenizer's BPE model (`missing`) for a piece it has
  * not seen. The twin stays the reference: tests/tokenization/test_kernels.py compares the
  * pieces with Python's `re` on the translated pattern and the ids with the twin's, and
  * fast.py checks the split against `re` again when it loads a tokenizer.
  *
- * Two pre-tokenizer families are written out, on ASCII text only (where `re.ASCII`
- * classes are the tokenizer's Unicode ones):
+ * Two pre-tokenizer families are written out, as fast.py translates them to `re`:
  *   GPT2    's|'t|'re|'ve|'m|'ll|'d| ?L+| ?N+| ?[^\sLN]+|\s+(?!\S)|\s+
  *   LLAMA3  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nLN]?L+|N{1,D}| ?[^\sLN]+[\r\n]*|\s*[\r\n]+
  *           |\s+(?!\S)|\s+                                  (D = 3 Llama 3, 1 Qwen 2)
- * with L = [A-Za-z], N = [0-9] and \s = [ \t\n\v\f\r]. Each function below returns where
- * the piece starting at p ends, as the regex's leftmost-alternative, backtracking match
- * does; `end` is the text's end for the match, as findall's endpos is. Every character
- * is a letter, a digit, a space or an "other", so some alternative always matches and
- * the pieces cover the text end to end.
+ * with `re`'s classes on str: L = [^\W\d_] (alphanumeric, not decimal), N = \d (decimal)
+ * and \s (str.isspace). Where those differ from the tokenizer's Unicode classes (fast.py's
+ * `safe`), the caller does not send the text here. Each function below returns where the
+ * piece starting at p ends, as the regex's leftmost-alternative, backtracking match does;
+ * `end` is the text's end for the match, as findall's endpos is. Every character is a
+ * letter, a digit, a space or an "other", so some alternative always matches and the
+ * pieces cover the text end to end.
  *
- * The cache is an open-addressing table of piece bytes -> ids bytes (uint32, native
+ * The cache is an open-addressing table of a piece's UTF-8 bytes -> ids bytes (uint32, native
  * order, as array("I") holds them), bounded like the twin's: it starts over when it holds
  * `limit` pieces, and pieces longer than `max_key` characters are not kept. A lookup
  * reads at most MAX_PROBE slots from the piece's home slot and a piece is kept only within
@@ -34,70 +35,105 @@
 
 enum { GPT2 = 0, LLAMA3 = 1 };
 
-static inline int is_letter(unsigned char c) {
-    unsigned char lower = c | 0x20;
-    return lower >= 'a' && lower <= 'z';
-}
-static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-static inline int is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-static inline int is_newline(unsigned char c) { return c == '\r' || c == '\n'; }
-static inline int is_other(unsigned char c) {
-    return !is_space(c) && !is_letter(c) && !is_digit(c);
-}
-static inline unsigned char fold(unsigned char c) { return (c >= 'A' && c <= 'Z') ? c | 0x20 : c; }
+/* The text, read whatever its storage (1, 2 or 4 bytes a character): the scanners are
+ * inlined into one copy per kind, where `at` is a plain load. */
+typedef struct {
+    const void *data;
+    int kind;
+    int ascii; /* every character < 128: the classes need no Unicode table */
+} Text;
 
-/* 's 't 're 've 'm 'll 'd at p (s[p] is a quote): its length, or 0. */
-static Py_ssize_t contraction(const unsigned char *s, Py_ssize_t p, Py_ssize_t end, int ignore_case) {
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE Py_UCS4 at(Text t, Py_ssize_t i) {
+    return t.kind == PyUnicode_1BYTE_KIND   ? ((const Py_UCS1 *)t.data)[i]
+           : t.kind == PyUnicode_2BYTE_KIND ? ((const Py_UCS2 *)t.data)[i]
+                                            : ((const Py_UCS4 *)t.data)[i];
+}
+
+/* Python's `re` classes on str patterns, which the translated patterns use: \s is
+ * str.isspace, \d str.isdecimal, \w str.isalnum or "_". So a letter ([^\W\d_]) is an
+ * alphanumeric that is not a decimal, and an "other" ((?:[^\s\w]|_)) is none of a space,
+ * a letter or a digit. */
+ALWAYS_INLINE int is_space(Text s, Py_UCS4 c) {
+    /* str.isspace on ASCII: \t\n\v\f\r, the separators \x1c-\x1f, and " " */
+    if (s.ascii || c < 128)
+        return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1C && c <= 0x1F);
+    return Py_UNICODE_ISSPACE(c);
+}
+ALWAYS_INLINE int is_letter(Text s, Py_UCS4 c) {
+    if (s.ascii || c < 128)
+        return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+    return Py_UNICODE_ISALNUM(c) && !Py_UNICODE_ISDECIMAL(c);
+}
+ALWAYS_INLINE int is_digit(Text s, Py_UCS4 c) {
+    if (s.ascii || c < 128)
+        return c >= '0' && c <= '9';
+    return Py_UNICODE_ISDECIMAL(c);
+}
+ALWAYS_INLINE int is_newline(Py_UCS4 c) { return c == '\r' || c == '\n'; }
+ALWAYS_INLINE int is_other(Text s, Py_UCS4 c) {
+    return !is_space(s, c) && !is_letter(s, c) && !is_digit(s, c);
+}
+/* (?i) on a contraction's letters: ASCII case, and the long s (U+017F), which `re`
+ * takes for an s. */
+ALWAYS_INLINE Py_UCS4 fold(Py_UCS4 c) {
+    return (c >= 'A' && c <= 'Z') ? (c | 0x20) : c == 0x17F ? 's' : c;
+}
+
+/* 's 't 're 've 'm 'll 'd at p (a quote): its length, or 0. */
+ALWAYS_INLINE Py_ssize_t contraction(Text s, Py_ssize_t p, Py_ssize_t end, int ignore_case) {
     if (p + 1 >= end)
         return 0;
-    unsigned char a = ignore_case ? fold(s[p + 1]) : s[p + 1];
+    Py_UCS4 a = ignore_case ? fold(at(s, p + 1)) : at(s, p + 1);
     if (a == 's' || a == 't' || a == 'm' || a == 'd')
         return 2;
     if (p + 2 >= end)
         return 0;
-    unsigned char b = ignore_case ? fold(s[p + 2]) : s[p + 2];
+    Py_UCS4 b = ignore_case ? fold(at(s, p + 2)) : at(s, p + 2);
     if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
         return 3;
     return 0;
 }
 
-/* \s+(?!\S)|\s+ at p (s[p] is a space): a run that reaches the end whole; a longer run
- * followed by a non-space less its last character (which goes with the next piece); a
- * single space before a non-space alone. */
-static Py_ssize_t space_run(const unsigned char *s, Py_ssize_t p, Py_ssize_t end) {
+/* \s+(?!\S)|\s+ at p (a space): a run that reaches the end whole; a longer run followed
+ * by a non-space less its last character (which goes with the next piece); a single
+ * space before a non-space alone. */
+ALWAYS_INLINE Py_ssize_t space_run(Text s, Py_ssize_t p, Py_ssize_t end) {
     Py_ssize_t q = p + 1;
-    while (q < end && is_space(s[q]))
+    while (q < end && is_space(s, at(s, q)))
         q++;
     return (q == end || q - p == 1) ? q : q - 1;
 }
 
-static Py_ssize_t gpt2_piece(const unsigned char *s, Py_ssize_t p, Py_ssize_t end) {
-    if (s[p] == '\'') {
+ALWAYS_INLINE Py_ssize_t gpt2_piece(Text s, Py_ssize_t p, Py_ssize_t end) {
+    Py_UCS4 first = at(s, p);
+    if (first == '\'') {
         Py_ssize_t n = contraction(s, p, end, 0);
         if (n)
             return p + n;
     }
     Py_ssize_t i = p;
-    if (s[p] == ' ' && p + 1 < end && !is_space(s[p + 1]))
+    if (first == ' ' && p + 1 < end && !is_space(s, at(s, p + 1)))
         i = p + 1; /* " ?" before a letter, a digit or an other */
-    unsigned char c = s[i];
-    if (is_letter(c)) {
-        do i++; while (i < end && is_letter(s[i]));
+    Py_UCS4 c = at(s, i);
+    if (is_letter(s, c)) {
+        do i++; while (i < end && is_letter(s, at(s, i)));
         return i;
     }
-    if (is_digit(c)) {
-        do i++; while (i < end && is_digit(s[i]));
+    if (is_digit(s, c)) {
+        do i++; while (i < end && is_digit(s, at(s, i)));
         return i;
     }
-    if (!is_space(c)) {
-        do i++; while (i < end && is_other(s[i]));
+    if (!is_space(s, c)) {
+        do i++; while (i < end && is_other(s, at(s, i)));
         return i;
     }
     return space_run(s, p, end);
 }
 
-static Py_ssize_t llama3_piece(const unsigned char *s, Py_ssize_t p, Py_ssize_t end, int max_digits) {
-    unsigned char c = s[p];
+ALWAYS_INLINE Py_ssize_t llama3_piece(Text s, Py_ssize_t p, Py_ssize_t end, int max_digits) {
+    Py_UCS4 c = at(s, p);
     Py_ssize_t i;
     if (c == '\'') {
         Py_ssize_t n = contraction(s, p, end, 1);
@@ -105,30 +141,31 @@ static Py_ssize_t llama3_piece(const unsigned char *s, Py_ssize_t p, Py_ssize_t 
             return p + n;
     }
     /* [^\r\nLN]?L+ */
-    if (is_letter(c) || (!is_newline(c) && !is_digit(c) && p + 1 < end && is_letter(s[p + 1]))) {
+    if (is_letter(s, c) ||
+        (!is_newline(c) && !is_digit(s, c) && p + 1 < end && is_letter(s, at(s, p + 1)))) {
         i = p + 1;
-        while (i < end && is_letter(s[i]))
+        while (i < end && is_letter(s, at(s, i)))
             i++;
         return i;
     }
-    if (is_digit(c)) {
+    if (is_digit(s, c)) {
         i = p + 1;
-        while (i < end && i - p < max_digits && is_digit(s[i]))
+        while (i < end && i - p < max_digits && is_digit(s, at(s, i)))
             i++;
         return i;
     }
     /* " ?[^\sLN]+[\r\n]*" */
-    i = (c == ' ' && p + 1 < end && is_other(s[p + 1])) ? p + 1 : p;
-    if (is_other(s[i])) {
-        do i++; while (i < end && is_other(s[i]));
-        while (i < end && is_newline(s[i]))
+    i = (c == ' ' && p + 1 < end && is_other(s, at(s, p + 1))) ? p + 1 : p;
+    if (is_other(s, at(s, i))) {
+        do i++; while (i < end && is_other(s, at(s, i)));
+        while (i < end && is_newline(at(s, i)))
             i++;
         return i;
     }
     /* \s*[\r\n]+: the space run up to and with its last line break, if it has one */
     Py_ssize_t q = p, last_break = -1;
-    while (q < end && is_space(s[q])) {
-        if (is_newline(s[q]))
+    while (q < end && is_space(s, at(s, q))) {
+        if (is_newline(at(s, q)))
             last_break = q;
         q++;
     }
@@ -159,9 +196,30 @@ typedef struct {
 #define INITIAL_CAPACITY 1024
 #define MAX_PROBE 64 /* at most half full, honest pieces are this far from home ~never */
 
-static inline Py_ssize_t next_piece(const PieceCache *self, const unsigned char *s, Py_ssize_t p,
-                                    Py_ssize_t end) {
-    return self->family == GPT2 ? gpt2_piece(s, p, end) : llama3_piece(s, p, end, self->max_digits);
+/* Where the piece starting at p ends: one copy of the scanners per storage kind. */
+#define PIECE_END(NAME, KIND, ASCII)                                                    \
+    static Py_ssize_t piece_end_##NAME(const PieceCache *self, const void *data, Py_ssize_t p, \
+                                       Py_ssize_t end) {                                \
+        Text s = {data, KIND, ASCII};                                                   \
+        return self->family == GPT2 ? gpt2_piece(s, p, end)                             \
+                                    : llama3_piece(s, p, end, self->max_digits);        \
+    }
+PIECE_END(ascii, PyUnicode_1BYTE_KIND, 1)
+PIECE_END(1, PyUnicode_1BYTE_KIND, 0)
+PIECE_END(2, PyUnicode_2BYTE_KIND, 0)
+PIECE_END(4, PyUnicode_4BYTE_KIND, 0)
+
+static inline Py_ssize_t next_piece(const PieceCache *self, Text s, Py_ssize_t p, Py_ssize_t end) {
+    if (s.ascii)
+        return piece_end_ascii(self, s.data, p, end);
+    switch (s.kind) {
+    case PyUnicode_1BYTE_KIND:
+        return piece_end_1(self, s.data, p, end);
+    case PyUnicode_2BYTE_KIND:
+        return piece_end_2(self, s.data, p, end);
+    default:
+        return piece_end_4(self, s.data, p, end);
+    }
 }
 
 /* FNV-1a: pieces are a few bytes long, where it is as good as any. */
@@ -232,9 +290,9 @@ static int grow(PieceCache *self) {
 
 /* Keep a piece's ids (after a miss). The table may have changed while `missing` ran
  * Python code, so the slot is looked up afresh. */
-static int keep(PieceCache *self, const unsigned char *key, Py_ssize_t n, uint64_t h,
-                const char *ids, Py_ssize_t ids_len) {
-    if (n > self->max_key || (size_t)n > UINT32_MAX || (size_t)ids_len > UINT32_MAX)
+static int keep(PieceCache *self, const unsigned char *key, Py_ssize_t n, Py_ssize_t chars,
+                uint64_t h, const char *ids, Py_ssize_t ids_len) {
+    if (chars > self->max_key || (size_t)n > UINT32_MAX || (size_t)ids_len > UINT32_MAX)
         return 0;
     if (self->count >= self->limit && reset(self) < 0)
         return -1;
@@ -263,9 +321,8 @@ typedef struct {
     Py_ssize_t len, capacity;
 } Buffer;
 
-static int append(Buffer *out, const void *data, Py_ssize_t n) {
-    if (n == 0)
-        return 0; /* memcpy to a NULL buffer is undefined, even of nothing */
+/* Room for n more bytes. */
+static int reserve(Buffer *out, Py_ssize_t n) {
     if (out->len + n > out->capacity) {
         Py_ssize_t capacity = out->capacity ? out->capacity : 4096;
         while (capacity < out->len + n)
@@ -278,20 +335,68 @@ static int append(Buffer *out, const void *data, Py_ssize_t n) {
         out->data = grown;
         out->capacity = capacity;
     }
+    return 0;
+}
+
+static int append(Buffer *out, const void *data, Py_ssize_t n) {
+    if (n == 0)
+        return 0; /* memcpy to a NULL buffer is undefined, even of nothing */
+    if (reserve(out, n) < 0)
+        return -1;
     memcpy(out->data + out->len, data, n);
     out->len += n;
     return 0;
 }
 
-/* The ids of one piece, appended to `out`: from the table, or from `missing`. */
-static int piece_ids(PieceCache *self, const unsigned char *key, Py_ssize_t n, Buffer *out) {
+/* The piece text[p:q] as the cache's key, its UTF-8 bytes (what the BPE model reads):
+ * ASCII text's own bytes, or encoded into `scratch` (a surrogate as its 3-byte form; the
+ * caller never passes one: fast.py's `safe` keeps them out). */
+static const unsigned char *piece_key(Text s, Py_ssize_t p, Py_ssize_t q, Buffer *scratch,
+                                      Py_ssize_t *n) {
+    if (s.ascii) {
+        *n = q - p;
+        return (const unsigned char *)s.data + p;
+    }
+    scratch->len = 0;
+    if (reserve(scratch, 4 * (q - p) + 1) < 0)
+        return NULL;
+    unsigned char *o = (unsigned char *)scratch->data;
+    for (Py_ssize_t i = p; i < q; i++) {
+        Py_UCS4 c = PyUnicode_READ(s.kind, s.data, i);
+        if (c < 0x80) {
+            *o++ = (unsigned char)c;
+        } else if (c < 0x800) {
+            *o++ = 0xC0 | (c >> 6);
+            *o++ = 0x80 | (c & 0x3F);
+        } else if (c < 0x10000) {
+            *o++ = 0xE0 | (c >> 12);
+            *o++ = 0x80 | ((c >> 6) & 0x3F);
+            *o++ = 0x80 | (c & 0x3F);
+        } else {
+            *o++ = 0xF0 | (c >> 18);
+            *o++ = 0x80 | ((c >> 12) & 0x3F);
+            *o++ = 0x80 | ((c >> 6) & 0x3F);
+            *o++ = 0x80 | (c & 0x3F);
+        }
+    }
+    *n = (Py_ssize_t)(o - (unsigned char *)scratch->data);
+    return (const unsigned char *)scratch->data;
+}
+
+/* The ids of the piece text[p:q], appended to `out`: from the table, or from `missing`. */
+static int piece_ids(PieceCache *self, PyObject *text, Text s, Py_ssize_t p, Py_ssize_t q,
+                     Buffer *out, Buffer *scratch) {
+    Py_ssize_t n;
+    const unsigned char *key = piece_key(s, p, q, scratch, &n);
+    if (key == NULL)
+        return -1;
     uint64_t h = piece_hash(key, n);
-    if (n <= self->max_key) {
+    if (q - p <= self->max_key) {
         Slot *slot = find(self, key, n, h);
         if (slot != NULL && slot->data != NULL)
             return append(out, slot->data + n, slot->ids_len);
     }
-    PyObject *piece = PyUnicode_DecodeASCII((const char *)key, n, NULL);
+    PyObject *piece = PyUnicode_Substring(text, p, q);
     if (piece == NULL)
         return -1;
     /* Held for the call: it may replace itself (__init__ again) while it runs. */
@@ -308,22 +413,26 @@ static int piece_ids(PieceCache *self, const unsigned char *key, Py_ssize_t n, B
     }
     int rc = append(out, PyBytes_AS_STRING(ids), PyBytes_GET_SIZE(ids));
     if (rc == 0)
-        rc = keep(self, key, n, h, PyBytes_AS_STRING(ids), PyBytes_GET_SIZE(ids));
+        rc = keep(self, key, n, q - p, h, PyBytes_AS_STRING(ids), PyBytes_GET_SIZE(ids));
     Py_DECREF(ids);
     return rc;
 }
 
-/* An ASCII str's bytes and the range [pos, end) within it, checked. */
-static const unsigned char *ascii_range(PyObject *text, Py_ssize_t pos, Py_ssize_t end) {
-    if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text)) {
-        PyErr_SetString(PyExc_ValueError, "text must be an ASCII str");
-        return NULL;
+/* A str's characters, the range [pos, end) within it checked; data NULL on error. */
+static Text text_range(PyObject *text, Py_ssize_t pos, Py_ssize_t end) {
+    Text s = {NULL, 0, 0};
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "text must be a str");
+        return s;
     }
     if (pos < 0 || end < pos || end > PyUnicode_GET_LENGTH(text)) {
         PyErr_SetString(PyExc_ValueError, "need 0 <= pos <= end <= len(text)");
-        return NULL;
+        return s;
     }
-    return (const unsigned char *)PyUnicode_DATA(text);
+    s.data = PyUnicode_DATA(text);
+    s.kind = PyUnicode_KIND(text);
+    s.ascii = PyUnicode_IS_ASCII(text);
+    return s;
 }
 
 static PyObject *cache_split(PieceCache *self, PyObject *args) {
@@ -331,8 +440,8 @@ static PyObject *cache_split(PieceCache *self, PyObject *args) {
     Py_ssize_t pos, end;
     if (!PyArg_ParseTuple(args, "Unn:split", &text, &pos, &end))
         return NULL;
-    const unsigned char *s = ascii_range(text, pos, end);
-    if (s == NULL)
+    Text s = text_range(text, pos, end);
+    if (s.data == NULL)
         return NULL;
     PyObject *pieces = PyList_New(0);
     if (pieces == NULL)
@@ -363,8 +472,8 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "PieceCache.__init__ has not run");
         return NULL;
     }
-    const unsigned char *s = ascii_range(text, pos, end);
-    if (s == NULL)
+    Text s = text_range(text, pos, end);
+    if (s.data == NULL)
         return NULL;
     if (keep_back < 0) {
         PyErr_SetString(PyExc_ValueError, "keep_back must be >= 0");
@@ -378,7 +487,7 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
     Py_ssize_t *ring = ring_small, size = keep_back + 1;
     if (size > 8 && (ring = PyMem_Malloc(sizeof(Py_ssize_t) * size)) == NULL)
         return PyErr_NoMemory();
-    Buffer out = {NULL, 0, 0};
+    Buffer out = {NULL, 0, 0}, scratch = {NULL, 0, 0};
     Py_ssize_t count = 0, consumed = pos;
     for (Py_ssize_t p = pos; p < end; count++) {
         Py_ssize_t q = next_piece(self, s, p, end);
@@ -387,7 +496,7 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
             Py_ssize_t j = count - keep_back;
             Py_ssize_t start = ring[j % size];
             Py_ssize_t stop = keep_back == 0 ? q : ring[(j + 1) % size];
-            if (piece_ids(self, s + start, stop - start, &out) < 0)
+            if (piece_ids(self, text, s, start, stop, &out, &scratch) < 0)
                 goto fail;
             consumed = stop;
         }
@@ -395,6 +504,7 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
     }
     if (ring != ring_small)
         PyMem_Free(ring);
+    PyMem_Free(scratch.data);
     PyObject *ids = PyBytes_FromStringAndSize(out.data ? out.data : "", out.len);
     PyMem_Free(out.data);
     if (ids == NULL)
@@ -403,6 +513,7 @@ static PyObject *cache_encode(PieceCache *self, PyObject *args) {
 fail:
     if (ring != ring_small)
         PyMem_Free(ring);
+    PyMem_Free(scratch.data);
     PyMem_Free(out.data);
     return NULL;
 }

@@ -18,10 +18,10 @@ less work, in three steps that are each exact:
    separators U+001C-U+001F that Python counts as spaces, the long s (U+017F) under
    `(?i)`, astral characters other than emoji) is encoded by HF instead (`safe`).
 
-On ASCII text (most prompts' segments), when the pattern is GPT-2's, Llama 3's or Qwen 2's,
-steps 1 and 2 run compiled (`_kernels.c`: the split written out for those patterns, and
-a cache keyed by the piece's bytes, so no str is made per piece); the Python code here
-stays the reference, and the compiled split is checked against `re` at load.
+When the pattern is GPT-2's, Llama 3's or Qwen 2's, steps 1 and 2 run compiled
+(`_kernels.c`: the split written out for those patterns with `re`'s own character classes,
+and a cache keyed by the piece's UTF-8 bytes, so no str is made per piece); the Python code
+here stays the reference, and the compiled split is checked against `re` at load.
 
 Only tokenizers with no normalizer or NFC alone (applied per segment, as HF does), a
 ByteLevel pre-tokenizer without prefix space (with its own regex or after one Split), a
@@ -161,42 +161,50 @@ def _bpe_ids(tokenize: Any, piece: str) -> bytes:
 
 
 def _compiled_families(kernels: Any) -> dict[str, tuple[int, int]]:
-    """The patterns the compiled split writes out, by their ASCII translation (what it is
+    """The patterns the compiled split writes out, by their translation (what it is
     compared with): (family, most digits in a number piece)."""
     known = [
         (GPT2_PATTERN, kernels.GPT2, 1),  # digits unbounded: the family ignores it
         (LLAMA3_PATTERN, kernels.LLAMA3, 3),
         (QWEN2_PATTERN, kernels.LLAMA3, 1),
     ]
-    return {translate_pattern(p, ascii_only=True) or p: (f, d) for p, f, d in known}
+    return {translate_pattern(p) or p: (f, d) for p, f, d in known}
 
 
 def _split_check_corpus() -> list[str]:
-    """ASCII text on which the compiled split must equal `re`'s before it is used: the
-    self-test's ASCII samples and seeded random strings of the characters where the
-    pattern's alternatives meet (quotes and contractions, runs of spaces and line breaks,
-    digits, punctuation, controls)."""
+    """Text on which the compiled split must equal `re`'s before it is used: the
+    self-test's samples and seeded random strings of the characters where the pattern's
+    alternatives meet (quotes and contractions, runs of spaces and line breaks, digits,
+    punctuation, controls), ASCII alone and with letters, digits, spaces and marks of
+    other scripts, in 1-, 2- and 4-byte strings."""
     rng = random.Random(1729)
-    alphabet = [
+    ascii_alphabet = [
         *"aZq09'sStTrReEvVmMlLdD !?.,_-\t\n\r\x0b\x0c\x1c\x7f\x00\"",
         *["  ", "\r\n", "'ll", "'RE", "'ve", " 's", "1234", "word"],
     ]
-    random_text = ["".join(rng.choices(alphabet, k=rng.randint(1, 40))) for _ in range(400)]
-    return [*(sample for sample in SELF_TEST if sample.isascii()), *random_text]
+    # Latin-1, BMP and astral: letters, decimal digits of other scripts, spaces, marks.
+    other_scripts = [*"éßÀÿΩж中文ح٣१\u00a0\u3000\u2028\u0301\u2014\u2019😀", " é", " 中"]
+    random_text = [
+        "".join(rng.choices(alphabet, k=rng.randint(1, 40)))
+        for alphabet in (ascii_alphabet, ascii_alphabet + other_scripts)
+        for _ in range(300)
+    ]
+    return [*SELF_TEST, *random_text]
 
 
-def _compiled_cache(model: Any, ascii_pattern: str) -> Any | None:
-    """The compiled split and piece cache for this ASCII pattern, or None (no kernel, a
-    pattern it does not write out, or a split that differs from `re`'s anywhere)."""
+def _compiled_cache(model: Any, pattern: str) -> Any | None:
+    """The compiled split and piece cache for this (translated) pattern, or None (no
+    kernel, a pattern it does not write out, or a split that differs from `re`'s
+    anywhere)."""
     if COMPILED is None:
         return None
-    family = _compiled_families(COMPILED).get(ascii_pattern)
+    family = _compiled_families(COMPILED).get(pattern)
     if family is None:
         return None
     kernel = COMPILED.PieceCache(
         *family, partial(_bpe_ids, model.tokenize), PIECE_CACHE_LIMIT, MAX_KEPT_PIECE
     )
-    reference = re.compile(ascii_pattern, re.ASCII)
+    reference = re.compile(pattern)
     for text in _split_check_corpus():
         if kernel.split(text, 0, len(text)) != reference.findall(text):
             return None
@@ -231,8 +239,8 @@ class FastByteLevelBpe:
         # `safe` sends to HF), and match faster.
         self._ascii_pattern = re.compile(ascii_pattern, re.ASCII)
         self._pieces = _PieceIds(model)
-        # Pieces of ASCII segments, when compiled (the twin: _ascii_pattern, _pieces).
-        self._ascii_pieces = _compiled_cache(model, ascii_pattern)
+        # The split and the piece cache, compiled (their twin: the patterns and _pieces).
+        self._compiled = _compiled_cache(model, pattern)
         self._risky = _risky()
         self.chars_per_id = 4.0  # learnt from the windows read
 
@@ -257,8 +265,8 @@ class FastByteLevelBpe:
         if not fast._passes_self_test(tokenizer):
             return None
         fast._pieces.clear()
-        if fast._ascii_pieces is not None:
-            fast._ascii_pieces.clear()
+        if fast._compiled is not None:
+            fast._compiled.clear()
         return fast
 
     def _passes_self_test(self, tokenizer: tokenizers.Tokenizer) -> bool:
@@ -298,14 +306,15 @@ class FastByteLevelBpe:
         in the whole text. A window holding a single piece (a "word" longer than the
         window), or text that the tokenizer's NFC normalizer would change, raises
         HandOver: the caller encodes the rest otherwise."""
-        compiled = None
         if segment.isascii():
             pattern = self._ascii_pattern  # ASCII text is its own NFC form
-            compiled = self._ascii_pieces
         else:
             pattern = self._pattern
             if self._nfc and not unicodedata.is_normalized("NFC", segment):
                 raise HandOver(0)  # NFC would move characters: HF takes it from here
+        # The compiled split follows the Unicode pattern; on ASCII text it equals the
+        # ASCII one where `safe` lets text through (U+001C-U+001F aside).
+        compiled = self._compiled
         if need is None:
             ids.frombytes(self._encode_span(segment, 0, len(segment), 0, pattern, compiled)[0])
             return None
