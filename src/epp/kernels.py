@@ -2,8 +2,8 @@
 
 Three C extensions are built by `pip install` when a C compiler is there (setup.py:
 optional): `epp.prefix._kernels` (the block-hash chain, the lookup walk, approximate
-record), `epp.scheduling._kernels` (the weighted sum, the picker's ties, the prefill
-pass) and `epp.tokenization._kernels` (the fast tokenizer path's ASCII split and piece
+record and eviction), `epp.scheduling._kernels` (the weighted sum, the picker's ties, the prefill
+pass) and `epp.tokenization._kernels` (the fast tokenizer path's split and piece
 cache). Each of their functions has a pure-Python twin next to its caller, which stays the
 reference: tests/{prefix,scheduling,tokenization}/test_kernels.py compare the two on
 random inputs. `EPP_KERNELS=python` in the environment makes the router use the
