@@ -18,6 +18,8 @@ For each tokenizer (the test tokenizer `tests/fixtures/tokenizer/llama3`, and
    - the same, as an Anthropic `/v1/messages` body;
    - cold with every word new (random letters): the fast path's piece cache misses on
      every piece, its worst case;
+   - cold with typographic text: curly quotes, dashes and an accented word in every
+     sentence, as people and models write (no segment is ASCII);
    - a 4 MiB chat body (the server's body limit): only the head is encoded (8,192 blocks,
      131,072 tokens); the event loop is paused this long.
 
@@ -124,6 +126,17 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(out)
 
 
+def _typographic_text(rng: random.Random, words: int) -> str:
+    """`_text` as people and models write it: curly quotes, dashes, an accented word in
+    every sentence (so no segment is ASCII)."""
+    out = _text(rng, words).split(" ")
+    for i in range(0, len(out), 12):
+        out[i] = rng.choice(["\u201c", "", "caf\u00e9 "]) + out[i]
+    for i in range(6, len(out), 12):
+        out[i] += rng.choice(["\u2019s", " \u2014", "\u201d", "\u2026"])
+    return " ".join(out)
+
+
 def _novel_text(rng: random.Random, words: int) -> str:
     """Words never seen before (random letters): every piece misses the piece cache."""
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -225,6 +238,15 @@ def bench_tokenizer(directory: Path, iterations: int, prompt_tokens: int) -> lis
     novel_count = len(hf_only.encode_chat(parse_request(CHAT, novel[0], {}).prompt.messages or ()))
     samples = _timed(lambda i: decision(CHAT, novel[i], fresh), len(novel))
     rows.append(Row(name, "decision: real tokenizer, cold, every word new", novel_count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
+    # Cold again, with the quotes, dashes and accents of real text in every turn.
+    typographic = [_chat_body(_conversation(random.Random(20_000 + i), cold, prompt_tokens, turns, _typographic_text)) for i in range(iterations)]  # fmt: skip
+    typographic_count = len(
+        cold.encode_chat(parse_request(CHAT, typographic[0], {}).prompt.messages or ())
+    )
+    for i in range(min(20, iterations)):
+        decision(CHAT, typographic[i], cold)
+    samples = _timed(lambda i: decision(CHAT, typographic[i], cold), iterations)
+    rows.append(Row(name, "decision: real tokenizer, cold, typographic text (\u2019 \u2014 \u201c\u201d \u00e9)", typographic_count, _pct(samples, 50), _pct(samples, 90), _pct(samples, 99)))  # fmt: skip
     # The largest body the server takes (server.max_body_bytes, 4 MiB) as one chat turn:
     # the head bound (8,192 blocks, 131,072 tokens) is all that is encoded.
     huge = json.dumps({"model": "m", "messages": [{"role": "user", "content": _text(rng, 800_000)[: 4 * 1024 * 1024 - 100]}]}).encode()  # fmt: skip
