@@ -561,3 +561,37 @@ def test_a_piece_is_keyed_by_its_utf8_bytes_whatever_the_strings_storage() -> No
         assert cache.encode(text, 0, len(text), 0)[0] == ids_of(text)
     assert calls == ["plain", " café", " \u2014", " 😀", " cafe"]
     assert len(cache) == 5
+
+
+@needs_kernels
+def test_none_in_answers_as_the_risky_class_does() -> None:
+    """`safe` on text that is not ASCII: the compiled bitmap lookup against the twin's
+    regex class, at both ends of every risky range (and one past), in 1-, 2- and 4-byte
+    strings; the bitmap itself agrees with the class on every code point."""
+    bitmap = fast._risky_bitmap()
+    risky = fast._risky()
+    edges = sorted(
+        {c for low, high in fast._risky_ranges() for c in (low - 1, low, high, high + 1)}
+        & set(range(0x110000))
+    )
+    rng = random.Random(9)
+    for base in ("plain ascii", "café", "中文 text", "😀 emoji"):
+        for edge in edges:
+            text = base + chr(edge) + rng.choice(["", " tail", "é"])
+            assert KERNELS.none_in(text, bitmap) == (risky.search(text) is None), hex(edge)
+    assert KERNELS.none_in("", bitmap)
+    with pytest.raises(ValueError):
+        KERNELS.none_in("text", bitmap[:-1])
+
+
+def test_safe_is_the_same_with_either_implementation(kernels_used: str) -> None:
+    tok = load_tokenizer_dir(tokenizer_dir("llama3"))
+    assert tok._fast is not None
+    rng = random.Random(12)
+    for _ in range(2_000):
+        text = mixed_text(rng, rng.randint(0, 20))
+        assert tok._fast.safe(text) == (
+            not any(c in text for c in "\x1c\x1d\x1e\x1f")
+            if text.isascii()
+            else fast._risky().search(text) is None
+        ), text

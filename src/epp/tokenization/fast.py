@@ -81,8 +81,9 @@ def _byte_chars() -> tuple[str, ...]:
 
 
 @cache
-def _risky() -> re.Pattern[str]:
-    """Characters where Python's `re` classes may disagree with the tokenizer's."""
+def _risky_ranges() -> tuple[tuple[int, int], ...]:
+    """Characters where Python's `re` classes may disagree with the tokenizer's, as sorted
+    code point ranges (both ends in)."""
     ranges: list[tuple[int, int]] = [(0x1C, 0x1F), (0x17F, 0x17F)]
     start = None
     for cp in range(0x80, 0x10000):
@@ -96,8 +97,33 @@ def _risky() -> re.Pattern[str]:
     if start is not None:
         ranges.append((start, 0xFFFF))
     ranges += [(0x10000, 0x1EFFF), (0x1FB00, 0x10FFFF)]  # astral, but for emoji
-    body = "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in sorted(ranges))
+    return tuple(sorted(ranges))
+
+
+@cache
+def _risky() -> re.Pattern[str]:
+    """The risky characters as a class (`safe`'s twin of the compiled `none_in`)."""
+    body = "".join(
+        f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in _risky_ranges()
+    )
     return re.compile(f"[{body}]")
+
+
+@cache
+def _risky_bitmap() -> bytes:
+    """The risky characters as one bit per code point (bit c % 8 of byte c // 8), for
+    the compiled `none_in`."""
+    bits = bytearray(0x110000 // 8)
+    for low, high in _risky_ranges():
+        while low <= high and low % 8:  # the first byte's bits
+            bits[low >> 3] |= 1 << (low & 7)
+            low += 1
+        while high >= low and (high + 1) % 8:  # the last byte's bits
+            bits[high >> 3] |= 1 << (high & 7)
+            high -= 1
+        if low <= high:  # whole bytes between
+            bits[low >> 3 : (high >> 3) + 1] = b"\xff" * ((high >> 3) - (low >> 3) + 1)
+    return bytes(bits)
 
 
 def translate_pattern(pattern: str, *, ascii_only: bool = False) -> str | None:
@@ -292,6 +318,9 @@ class FastByteLevelBpe:
         """Whether the Python pattern splits this text as the tokenizer does."""
         if segment.isascii():
             return not any(c in segment for c in "\x1c\x1d\x1e\x1f")
+        if COMPILED is not None:
+            result: bool = COMPILED.none_in(segment, _risky_bitmap())
+            return result
         return self._risky.search(segment) is None
 
     def encode_into(self, ids: array, segment: str, need: int | None) -> int | None:
