@@ -35,6 +35,17 @@
 
 enum { GPT2 = 0, LLAMA3 = 1 };
 
+/* Before 3.12 a str made by the legacy API may hold its characters elsewhere until it is
+ * made ready; PyUnicode_DATA and friends read only ready ones. */
+static int ready(PyObject *text) {
+#if PY_VERSION_HEX < 0x030C0000
+    return PyUnicode_READY(text);
+#else
+    (void)text;
+    return 0;
+#endif
+}
+
 /* The text, read whatever its storage (1, 2 or 4 bytes a character): the scanners are
  * inlined into one copy per kind, where `at` is a plain load. */
 typedef struct {
@@ -425,6 +436,8 @@ static Text text_range(PyObject *text, Py_ssize_t pos, Py_ssize_t end) {
         PyErr_SetString(PyExc_TypeError, "text must be a str");
         return s;
     }
+    if (ready(text) < 0)
+        return s;
     if (pos < 0 || end < pos || end > PyUnicode_GET_LENGTH(text)) {
         PyErr_SetString(PyExc_ValueError, "need 0 <= pos <= end <= len(text)");
         return s;
@@ -615,6 +628,10 @@ static PyObject *k_none_in(PyObject *self, PyObject *args) {
     if (bitmap.len < (0x10FFFF >> 3) + 1) {
         PyBuffer_Release(&bitmap);
         PyErr_SetString(PyExc_ValueError, "bitmap must hold a bit for every code point");
+        return NULL;
+    }
+    if (ready(text) < 0) {
+        PyBuffer_Release(&bitmap);
         return NULL;
     }
     const unsigned char *bits = bitmap.buf;
