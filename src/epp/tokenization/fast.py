@@ -268,6 +268,7 @@ class FastByteLevelBpe:
         # The split and the piece cache, compiled (their twin: the patterns and _pieces).
         self._compiled = _compiled_cache(model, pattern)
         self._risky = _risky()
+        self._risky_bits = _risky_bitmap() if COMPILED is not None else b""
         self.chars_per_id = 4.0  # learnt from the windows read
 
     @classmethod
@@ -319,7 +320,7 @@ class FastByteLevelBpe:
         if segment.isascii():
             return not any(c in segment for c in "\x1c\x1d\x1e\x1f")
         if COMPILED is not None:
-            result: bool = COMPILED.none_in(segment, _risky_bitmap())
+            result: bool = COMPILED.none_in(segment, self._risky_bits)
             return result
         return self._risky.search(segment) is None
 
