@@ -608,3 +608,52 @@ def test_a_cut_needs_its_brace_and_comma_in_one_window():
     assert compact(turns).find(b"},") == 159 and len(compact(turns)) == 963
     prompt = chat(turns, 10)
     assert len(prompt.messages) == 1 and prompt.omitted_tokens == (800 - 2 * 12) // 4
+
+
+def test_a_list_within_the_head_budget_is_all_head_as_the_full_split_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """head_of_list's shortcut for lists of at most `budget` bytes answers what splitting
+    them answers: the whole list and nothing omitted, or the same refusal (an empty list,
+    whitespace inside, not a list, elements of any shape, media parts)."""
+    import random as _random
+
+    import msgspec
+
+    from epp.request import heads
+    from epp.request.types import RequestRejected
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9000}}
+    elements = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "x" * 300}]},
+        {"role": "user", "content": [image, image]},
+        1,
+        "s",
+        None,
+        [],
+    ]
+    rng = _random.Random(3)
+    bodies = [b"[]", b"[ ]", b"[\n\t ]", b"[" + b" " * 100 + b"]", b"{}", b'"x"', b"3"]
+    for _ in range(300):
+        chosen = [rng.choice(elements) for _ in range(rng.randint(1, 6))]
+        separators = rng.choice([(",", ":"), (" , ", " : "), (",\n ", ": ")])
+        bodies.append(json.dumps(chosen, separators=separators).encode())
+    bodies.append(b"[" + b" " * 100 + b'{"role": "user", "content": "late"}]')
+
+    def answer(raw: bytes, max_tokens: int) -> object:
+        try:
+            head, omitted = heads.head_of_list(msgspec.Raw(raw), max_tokens, "messages", "x")
+        except RequestRejected as exc:
+            return ("refused", str(exc))
+        return (bytes(head), omitted)
+
+    shortcut_taken = 0
+    for raw in bodies:
+        for max_tokens in (-(-len(raw) // 8), 10**6):  # budgets of 8 bytes a token >= len
+            with monkeypatch.context() as patched:
+                patched.setattr(heads, "_opens_a_non_empty_list", lambda _raw: False)
+                full = answer(raw, max_tokens)
+            shortcut_taken += heads._opens_a_non_empty_list(msgspec.Raw(raw))
+            assert answer(raw, max_tokens) == full, (raw, max_tokens)
+    assert shortcut_taken > 400  # most bodies here are lists the shortcut takes
