@@ -59,6 +59,37 @@ def test_fast_path_on_a_whole_rendered_chat_with_cache_boundaries() -> None:
             assert list(fast.encode_chat(messages)) == list(slow.encode_chat(messages))
 
 
+@pytest.mark.parametrize("name", ["llama3", "tiny-llama"])
+def test_ascii_text_encoded_in_place_equals_hf(name: str, kernels_used: str) -> None:
+    """ASCII prompts (most of them) skip the per-segment slice and check: each segment
+    between special tokens is read in place, whole or up to a head's cut."""
+    directory = tokenizer_dir(name)
+    hf = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    ascii_only = [piece for piece in ALPHABET if piece.isascii() and piece not in "\x1c\x1f"]
+    rng = random.Random(12)
+    taken = 0
+    tok = load_tokenizer_dir(directory, cache_bytes=0)
+    # Where a head stops and what it estimates come from segment by segment, sliced.
+    sliced = load_tokenizer_dir(directory, cache_bytes=0)
+    assert tok._fast is not None and sliced._fast is not None
+    sliced._fast.takes_whole = lambda _text: False  # type: ignore[method-assign]
+    for _ in range(150):
+        text = "".join(rng.choice(ascii_only) for _ in range(rng.randint(1, 600)))
+        taken += tok._fast.takes_whole(text)
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert list(tok.encode_text_head(text, None).ids) == want, text
+        for cut in (1, len(want) // 2 + 1, len(want)):
+            head = tok.encode_text_head(text, cut)
+            assert list(head.ids) == want[:cut], (text, cut)
+            other = sliced.encode_text_head(text, cut)
+            assert (head.total_tokens, head.exact) == (other.total_tokens, other.exact)
+            assert tok._fast_from(text, 0, cut).end == sliced._fast_from(text, 0, cut).end
+    assert taken == 150
+    fast = load_tokenizer_dir(directory)._fast
+    assert fast is not None
+    assert not fast.takes_whole("ascii \x1e text") and not fast.takes_whole("café")
+
+
 def test_risky_characters_go_to_hf() -> None:
     fast = load_tokenizer_dir(tokenizer_dir("llama3"))._fast
     assert fast is not None

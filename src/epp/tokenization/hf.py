@@ -318,15 +318,19 @@ class HfTokenizer:
         pos = start
         matches = self._boundary_re.finditer(text, start) if self._boundary_re else None
         anchors = self._anchors
+        whole = fast.takes_whole(text)  # every segment safe: encoded in place
         while True:
             match = next(matches, None) if matches is not None else None
             segment_end = match.start() if match is not None else len(text)
             if segment_end > pos:
-                segment = text[pos:segment_end]
-                if not fast.safe(segment):
-                    return self._hand_over(text, start, pos, need, ids, counts)
                 try:
-                    stop = fast.encode_into(ids, segment, need)
+                    if whole:
+                        stop = fast.encode_range_into(ids, text, pos, segment_end, need)
+                    else:
+                        segment = text[pos:segment_end]
+                        if not fast.safe(segment):
+                            return self._hand_over(text, start, pos, need, ids, counts)
+                        stop = fast.encode_into(ids, segment, need)
                 except HandOver as over:  # one huge piece: the HF path's bounded cut
                     return self._hand_over(text, start, pos + over.consumed, need, ids, counts)
                 if stop is not None:
