@@ -20,6 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
+import bench_tokenizer  # noqa: E402
+
 import epp_bench.picker.tokenize as tb  # noqa: E402
 from epp.observability.logs import configure_logging  # noqa: E402
 from epp.request import IncomingRequest  # noqa: E402
@@ -56,10 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=20)
-    parser.add_argument("--tokenizer", type=Path, default=REPO / ".bench" / "tiny-llama")
+    bench_tokenizer.add_argument(parser)
     args = parser.parse_args(argv)
-    if not (args.tokenizer / "tokenizer.json").is_file():
-        args.tokenizer = REPO / "tests" / "fixtures" / "tokenizer" / "tiny-llama"
+    args.tokenizer = bench_tokenizer.directory(args.tokenizer)
     configure_logging("info", stream=open(os.devnull, "w"))  # noqa: SIM115 - for the process
     samples = asyncio.run(run(args.tokenizer, args.decisions, args.batch))
     for arm, values in samples.items():

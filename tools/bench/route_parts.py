@@ -25,6 +25,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
+import bench_tokenizer  # noqa: E402
+
 import epp_bench.picker.tokenize as tb  # noqa: E402
 from epp.observability.logs import configure_logging  # noqa: E402
 from epp.prefix import approximate  # noqa: E402
@@ -109,10 +111,9 @@ async def run(directory: Path, decisions: int, timers: Timers) -> dict[str, list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=400)
-    parser.add_argument("--tokenizer", type=Path, default=REPO / ".bench" / "tiny-llama")
+    bench_tokenizer.add_argument(parser)
     args = parser.parse_args(argv)
-    if not (args.tokenizer / "tokenizer.json").is_file():
-        args.tokenizer = REPO / "tests" / "fixtures" / "tokenizer" / "tiny-llama"
+    args.tokenizer = bench_tokenizer.directory(args.tokenizer)
     configure_logging("info", stream=open(os.devnull, "w"))  # noqa: SIM115 - for the process
     timers = Timers()
     for owner, name, label in PARTS:

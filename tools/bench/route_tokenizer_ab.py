@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bench_tokenizer
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Reads a batch size per line and answers with that many decisions' times (us) as JSON.
@@ -78,10 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", required=True, help="a commit, frozen with its kernels")
     parser.add_argument("--pairs", type=int, default=40, help="batches per code, alternated")
     parser.add_argument("--batch", type=int, default=10, help="decisions per batch")
-    parser.add_argument("--tokenizer", type=Path, default=REPO / ".bench" / "tiny-llama")
+    bench_tokenizer.add_argument(parser)
     args = parser.parse_args(argv)
-    if not (args.tokenizer / "tokenizer.json").is_file():
-        args.tokenizer = REPO / "tests" / "fixtures" / "tokenizer" / "tiny-llama"
+    args.tokenizer = bench_tokenizer.directory(args.tokenizer)
     frozen = subprocess.run(
         [sys.executable, str(REPO / "tools" / "bench" / "freeze_code.py"), args.before],
         capture_output=True, text=True, check=True,
